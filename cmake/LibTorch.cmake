@@ -1,0 +1,71 @@
+# Finds LibTorch inside the `torch` wheel (pip) and defines imported targets:
+#   omni::torch       ATen/c10/torch C++ frontend, CPU only (libtorch_cpu + libc10)
+#   omni::torch_cuda  the CUDA part (libtorch_cuda + libc10_cuda + cudart), when present
+# We do not use the wheel's TorchConfig.cmake because it links libtorch_cuda whenever it
+# sees a CUDA toolkit, and a CPU-only build must not need the CUDA runtime libraries.
+#
+# Input: OMNI_TORCH_DIR (cache), else $TORCH_DIR, else asked from python3 without importing
+# torch (importing needs every CUDA library the wheel depends on).
+
+set(OMNI_TORCH_DIR "$ENV{TORCH_DIR}" CACHE PATH "torch package directory (site-packages/torch)")
+if(NOT OMNI_TORCH_DIR)
+  find_package(Python3 COMPONENTS Interpreter REQUIRED)
+  execute_process(
+    COMMAND ${Python3_EXECUTABLE} -c
+      "import importlib.util as u; s = u.find_spec('torch'); print(s.submodule_search_locations[0] if s else '')"
+    OUTPUT_VARIABLE _omni_torch_dir OUTPUT_STRIP_TRAILING_WHITESPACE)
+  set(OMNI_TORCH_DIR "${_omni_torch_dir}" CACHE PATH "torch package directory" FORCE)
+endif()
+if(NOT EXISTS "${OMNI_TORCH_DIR}/lib/libtorch_cpu.so")
+  message(FATAL_ERROR
+    "LibTorch not found (looked in '${OMNI_TORCH_DIR}'). Run scripts/setup.sh, which installs "
+    "the torch==2.11.0 wheel, or pass -DOMNI_TORCH_DIR=/path/to/site-packages/torch.")
+endif()
+message(STATUS "LibTorch: ${OMNI_TORCH_DIR}")
+
+# C++ ABI: libstdc++'s dual ABI must match between LibTorch and everything we link (Debian's
+# gRPC/yaml-cpp are built with the new ABI). The wheel's symbols tell which one it uses.
+execute_process(COMMAND nm -D --defined-only "${OMNI_TORCH_DIR}/lib/libc10.so"
+                OUTPUT_VARIABLE _omni_c10_syms ERROR_QUIET)
+string(FIND "${_omni_c10_syms}" "__cxx11" _omni_cxx11_pos)
+if(_omni_cxx11_pos GREATER -1)
+  set(OMNI_TORCH_CXX11_ABI 1)
+else()
+  set(OMNI_TORCH_CXX11_ABI 0)
+endif()
+message(STATUS "LibTorch _GLIBCXX_USE_CXX11_ABI=${OMNI_TORCH_CXX11_ABI}")
+
+add_library(omni_torch INTERFACE)
+add_library(omni::torch ALIAS omni_torch)
+target_include_directories(omni_torch SYSTEM INTERFACE
+  "${OMNI_TORCH_DIR}/include" "${OMNI_TORCH_DIR}/include/torch/csrc/api/include")
+target_compile_definitions(omni_torch INTERFACE _GLIBCXX_USE_CXX11_ABI=${OMNI_TORCH_CXX11_ABI})
+target_link_libraries(omni_torch INTERFACE
+  "${OMNI_TORCH_DIR}/lib/libtorch_cpu.so" "${OMNI_TORCH_DIR}/lib/libc10.so" Threads::Threads)
+
+set(OMNI_TORCH_HAS_CUDA OFF)
+if(EXISTS "${OMNI_TORCH_DIR}/lib/libtorch_cuda.so")
+  set(OMNI_TORCH_HAS_CUDA ON)
+endif()
+
+# Returns in OUT_VAR the shared libraries libtorch_cuda needs that the dynamic loader cannot
+# find (empty when the CUDA part of the wheel is loadable).
+function(omni_torch_cuda_missing_libs out_var)
+  execute_process(COMMAND ldd "${OMNI_TORCH_DIR}/lib/libtorch_cuda.so"
+                  OUTPUT_VARIABLE _ldd ERROR_QUIET)
+  string(REGEX MATCHALL "[^ \t\n]+ => not found" _missing "${_ldd}")
+  string(REPLACE " => not found" "" _missing "${_missing}")
+  set(${out_var} "${_missing}" PARENT_SCOPE)
+endfunction()
+
+function(omni_define_torch_cuda_target)
+  add_library(omni_torch_cuda INTERFACE)
+  add_library(omni::torch_cuda ALIAS omni_torch_cuda)
+  # --no-as-needed: libtorch_cuda registers the CUDA backend from static initializers; a
+  # binary that calls no symbol of it directly would otherwise drop it.
+  target_link_libraries(omni_torch_cuda INTERFACE omni::torch
+    -Wl,--no-as-needed "${OMNI_TORCH_DIR}/lib/libtorch_cuda.so"
+    "${OMNI_TORCH_DIR}/lib/libc10_cuda.so" -Wl,--as-needed CUDA::cudart)
+  target_include_directories(omni_torch_cuda SYSTEM INTERFACE ${CUDAToolkit_INCLUDE_DIRS})
+  target_compile_definitions(omni_torch_cuda INTERFACE OMNI_WITH_CUDA=1)
+endfunction()

@@ -1,0 +1,51 @@
+// Offload backends and the one factory that picks them.
+//
+//   none         every weight resident on the device (the baseline)
+//   model-level  component groups in mutual exclusion: DiT(s) vs encoders (VAE resident, or
+//                in the exclusion with strict_vae); swaps happen in pre-forward hooks
+//   layerwise    a DiT's blocks (or their phases) stream through a ring of device slots:
+//                while unit i computes, i+1..i+N are copied; the rest stays resident
+//
+// After apply_offload, run the model on engine->compute_device() as usual.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+
+#include "cpu_offload/model_spec.h"
+#include "cpu_offload/offload_config.h"
+#include "cpu_offload/offload_plan.h"
+#include "cpu_offload/offload_stats.h"
+#include "cpu_offload/transfer_engine.h"
+
+namespace omni::offload {
+
+class OffloadBackend {
+ public:
+  virtual ~OffloadBackend() = default;
+  virtual Strategy strategy() const = 0;
+  const OffloadPlan& plan() const { return plan_; }
+  TransferEngine& engine() { return *engine_; }
+
+  // Waits for outstanding copies and compute, then reports.
+  virtual OffloadStats stats() = 0;
+  // Starts a new measurement (peak device bytes restart from the current holding).
+  virtual void reset_stats() = 0;
+
+ protected:
+  OffloadBackend(OffloadPlan plan, std::shared_ptr<TransferEngine> engine)
+      : plan_(std::move(plan)), engine_(std::move(engine)) {}
+  OffloadPlan plan_;
+  std::shared_ptr<TransferEngine> engine_;
+};
+
+// Moves `root`'s weights into the engine's stores and attaches the hooks the strategy needs.
+// The module keeps working as before, on engine->compute_device(). Destroying the backend
+// detaches the hooks and frees the weights: the module is unusable afterwards.
+std::unique_ptr<OffloadBackend> apply_offload(torch::nn::Module& root, const ModelSpec& spec,
+                                              const OffloadConfig& config,
+                                              std::shared_ptr<TransferEngine> engine);
+
+}  // namespace omni::offload

@@ -1,0 +1,206 @@
+// Moves weight bytes from host memory to the compute device, asynchronously.
+//
+// One interface, two implementations chosen at run time:
+//   cuda  a high-priority copy stream, CUDA events, exact-size pinned host memory;
+//   cpu   a simulated device: compute runs on the CPU, device memory is separate accounted
+//         buffers, the copy stream is a worker thread and events are futures. It runs the
+//         same schedulers as CUDA, so ordering, overlap and memory bounds are tested for real
+//         without a GPU (and under ThreadSanitizer).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace omni::offload {
+
+enum class DeviceKind { kCpuSim, kCuda };
+DeviceKind parse_device_kind(const std::string& text);  // "cpu" | "cuda"
+std::string to_string(DeviceKind kind);
+
+// Host memory that holds the master copy of weights. Exact size (no power-of-two rounding);
+// pinned when asked and possible.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(std::shared_ptr<uint8_t> data, size_t bytes, bool pinned)
+      : data_(std::move(data)), bytes_(bytes), pinned_(pinned) {}
+  uint8_t* data() const { return data_.get(); }
+  size_t bytes() const { return bytes_; }
+  bool pinned() const { return pinned_; }
+  explicit operator bool() const { return data_ != nullptr; }
+
+ private:
+  std::shared_ptr<uint8_t> data_;
+  size_t bytes_ = 0;
+  bool pinned_ = false;
+};
+
+// Counts device bytes that the engine holds (current and peak).
+class DeviceMemoryCounter {
+ public:
+  void add(size_t bytes);
+  void remove(size_t bytes);
+  size_t current() const { return current_.load(); }
+  size_t peak() const { return peak_.load(); }
+  void reset_peak() { peak_.store(current_.load()); }
+
+ private:
+  std::atomic<size_t> current_{0};
+  std::atomic<size_t> peak_{0};
+};
+
+// Device memory owned by the engine: a byte tensor on the compute device (a separate CPU
+// allocation for the simulated device). Freed, and un-counted, with its last handle.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(at::Tensor bytes, std::shared_ptr<DeviceMemoryCounter> counter);
+  const at::Tensor& bytes_tensor() const { return state_->bytes; }
+  uint8_t* data() const;
+  size_t bytes() const { return state_ ? static_cast<size_t>(state_->bytes.numel()) : 0; }
+  explicit operator bool() const { return state_ != nullptr; }
+
+ private:
+  struct State {
+    at::Tensor bytes;
+    std::shared_ptr<DeviceMemoryCounter> counter;
+    ~State();
+  };
+  std::shared_ptr<State> state_;
+};
+
+// A point on a stream. Events are cheap handles; a default Event is already complete.
+class Event {
+ public:
+  class Impl {
+   public:
+    virtual ~Impl() = default;
+    virtual bool ready() const = 0;
+    virtual void host_wait() const = 0;
+  };
+  Event() = default;
+  explicit Event(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  bool ready() const { return !impl_ || impl_->ready(); }
+  void host_wait() const {
+    if (impl_) impl_->host_wait();
+  }
+  const std::shared_ptr<Impl>& impl() const { return impl_; }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// One host→device copy.
+struct CopyOp {
+  HostBuffer src;
+  size_t src_offset = 0;
+  DeviceBuffer dst;
+  size_t dst_offset = 0;
+  size_t bytes = 0;
+};
+
+// Time accumulators a caller hands to the engine; filled when the timed work has finished
+// (CUDA: resolved from events at collect_timings()).
+struct TimeAccumulator {
+  std::atomic<int64_t> total_ns{0};
+  std::atomic<int64_t> count{0};
+  void add(int64_t ns) {
+    total_ns += ns;
+    count += 1;
+  }
+  double total_ms() const { return static_cast<double>(total_ns.load()) / 1e6; }
+};
+
+struct TransferCounters {
+  uint64_t bytes_h2d = 0;
+  uint64_t copies = 0;
+  double copy_ms = 0;   // time the copy stream spent copying
+  double stall_ms = 0;  // time compute waited for copies
+};
+
+struct TransferEngineOptions {
+  // Simulated device only: throttle copies to this many bytes per second (0: memcpy speed).
+  double sim_bandwidth_bytes_per_s = 0;
+  int cuda_device_index = 0;
+};
+
+class TransferEngine {
+ public:
+  virtual ~TransferEngine() = default;
+
+  virtual DeviceKind kind() const = 0;
+  virtual c10::Device compute_device() const = 0;
+  virtual std::string describe() const = 0;
+
+  // Host memory of exactly `bytes`. With pin=true and pinning impossible, falls back to
+  // pageable memory and logs a warning once.
+  virtual HostBuffer allocate_host(size_t bytes, bool pin) = 0;
+  // Device memory, counted in memory_counter().
+  virtual DeviceBuffer allocate_device(size_t bytes) = 0;
+
+  // Enqueues `ops` on the copy stream after every event in `after` (e.g. the compute that
+  // last read the destination). Returns the event that marks their completion. `time`, when
+  // given, receives the copy duration.
+  virtual Event copy_async(const std::vector<CopyOp>& ops, const std::vector<Event>& after,
+                           TimeAccumulator* time = nullptr) = 0;
+  // Makes compute wait for `event` without blocking the host where the device allows it
+  // (CUDA). Time compute stalls is added to `stall` and to the counters.
+  virtual void compute_wait(const Event& event, TimeAccumulator* stall = nullptr) = 0;
+  // An event at the current point of the compute stream.
+  virtual Event record_compute() = 0;
+
+  // Compute timing: begin returns a token; end adds the elapsed compute time to `time`.
+  virtual int64_t begin_compute_timing() = 0;
+  virtual void end_compute_timing(int64_t token, TimeAccumulator* time) = 0;
+
+  // Waits for every copy and every compute submitted so far.
+  virtual void synchronize() = 0;
+  // Synchronizes, then resolves pending timings into their accumulators.
+  virtual void collect_timings() = 0;
+
+  TransferCounters counters();
+  void reset_counters();
+  // Device bytes the engine holds (slots, resident weights).
+  const std::shared_ptr<DeviceMemoryCounter>& memory_counter() const { return memory_; }
+  // Host bytes held in buffers from allocate_host (the weights' master copies).
+  const std::shared_ptr<DeviceMemoryCounter>& host_counter() const { return host_; }
+
+ protected:
+  void count_copy(uint64_t bytes, int64_t ns);
+  void count_stall(int64_t ns);
+
+  // Wraps `data` (freed by `free_fn`) as a HostBuffer counted in host_counter().
+  HostBuffer make_host_buffer(uint8_t* data, size_t bytes, bool pinned,
+                              std::function<void(uint8_t*)> free_fn);
+
+  std::shared_ptr<DeviceMemoryCounter> memory_ = std::make_shared<DeviceMemoryCounter>();
+  std::shared_ptr<DeviceMemoryCounter> host_ = std::make_shared<DeviceMemoryCounter>();
+  std::atomic<uint64_t> bytes_h2d_{0};
+  std::atomic<uint64_t> copies_{0};
+  std::atomic<int64_t> copy_ns_{0};
+  std::atomic<int64_t> stall_ns_{0};
+};
+
+// The engine for `kind`. Throws when CUDA is asked for but not built in or not available.
+std::shared_ptr<TransferEngine> make_transfer_engine(DeviceKind kind,
+                                                     const TransferEngineOptions& options = {});
+std::shared_ptr<TransferEngine> make_cpu_sim_engine(const TransferEngineOptions& options);
+std::shared_ptr<TransferEngine> make_cuda_engine(const TransferEngineOptions& options);
+bool cuda_engine_built();
+
+// Byte alignment of slabs and of each tensor inside one.
+constexpr size_t kSlabAlignment = 256;
+constexpr size_t kTensorAlignment = 64;
+inline size_t align_up(size_t value, size_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+}  // namespace omni::offload

@@ -1,0 +1,80 @@
+// Shared machinery of the backends: packing units, the resident set, hook attachment and
+// the per-unit counters. Internal to the engine.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu_offload/hooks.h"
+#include "cpu_offload/offload_backend.h"
+#include "cpu_offload/weight_store.h"
+
+namespace omni::offload {
+
+// A hook that forwards to two callbacks.
+class CallbackHook final : public ModelHook {
+ public:
+  CallbackHook(std::function<void()> pre, std::function<void()> post)
+      : pre_(std::move(pre)), post_(std::move(post)) {}
+  void pre_forward(torch::nn::Module&, const std::string&, HookArgs&) override { pre_(); }
+  void post_forward(torch::nn::Module&, const std::string&, c10::IValue&) override { post_(); }
+
+ private:
+  std::function<void()> pre_;
+  std::function<void()> post_;
+};
+
+struct UnitCounters {
+  TimeAccumulator copy;
+  TimeAccumulator compute;
+  TimeAccumulator stall;
+  std::atomic<uint64_t> loads{0};
+  std::atomic<uint64_t> sync_loads{0};
+};
+
+class BackendBase : public OffloadBackend {
+ public:
+  ~BackendBase() override;
+  OffloadStats stats() override;
+  void reset_stats() override;
+
+ protected:
+  BackendBase(torch::nn::Module& root, OffloadPlan plan, std::shared_ptr<TransferEngine> engine,
+              const OffloadConfig& config);
+
+  // Packs the plan's resident tensors, copies them to the device once and binds them.
+  void make_resident();
+  // Packs one planned unit into its host slab; returns its index in units_.
+  int add_unit(const UnitPlan& plan);
+  // Attaches `hook` to every hookable method of the module at `path`.
+  void attach_hook(const std::string& path, std::shared_ptr<ModelHook> hook);
+  // Device bytes of the resident weights (their slab, padding included).
+  size_t resident_device_bytes() const { return resident_ ? resident_->bytes() : 0; }
+  // Slot capacity reported as max_unit_bytes.
+  virtual size_t max_unit_bytes() const = 0;
+
+  torch::nn::Module& root_;
+  OffloadConfig config_;
+  std::vector<std::unique_ptr<OffloadUnit>> units_;
+  std::vector<std::unique_ptr<UnitCounters>> counters_;
+
+ private:
+  std::vector<std::pair<HookableModule*, std::string>> attached_;  // (module, method)
+  std::unique_ptr<OffloadUnit> resident_;
+  DeviceBuffer resident_buffer_;
+};
+
+std::unique_ptr<OffloadBackend> make_resident_backend(torch::nn::Module& root, OffloadPlan plan,
+                                                      std::shared_ptr<TransferEngine> engine,
+                                                      const OffloadConfig& config);
+std::unique_ptr<OffloadBackend> make_layerwise_backend(torch::nn::Module& root, OffloadPlan plan,
+                                                       std::shared_ptr<TransferEngine> engine,
+                                                       const OffloadConfig& config);
+std::unique_ptr<OffloadBackend> make_model_level_backend(torch::nn::Module& root,
+                                                         OffloadPlan plan,
+                                                         std::shared_ptr<TransferEngine> engine,
+                                                         const OffloadConfig& config);
+
+}  // namespace omni::offload

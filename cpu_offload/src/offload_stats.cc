@@ -1,0 +1,43 @@
+#include "cpu_offload/offload_stats.h"
+
+#include <iomanip>
+#include <sstream>
+
+namespace omni::offload {
+namespace {
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+}  // namespace
+
+std::string OffloadStats::to_json(bool with_units) const {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(3);
+  os << "{\"strategy\": " << quoted(strategy) << ", \"device\": " << quoted(device)
+     << ", \"param_bytes\": " << param_bytes << ", \"resident_bytes\": " << resident_bytes
+     << ", \"max_unit_bytes\": " << max_unit_bytes << ", \"host_bytes\": " << host_bytes
+     << ", \"peak_device_bytes\": " << peak_device_bytes
+     << ", \"current_device_bytes\": " << current_device_bytes << ", \"bytes_h2d\": " << bytes_h2d
+     << ", \"loads\": " << loads << ", \"sync_loads\": " << sync_loads
+     << ", \"copy_ms\": " << copy_ms << ", \"stall_ms\": " << stall_ms;
+  if (with_units) {
+    os << ", \"units\": [";
+    for (size_t i = 0; i < units.size(); ++i) {
+      const auto& u = units[i];
+      os << (i ? ", " : "") << "{\"name\": " << quoted(u.name) << ", \"bytes\": " << u.bytes
+         << ", \"loads\": " << u.loads << ", \"sync_loads\": " << u.sync_loads
+         << ", \"copy_ms\": " << u.copy_ms << ", \"compute_ms\": " << u.compute_ms
+         << ", \"stall_ms\": " << u.stall_ms << "}";
+    }
+    os << "]";
+  }
+  os << "}";
+  return os.str();
+}
+
+}  // namespace omni::offload

@@ -1,0 +1,81 @@
+#include "cpu_offload/transfer_engine.h"
+
+#include "cpu_offload/check.h"
+
+namespace omni::offload {
+
+DeviceKind parse_device_kind(const std::string& text) {
+  if (text == "cpu" || text == "cpu-sim") return DeviceKind::kCpuSim;
+  if (text == "cuda" || text == "gpu") return DeviceKind::kCuda;
+  OMNI_THROW("unknown device '", text, "' (expected cpu or cuda)");
+}
+
+std::string to_string(DeviceKind kind) { return kind == DeviceKind::kCuda ? "cuda" : "cpu"; }
+
+void DeviceMemoryCounter::add(size_t bytes) {
+  const size_t now = current_.fetch_add(bytes) + bytes;
+  size_t peak = peak_.load();
+  while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+  }
+}
+
+void DeviceMemoryCounter::remove(size_t bytes) { current_.fetch_sub(bytes); }
+
+DeviceBuffer::DeviceBuffer(at::Tensor bytes, std::shared_ptr<DeviceMemoryCounter> counter)
+    : state_(std::make_shared<State>()) {
+  state_->bytes = std::move(bytes);
+  state_->counter = std::move(counter);
+  state_->counter->add(static_cast<size_t>(state_->bytes.numel()));
+}
+
+DeviceBuffer::State::~State() {
+  if (counter) counter->remove(static_cast<size_t>(bytes.numel()));
+}
+
+uint8_t* DeviceBuffer::data() const {
+  return state_ ? static_cast<uint8_t*>(state_->bytes.data_ptr()) : nullptr;
+}
+
+TransferCounters TransferEngine::counters() {
+  TransferCounters c;
+  c.bytes_h2d = bytes_h2d_.load();
+  c.copies = copies_.load();
+  c.copy_ms = static_cast<double>(copy_ns_.load()) / 1e6;
+  c.stall_ms = static_cast<double>(stall_ns_.load()) / 1e6;
+  return c;
+}
+
+void TransferEngine::reset_counters() {
+  bytes_h2d_ = 0;
+  copies_ = 0;
+  copy_ns_ = 0;
+  stall_ns_ = 0;
+  memory_->reset_peak();
+}
+
+void TransferEngine::count_copy(uint64_t bytes, int64_t ns) {
+  bytes_h2d_ += bytes;
+  copies_ += 1;
+  copy_ns_ += ns;
+}
+
+void TransferEngine::count_stall(int64_t ns) { stall_ns_ += ns; }
+
+HostBuffer TransferEngine::make_host_buffer(uint8_t* data, size_t bytes, bool pinned,
+                                            std::function<void(uint8_t*)> free_fn) {
+  host_->add(bytes);
+  std::shared_ptr<DeviceMemoryCounter> counter = host_;
+  std::shared_ptr<uint8_t> owner(data, [counter, bytes, free_fn](uint8_t* p) {
+    free_fn(p);
+    counter->remove(bytes);
+  });
+  return HostBuffer(std::move(owner), bytes, pinned);
+}
+
+std::shared_ptr<TransferEngine> make_transfer_engine(DeviceKind kind,
+                                                     const TransferEngineOptions& options) {
+  if (kind == DeviceKind::kCuda) return make_cuda_engine(options);
+  return make_cpu_sim_engine(options);
+}
+
+}  // namespace omni::offload

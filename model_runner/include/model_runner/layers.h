@@ -1,0 +1,52 @@
+// Small building blocks with Hugging Face tensor names (weight, bias), written on ATen so they
+// stay cheap to compile. Weights are initialized from an explicit generator: a model built
+// from the same seed is the same model.
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+namespace omni::models {
+
+// N(0, std) on the CPU from `gen`, as `dtype`.
+at::Tensor init_normal(at::IntArrayRef sizes, double std, at::Generator& gen,
+                       at::ScalarType dtype);
+
+class Linear : public torch::nn::Module {
+ public:
+  Linear(int64_t in, int64_t out, at::Generator& gen, at::ScalarType dtype, bool bias = true);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight, bias;
+};
+
+class LayerNorm : public torch::nn::Module {
+ public:
+  LayerNorm(int64_t dim, at::Generator& gen, at::ScalarType dtype, double eps = 1e-6);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight, bias;
+  double eps;
+};
+
+class Conv2d : public torch::nn::Module {
+ public:
+  Conv2d(int64_t in, int64_t out, int64_t kernel, at::Generator& gen, at::ScalarType dtype);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight, bias;
+  int64_t padding;
+};
+
+class Embedding : public torch::nn::Module {
+ public:
+  Embedding(int64_t vocab, int64_t dim, at::Generator& gen, at::ScalarType dtype);
+  at::Tensor forward(const at::Tensor& ids) const;
+  at::Tensor weight;
+};
+
+// softmax(q k^T / sqrt(d)) v over [B, heads, L, d] tensors, in a deterministic order.
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+// [B, L, heads*d] -> [B, heads, L, d] and back.
+at::Tensor split_heads(const at::Tensor& x, int64_t heads);
+at::Tensor merge_heads(const at::Tensor& x);
+
+}  // namespace omni::models

@@ -1,0 +1,72 @@
+#include "model_runner/layers.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace omni::models {
+
+at::Tensor init_normal(at::IntArrayRef sizes, double std, at::Generator& gen,
+                       at::ScalarType dtype) {
+  return at::normal(0.0, std, sizes, gen, at::TensorOptions(at::kFloat)).to(dtype);
+}
+
+Linear::Linear(int64_t in, int64_t out, at::Generator& gen, at::ScalarType dtype, bool has_bias)
+    : torch::nn::Module("Linear") {
+  weight = register_parameter("weight", init_normal({out, in}, 1.0 / std::sqrt(in), gen, dtype),
+                              /*requires_grad=*/false);
+  if (has_bias) {
+    bias = register_parameter("bias", init_normal({out}, 0.02, gen, dtype), false);
+  }
+}
+
+at::Tensor Linear::forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+
+LayerNorm::LayerNorm(int64_t dim, at::Generator& gen, at::ScalarType dtype, double eps_)
+    : torch::nn::Module("LayerNorm"), eps(eps_) {
+  weight = register_parameter("weight", (1.0 + init_normal({dim}, 0.02, gen, at::kFloat)).to(dtype),
+                              false);
+  bias = register_parameter("bias", init_normal({dim}, 0.02, gen, dtype), false);
+}
+
+at::Tensor LayerNorm::forward(const at::Tensor& x) const {
+  return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
+}
+
+Conv2d::Conv2d(int64_t in, int64_t out, int64_t kernel, at::Generator& gen, at::ScalarType dtype)
+    : torch::nn::Module("Conv2d"), padding(kernel / 2) {
+  weight = register_parameter(
+      "weight", init_normal({out, in, kernel, kernel}, 1.0 / std::sqrt(in * kernel * kernel), gen,
+                            dtype),
+      false);
+  bias = register_parameter("bias", init_normal({out}, 0.02, gen, dtype), false);
+}
+
+at::Tensor Conv2d::forward(const at::Tensor& x) const {
+  return at::conv2d(x, weight, bias, /*stride=*/{1, 1}, /*padding=*/{padding, padding});
+}
+
+Embedding::Embedding(int64_t vocab, int64_t dim, at::Generator& gen, at::ScalarType dtype)
+    : torch::nn::Module("Embedding") {
+  weight = register_parameter("weight", init_normal({vocab, dim}, 1.0, gen, dtype), false);
+}
+
+at::Tensor Embedding::forward(const at::Tensor& ids) const { return at::embedding(weight, ids); }
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  auto scores = at::matmul(q, k.transpose(-2, -1)) * scale;
+  return at::matmul(at::softmax(scores, -1), v);
+}
+
+at::Tensor split_heads(const at::Tensor& x, int64_t heads) {
+  const auto b = x.size(0), l = x.size(1), d = x.size(2);
+  return x.view({b, l, heads, d / heads}).transpose(1, 2);
+}
+
+at::Tensor merge_heads(const at::Tensor& x) {
+  const auto b = x.size(0), h = x.size(1), l = x.size(2), d = x.size(3);
+  return x.transpose(1, 2).reshape({b, l, h * d});
+}
+
+}  // namespace omni::models
