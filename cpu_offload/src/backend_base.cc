@@ -44,8 +44,8 @@ BackendBase::~BackendBase() {
 
 void BackendBase::make_resident() {
   if (plan_.resident_tensors.empty()) return;
-  resident_ = std::make_unique<OffloadUnit>("resident", lookup(tensors_by_name(root_),
-                                                               plan_.resident_tensors),
+  resident_ = std::make_unique<OffloadUnit>("resident",
+                                            lookup(tensors_by_name(root_), plan_.resident_tensors),
                                             *engine_, config_.pin_memory);
   resident_buffer_ = engine_->allocate_device(resident_->bytes());
   engine_->compute_wait(engine_->copy_async({resident_->copy_to(resident_buffer_, 0)}, {}));
@@ -120,8 +120,8 @@ void BackendBase::reset_stats() {
 namespace {
 class ResidentBackend final : public BackendBase {
  public:
-  ResidentBackend(torch::nn::Module& root, OffloadPlan plan,
-                  std::shared_ptr<TransferEngine> engine, const OffloadConfig& config)
+  ResidentBackend(torch::nn::Module& root, OffloadPlan plan, std::shared_ptr<TransferEngine> engine,
+                  const OffloadConfig& config)
       : BackendBase(root, std::move(plan), std::move(engine), config) {
     make_resident();
   }
@@ -151,7 +151,8 @@ std::unique_ptr<OffloadBackend> apply_offload(torch::nn::Module& root, const Mod
       return make_layerwise_backend(root, std::move(plan), std::move(engine), config);
     case Strategy::kModelLevel:
       return make_model_level_backend(root, std::move(plan), std::move(engine), config);
-    case Strategy::kNone: break;
+    case Strategy::kNone:
+      break;
   }
   return make_resident_backend(root, std::move(plan), std::move(engine), config);
 }

@@ -72,8 +72,7 @@ std::unique_ptr<OffloadBackend> make_resident_backend(torch::nn::Module& root, O
 std::unique_ptr<OffloadBackend> make_layerwise_backend(torch::nn::Module& root, OffloadPlan plan,
                                                        std::shared_ptr<TransferEngine> engine,
                                                        const OffloadConfig& config);
-std::unique_ptr<OffloadBackend> make_model_level_backend(torch::nn::Module& root,
-                                                         OffloadPlan plan,
+std::unique_ptr<OffloadBackend> make_model_level_backend(torch::nn::Module& root, OffloadPlan plan,
                                                          std::shared_ptr<TransferEngine> engine,
                                                          const OffloadConfig& config);
 

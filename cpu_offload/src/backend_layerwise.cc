@@ -50,9 +50,9 @@ class LayerwiseBackend final : public BackendBase {
     }
     for (size_t u = 0; u < units_.size(); ++u) {
       const int index = static_cast<int>(u);
-      attach_hook(units_[u]->name(), std::make_shared<CallbackHook>(
-                                          [this, index] { enter(index); },
-                                          [this, index] { exit(index); }));
+      attach_hook(units_[u]->name(),
+                  std::make_shared<CallbackHook>([this, index] { enter(index); },
+                                                 [this, index] { exit(index); }));
     }
     log_debug("layerwise offload: ", units_.size(), " units, ", slots_.size(), " slots of ",
               slot_capacity_, " bytes, resident ", plan_.resident_bytes, " bytes");
@@ -75,10 +75,11 @@ class LayerwiseBackend final : public BackendBase {
     active_[u] += 1;
     if (unit_slot_[u] < 0) {
       const int victim = pick_victim(u, /*lookahead=*/false);
-      OMNI_CHECK(victim >= 0, "layerwise offload: no free slot to load '", units_[u]->name(),
-                 "' (", slots_.size(), " slots, all in use by running units)");
+      OMNI_CHECK(victim >= 0, "layerwise offload: no free slot to load '", units_[u]->name(), "' (",
+                 slots_.size(), " slots, all in use by running units)");
       counters_[u]->sync_loads += 1;
-      log_debug("layerwise: '", units_[u]->name(), "' ran out of the expected order: loading it "
+      log_debug("layerwise: '", units_[u]->name(),
+                "' ran out of the expected order: loading it "
                 "synchronously");
       load(u, victim);
     }

@@ -41,10 +41,11 @@ class ModelLevelBackend final : public BackendBase {
     size_t slot_count = 1;
     const size_t resident = resident_device_bytes();
     if (config.device_budget_bytes > 0) {
-      OMNI_CHECK(config.device_budget_bytes >= resident + slot_capacity_,
-                 "device_budget_bytes ", config.device_budget_bytes, " is below what model-level "
-                 "offload needs: resident weights ", resident, " + largest group ",
-                 slot_capacity_, " bytes");
+      OMNI_CHECK(config.device_budget_bytes >= resident + slot_capacity_, "device_budget_bytes ",
+                 config.device_budget_bytes,
+                 " is below what model-level "
+                 "offload needs: resident weights ",
+                 resident, " + largest group ", slot_capacity_, " bytes");
       if (groups_.size() > 1 && config.device_budget_bytes >= resident + 2 * slot_capacity_) {
         slot_count = 2;
       } else {
@@ -170,8 +171,7 @@ class ModelLevelBackend final : public BackendBase {
 
 }  // namespace
 
-std::unique_ptr<OffloadBackend> make_model_level_backend(torch::nn::Module& root,
-                                                         OffloadPlan plan,
+std::unique_ptr<OffloadBackend> make_model_level_backend(torch::nn::Module& root, OffloadPlan plan,
                                                          std::shared_ptr<TransferEngine> engine,
                                                          const OffloadConfig& config) {
   return std::make_unique<ModelLevelBackend>(root, std::move(plan), std::move(engine), config);

@@ -30,9 +30,8 @@ void HookRegistry::attach(const std::string& method, const std::string& name,
 }
 
 bool HookRegistry::detach(const std::string& method, const std::string& name) {
-  auto it = std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) {
-    return e.method == method && e.name == name;
-  });
+  auto it = std::find_if(entries_.begin(), entries_.end(),
+                         [&](const Entry& e) { return e.method == method && e.name == name; });
   if (it == entries_.end()) return false;
   Entry entry = std::move(*it);
   entries_.erase(it);
@@ -100,8 +99,8 @@ std::shared_ptr<torch::nn::Module> find_module(torch::nn::Module& root, const st
     }
     if (!child) {
       OMNI_THROW("no module '", path, "': '", walked.empty() ? "<root>" : walked,
-                 "' has no child '", part, "' (children: ",
-                 existing.empty() ? "none" : existing, ")");
+                 "' has no child '", part, "' (children: ", existing.empty() ? "none" : existing,
+                 ")");
     }
     walked += (walked.empty() ? "" : ".") + part;
     current = child;

@@ -24,8 +24,8 @@ ModelSpec resolve_model_spec(torch::nn::Module& root, const ModelSpec& declared)
 
   static const std::vector<std::string> kDitNames = {"transformer", "transformer_2", "dit",
                                                      "language_model", "model"};
-  static const std::vector<std::string> kBlockListNames = {
-      "blocks", "transformer_blocks", "single_transformer_blocks", "layers"};
+  static const std::vector<std::string> kBlockListNames = {"blocks", "transformer_blocks",
+                                                           "single_transformer_blocks", "layers"};
   ModelSpec spec = declared;
   for (const auto& child : root.named_children()) {
     const std::string& name = child.key();
@@ -49,8 +49,8 @@ ModelSpec resolve_model_spec(torch::nn::Module& root, const ModelSpec& declared)
   std::vector<std::string> lists;
   for (const auto& b : spec.block_lists) lists.push_back(b.path);
   log_warning("model declares no offload components; found by name: dits [", join(spec.dits),
-              "], encoders [", join(spec.encoders), "], vae [", join(spec.vaes),
-              "], block lists [", join(lists), "]");
+              "], encoders [", join(spec.encoders), "], vae [", join(spec.vaes), "], block lists [",
+              join(lists), "]");
   return spec;
 }
 

@@ -24,9 +24,12 @@ Granularity parse_granularity(const std::string& text) {
 
 std::string to_string(Strategy strategy) {
   switch (strategy) {
-    case Strategy::kNone: return "none";
-    case Strategy::kModelLevel: return "model";
-    case Strategy::kLayerwise: return "layerwise";
+    case Strategy::kNone:
+      return "none";
+    case Strategy::kModelLevel:
+      return "model";
+    case Strategy::kLayerwise:
+      return "layerwise";
   }
   return "?";
 }
@@ -44,8 +47,9 @@ OffloadConfig OffloadConfig::for_strategy(Strategy strategy) {
 
 Strategy OffloadConfig::strategy() const {
   if (layerwise && model_level) {
-    log_info("both model-level and layerwise offload are enabled: layerwise wins (it already "
-             "keeps only a window of blocks on the device)");
+    log_info(
+        "both model-level and layerwise offload are enabled: layerwise wins (it already "
+        "keeps only a window of blocks on the device)");
     return Strategy::kLayerwise;
   }
   if (layerwise) return Strategy::kLayerwise;

@@ -38,7 +38,9 @@ bool under(const std::string& name, const std::string& prefix) {
           name[prefix.size()] == '.');
 }
 
-size_t tensor_bytes(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
+size_t tensor_bytes(const at::Tensor& t) {
+  return static_cast<size_t>(t.numel()) * t.element_size();
+}
 
 // Assigns tensors to buckets (-1: resident, >= 0: a unit), then makes each distinct tensor
 // appear once: a tensor tied across buckets must stay resident.
@@ -97,7 +99,8 @@ bool has_tensors(torch::nn::Module& module) {
 
 void plan_layerwise(torch::nn::Module& root, const ModelSpec& spec, const OffloadConfig& config,
                     const TensorTable& table, OffloadPlan& plan) {
-  OMNI_CHECK(!spec.block_lists.empty(), "layerwise offload needs block lists, but the model "
+  OMNI_CHECK(!spec.block_lists.empty(),
+             "layerwise offload needs block lists, but the model "
              "declares none and none were found by name");
   Assignment assignment(table);
   std::vector<std::string> order_keys;  // one per DiT (or per block list outside any DiT)
@@ -154,8 +157,8 @@ void plan_model_level(torch::nn::Module& root, const ModelSpec& spec, const Offl
   for (const auto& path : spec.encoders) find_module(root, path);
   for (const auto& path : spec.vaes) find_module(root, path);
   if (spec.encoders.empty() && spec.dits.size() < 2) {
-    log_warning("model-level offload: the model has no encoders and ",
-                spec.dits.size(), " DiT(s), so there is nothing to alternate with; keeping "
+    log_warning("model-level offload: the model has no encoders and ", spec.dits.size(),
+                " DiT(s), so there is nothing to alternate with; keeping "
                 "every weight resident (use layerwise offload to save memory on such a model)");
     plan.strategy = Strategy::kNone;
     Assignment assignment(table);
@@ -202,8 +205,12 @@ OffloadPlan make_offload_plan(torch::nn::Module& root, const ModelSpec& spec,
       assignment.finish(plan, {});
       break;
     }
-    case Strategy::kLayerwise: plan_layerwise(root, spec, config, table, plan); break;
-    case Strategy::kModelLevel: plan_model_level(root, spec, config, table, plan); break;
+    case Strategy::kLayerwise:
+      plan_layerwise(root, spec, config, table, plan);
+      break;
+    case Strategy::kModelLevel:
+      plan_model_level(root, spec, config, table, plan);
+      break;
   }
   return plan;
 }
@@ -213,8 +220,8 @@ std::string OffloadPlan::describe() const {
                                     " resident tensors (", resident_bytes, " bytes)");
   if (!units.empty()) out += detail::str_cat(", ", units.size(), " streamed units");
   for (const auto& g : groups) {
-    out += detail::str_cat(", group ", g.name, " (", g.units.size(), " units, ", g.bytes,
-                           " bytes)");
+    out +=
+        detail::str_cat(", group ", g.name, " (", g.units.size(), " units, ", g.bytes, " bytes)");
   }
   return out;
 }

@@ -73,11 +73,14 @@ class CpuSimTransferEngine final : public TransferEngine {
   Event copy_async(const std::vector<CopyOp>& ops, const std::vector<Event>& after,
                    TimeAccumulator* time) override {
     for (const auto& op : ops) {
-      OMNI_CHECK(op.src && op.src_offset + op.bytes <= op.src.bytes(), "copy reads past the end "
-                 "of its host buffer (", op.src_offset, " + ", op.bytes, " > ", op.src.bytes(), ")");
-      OMNI_CHECK(op.dst && op.dst_offset + op.bytes <= op.dst.bytes(), "copy writes past the end "
-                 "of its device buffer (", op.dst_offset, " + ", op.bytes, " > ", op.dst.bytes(),
-                 ")");
+      OMNI_CHECK(op.src && op.src_offset + op.bytes <= op.src.bytes(),
+                 "copy reads past the end "
+                 "of its host buffer (",
+                 op.src_offset, " + ", op.bytes, " > ", op.src.bytes(), ")");
+      OMNI_CHECK(op.dst && op.dst_offset + op.bytes <= op.dst.bytes(),
+                 "copy writes past the end "
+                 "of its device buffer (",
+                 op.dst_offset, " + ", op.bytes, " > ", op.dst.bytes(), ")");
     }
     Task task{ops, after, time, std::promise<void>()};
     std::shared_future<void> done = task.done.get_future().share();

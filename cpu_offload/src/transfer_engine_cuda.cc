@@ -5,6 +5,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/ops/empty.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -18,9 +19,9 @@
 #include "cpu_offload/logging.h"
 #include "cpu_offload/transfer_engine.h"
 
-#define OMNI_CUDA_CHECK(expr)                                                        \
-  do {                                                                               \
-    const cudaError_t omni_err = (expr);                                             \
+#define OMNI_CUDA_CHECK(expr)                                                       \
+  do {                                                                              \
+    const cudaError_t omni_err = (expr);                                            \
     OMNI_CHECK(omni_err == cudaSuccess, #expr, ": ", cudaGetErrorString(omni_err)); \
   } while (0)
 
@@ -81,8 +82,8 @@ class CudaTransferEngine final : public TransferEngine {
                     "as fast and will not overlap compute as well");
       });
     }
-    auto* data = static_cast<uint8_t*>(std::aligned_alloc(kSlabAlignment,
-                                                          align_up(size, kSlabAlignment)));
+    auto* data =
+        static_cast<uint8_t*>(std::aligned_alloc(kSlabAlignment, align_up(size, kSlabAlignment)));
     OMNI_CHECK(data != nullptr, "out of host memory allocating ", bytes, " bytes");
     return make_host_buffer(data, bytes, /*pinned=*/false, [](uint8_t* p) { std::free(p); });
   }
@@ -107,9 +108,9 @@ class CudaTransferEngine final : public TransferEngine {
     start->record(copy_stream_);
     uint64_t bytes = 0;
     for (const auto& op : ops) {
-      OMNI_CHECK(op.src_offset + op.bytes <= op.src.bytes() &&
-                     op.dst_offset + op.bytes <= op.dst.bytes(),
-                 "copy out of bounds");
+      OMNI_CHECK(
+          op.src_offset + op.bytes <= op.src.bytes() && op.dst_offset + op.bytes <= op.dst.bytes(),
+          "copy out of bounds");
       OMNI_CUDA_CHECK(cudaMemcpyAsync(op.dst.data() + op.dst_offset, op.src.data() + op.src_offset,
                                       op.bytes, cudaMemcpyHostToDevice, copy_stream_.stream()));
       bytes += op.bytes;
@@ -169,6 +170,18 @@ class CudaTransferEngine final : public TransferEngine {
     open_timings_.erase(it);
   }
 
+  size_t allocator_peak_bytes() override {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
+    return static_cast<size_t>(
+        stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+            .peak);
+  }
+
+  void reset_counters() override {
+    TransferEngine::reset_counters();
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
+  }
+
   void synchronize() override {
     c10::cuda::CUDAGuard guard(device_);
     copy_stream_.synchronize();
@@ -183,7 +196,8 @@ class CudaTransferEngine final : public TransferEngine {
       pending.swap(pending_);
     }
     for (const auto& p : pending) {
-      const auto ns = static_cast<int64_t>(static_cast<double>(p.start->elapsed_time(*p.end)) * 1e6);
+      const auto ns =
+          static_cast<int64_t>(static_cast<double>(p.start->elapsed_time(*p.end)) * 1e6);
       if (p.kind == Kind::kCopy) copy_ns_ += ns;
       if (p.kind == Kind::kStall) count_stall(ns);
       if (p.time) p.time->add(ns);
@@ -215,8 +229,10 @@ bool cuda_engine_built() { return true; }
 std::shared_ptr<TransferEngine> make_cuda_engine(const TransferEngineOptions& options) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
-  OMNI_CHECK(err == cudaSuccess && count > 0, "device 'cuda' requested but no CUDA device is "
-             "usable (", err == cudaSuccess ? "0 devices" : cudaGetErrorString(err), ")");
+  OMNI_CHECK(err == cudaSuccess && count > 0,
+             "device 'cuda' requested but no CUDA device is "
+             "usable (",
+             err == cudaSuccess ? "0 devices" : cudaGetErrorString(err), ")");
   OMNI_CHECK(options.cuda_device_index >= 0 && options.cuda_device_index < count,
              "CUDA device index ", options.cuda_device_index, " out of range (", count,
              " devices)");

@@ -16,8 +16,8 @@ at::Tensor make_view(const at::Tensor& storage_owner, size_t offset, at::IntArra
   OMNI_CHECK(offset % item == 0, "offset ", offset, " not aligned to ", item, " bytes");
   auto view = at::empty({0}, at::TensorOptions(dtype).device(storage_owner.device()));
   view.set_(storage_owner.storage(),
-            static_cast<int64_t>((storage_owner.storage_offset() * storage_owner.element_size() +
-                                  offset) / item),
+            static_cast<int64_t>(
+                (storage_owner.storage_offset() * storage_owner.element_size() + offset) / item),
             sizes, c10::contiguous_strides(sizes));
   return view;
 }

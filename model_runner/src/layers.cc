@@ -36,8 +36,8 @@ at::Tensor LayerNorm::forward(const at::Tensor& x) const {
 Conv2d::Conv2d(int64_t in, int64_t out, int64_t kernel, at::Generator& gen, at::ScalarType dtype)
     : torch::nn::Module("Conv2d"), padding(kernel / 2) {
   weight = register_parameter(
-      "weight", init_normal({out, in, kernel, kernel}, 1.0 / std::sqrt(in * kernel * kernel), gen,
-                            dtype),
+      "weight",
+      init_normal({out, in, kernel, kernel}, 1.0 / std::sqrt(in * kernel * kernel), gen, dtype),
       false);
   bias = register_parameter("bias", init_normal({out}, 0.02, gen, dtype), false);
 }

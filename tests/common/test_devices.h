@@ -34,10 +34,15 @@ inline std::string device_name(const ::testing::TestParamInfo<offload::DeviceKin
 
 }  // namespace omni::testing
 
+namespace omni::offload {
+// Readable parameter values in gtest output.
+inline void PrintTo(DeviceKind kind, std::ostream* os) { *os << to_string(kind); }
+}  // namespace omni::offload
+
 // First line of a device-parameterized test: skips CUDA cases (with the reason) where there
 // is no usable GPU.
-#define OMNI_SKIP_IF_DEVICE_MISSING(kind)                                              \
-  do {                                                                                 \
+#define OMNI_SKIP_IF_DEVICE_MISSING(kind)                                                \
+  do {                                                                                   \
     if ((kind) == ::omni::offload::DeviceKind::kCuda && !::omni::testing::cuda_usable()) \
-      GTEST_SKIP() << "no usable CUDA device (or built without CUDA)";                 \
+      GTEST_SKIP() << "no usable CUDA device (or built without CUDA)";                   \
   } while (0)

@@ -49,7 +49,7 @@ struct RunResult {
 };
 
 RunResult run(DeviceKind device, const OffloadConfig& config, bool two_transformers = false,
-        double bandwidth = 0) {
+              double bandwidth = 0) {
   TinyDiffusionPipeline pipe(pipeline_config(two_transformers));
   TransferEngineOptions options;
   options.sim_bandwidth_bytes_per_s = bandwidth;
@@ -120,13 +120,13 @@ TEST_P(BackendEquality, ImageIsBitwiseEqualToTheResidentModel) {
   EXPECT_LE(static_cast<double>(r.stats.host_bytes), 1.05 * r.stats.param_bytes);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Strategies, BackendEquality,
-    ::testing::Combine(::testing::ValuesIn(omni::testing::all_devices()),
-                       ::testing::ValuesIn(cases())),
-    [](const ::testing::TestParamInfo<std::tuple<DeviceKind, Case>>& info) {
-      return to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param).name;
-    });
+INSTANTIATE_TEST_SUITE_P(Strategies, BackendEquality,
+                         ::testing::Combine(::testing::ValuesIn(omni::testing::all_devices()),
+                                            ::testing::ValuesIn(cases())),
+                         [](const ::testing::TestParamInfo<std::tuple<DeviceKind, Case>>& info) {
+                           return to_string(std::get<0>(info.param)) + "_" +
+                                  std::get<1>(info.param).name;
+                         });
 
 class BackendMemory : public ::testing::TestWithParam<DeviceKind> {};
 
@@ -174,7 +174,8 @@ TEST_P(BackendMemory, ModelLevelHoldsResidentPlusLargestGroup) {
 
 TEST_P(BackendMemory, ModelLevelPrefetchStaysWithinTheBudget) {
   OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
-  const auto strict = run(GetParam(), OffloadConfig::for_strategy(Strategy::kModelLevel), true).stats;
+  const auto strict =
+      run(GetParam(), OffloadConfig::for_strategy(Strategy::kModelLevel), true).stats;
   auto config = OffloadConfig::for_strategy(Strategy::kModelLevel);
   config.device_budget_bytes = strict.resident_bytes + 2 * strict.max_unit_bytes;
   const auto s = run(GetParam(), config, true).stats;
@@ -222,14 +223,15 @@ TEST(LayerwiseBackend, BlockRunOutOfOrderIsLoadedSynchronouslyAndComputesCorrect
   EXPECT_LE(s.peak_device_bytes, s.resident_bytes + 2 * s.max_unit_bytes);
   // A normal run afterwards is still exact.
   backend->reset_stats();
-  const auto image = pipe.generate(prompt(), negative(), generate_options(), engine->compute_device());
+  const auto image =
+      pipe.generate(prompt(), negative(), generate_options(), engine->compute_device());
   EXPECT_TRUE(at::equal(image, plain_image(false)));
 }
 
 TEST(LayerwiseBackend, CopiesOverlapComputeAndStallsAreCounted) {
   // A slow simulated link: copies take long enough that compute has to wait for some.
   const RunResult slow = run(DeviceKind::kCpuSim, OffloadConfig::for_strategy(Strategy::kLayerwise),
-                       false, /*bandwidth=*/20e6);
+                             false, /*bandwidth=*/20e6);
   EXPECT_TRUE(at::equal(slow.image, plain_image(false)));
   EXPECT_GT(slow.stats.stall_ms, 0.0);
   EXPECT_GT(slow.stats.copy_ms, 0.0);

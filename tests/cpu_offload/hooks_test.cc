@@ -15,10 +15,11 @@ class Affine : public HookableModule {
     w = register_parameter("w", at::full({1}, 2.0), false);
   }
   at::Tensor forward(const at::Tensor& x) {
-    return invoke("forward", {x}, [this](HookArgs& a) -> c10::IValue {
-             calls += 1;
-             return a[0].toTensor() * w + 1;
-           })
+    return invoke("forward", {x},
+                  [this](HookArgs& a) -> c10::IValue {
+                    calls += 1;
+                    return a[0].toTensor() * w + 1;
+                  })
         .toTensor();
   }
   at::Tensor decode(const at::Tensor& x) {
@@ -73,9 +74,8 @@ TEST(Hooks, ChainRunsPreInAttachOrderAndPostInReverse) {
   m.hooks().attach("forward", "a", std::make_shared<RecordingHook>("a", &log));
   m.hooks().attach("forward", "b", std::make_shared<RecordingHook>("b", &log));
   m.forward(at::ones({1}));
-  EXPECT_EQ(log, (std::vector<std::string>{"a.attach.forward", "b.attach.forward",
-                                           "a.pre.forward", "b.pre.forward", "b.post.forward",
-                                           "a.post.forward"}));
+  EXPECT_EQ(log, (std::vector<std::string>{"a.attach.forward", "b.attach.forward", "a.pre.forward",
+                                           "b.pre.forward", "b.post.forward", "a.post.forward"}));
 }
 
 TEST(Hooks, PreRewritesInputsAndPostRewritesOutputsInChainOrder) {

@@ -27,8 +27,8 @@ bool resident(const OffloadPlan& plan, const std::string& tensor) {
 
 TEST(OffloadPlan, LayerwiseStreamsBlocksAndKeepsTheRestResident) {
   TinyDiffusionPipeline pipe(TinyDiffusionConfig{});
-  auto plan = make_offload_plan(pipe, pipe.offload_spec(), OffloadConfig::for_strategy(
-                                                               Strategy::kLayerwise));
+  auto plan = make_offload_plan(pipe, pipe.offload_spec(),
+                                OffloadConfig::for_strategy(Strategy::kLayerwise));
   EXPECT_EQ(plan.strategy, Strategy::kLayerwise);
   ASSERT_EQ(plan.units.size(), 8u);
   EXPECT_EQ(plan.units[3].name, "transformer.blocks.3");
@@ -46,8 +46,9 @@ TEST(OffloadPlan, OffloadRatioStreamsThatFractionOfEachBlockList) {
   auto config = OffloadConfig::for_strategy(Strategy::kLayerwise);
   config.offload_ratio = 0.5;
   auto plan = make_offload_plan(pipe, pipe.offload_spec(), config);
-  EXPECT_EQ(unit_names(plan), (std::vector<std::string>{"transformer.blocks.0", "transformer.blocks.1",
-                                                        "transformer.blocks.2", "transformer.blocks.3"}));
+  EXPECT_EQ(unit_names(plan),
+            (std::vector<std::string>{"transformer.blocks.0", "transformer.blocks.1",
+                                      "transformer.blocks.2", "transformer.blocks.3"}));
   EXPECT_TRUE(resident(plan, "transformer.blocks.4.ffn.fc1.weight"));
   config.offload_ratio = 0.0;
   EXPECT_TRUE(make_offload_plan(pipe, pipe.offload_spec(), config).units.empty());
@@ -114,19 +115,22 @@ TEST(OffloadPlan, InvalidSettingsGetClearErrors) {
   TinyDiffusionPipeline pipe(TinyDiffusionConfig{});
   auto config = OffloadConfig::for_strategy(Strategy::kLayerwise);
   config.num_gpu_layers = 0;
-  EXPECT_NE(error_of([&] { make_offload_plan(pipe, pipe.offload_spec(), config); })
-                .find("num_gpu_layers must be >= 1, got 0"),
+  EXPECT_NE(error_of([&] {
+              make_offload_plan(pipe, pipe.offload_spec(), config);
+            }).find("num_gpu_layers must be >= 1, got 0"),
             std::string::npos);
   config.num_gpu_layers = 1;
   config.offload_ratio = 1.5;
-  EXPECT_NE(error_of([&] { make_offload_plan(pipe, pipe.offload_spec(), config); })
-                .find("offload_ratio must be in [0, 1], got 1.5"),
+  EXPECT_NE(error_of([&] {
+              make_offload_plan(pipe, pipe.offload_spec(), config);
+            }).find("offload_ratio must be in [0, 1], got 1.5"),
             std::string::npos);
   config.offload_ratio = 1.0;
   auto spec = pipe.offload_spec();
   spec.block_lists = {{"transformer.blokcs", {}}};
-  EXPECT_NE(error_of([&] { make_offload_plan(pipe, spec, config); })
-                .find("unknown block list 'transformer.blokcs'"),
+  EXPECT_NE(error_of([&] {
+              make_offload_plan(pipe, spec, config);
+            }).find("unknown block list 'transformer.blokcs'"),
             std::string::npos);
   EXPECT_THROW(parse_strategy("sequential"), Error);
   EXPECT_THROW(parse_granularity("layer"), Error);

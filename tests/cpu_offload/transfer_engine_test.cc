@@ -22,7 +22,8 @@ void fill(const HostBuffer& buffer, uint8_t seed) {
 }
 
 at::Tensor device_bytes(const DeviceBuffer& buffer, size_t offset, size_t bytes) {
-  return buffer.bytes_tensor().narrow(0, static_cast<int64_t>(offset), static_cast<int64_t>(bytes))
+  return buffer.bytes_tensor()
+      .narrow(0, static_cast<int64_t>(offset), static_cast<int64_t>(bytes))
       .cpu();
 }
 
@@ -123,8 +124,8 @@ TEST(CpuSimEngine, BandwidthLimitThrottlesCopiesAndStallsAreMeasured) {
   const auto start = std::chrono::steady_clock::now();
   Event done = engine->copy_async({CopyOp{src, 0, dst, 0, src.bytes()}}, {}, &copy_time);
   engine->compute_wait(done, &stall);
-  const double elapsed_ms = std::chrono::duration<double, std::milli>(
-                                std::chrono::steady_clock::now() - start).count();
+  const double elapsed_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   EXPECT_GE(elapsed_ms, 40.0);
   EXPECT_GE(copy_time.total_ms(), 40.0);
   EXPECT_GT(stall.total_ms(), 20.0);  // the wait began right after the copy was issued

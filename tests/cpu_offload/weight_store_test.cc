@@ -13,8 +13,8 @@ namespace {
 class Mixed : public torch::nn::Module {
  public:
   Mixed() {
-    w = register_parameter("w", at::randn({3, 5}), false);                  // 60 bytes
-    h = register_parameter("h", at::randn({7}).to(at::kHalf), false);       // 14 bytes
+    w = register_parameter("w", at::randn({3, 5}), false);             // 60 bytes
+    h = register_parameter("h", at::randn({7}).to(at::kHalf), false);  // 14 bytes
     bf = register_parameter("bf", at::randn({2, 9}).to(at::kBFloat16), false);
     ids = register_buffer("ids", at::arange(11, at::kLong));
   }
@@ -73,7 +73,8 @@ TEST_P(WeightStoreTest, BindRejectsABufferTooSmall) {
   EXPECT_THROW(unit.bind(small, 0), Error);
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, WeightStoreTest, ::testing::ValuesIn(omni::testing::all_devices()),
+INSTANTIATE_TEST_SUITE_P(Devices, WeightStoreTest,
+                         ::testing::ValuesIn(omni::testing::all_devices()),
                          omni::testing::device_name);
 
 }  // namespace

@@ -29,12 +29,12 @@ std::string str_cat(const Parts&... parts) {
 
 // OMNI_CHECK(cond, parts...): throws omni::Error naming the failed condition, the source
 // location and the message (the parts are streamed together).
-#define OMNI_CHECK(cond, ...)                                                        \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
-      ::omni::detail::throw_check_failure(__FILE__, __LINE__, #cond,                 \
-                                          ::omni::detail::str_cat(__VA_ARGS__));     \
-    }                                                                                \
+#define OMNI_CHECK(cond, ...)                                                    \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
+      ::omni::detail::throw_check_failure(__FILE__, __LINE__, #cond,             \
+                                          ::omni::detail::str_cat(__VA_ARGS__)); \
+    }                                                                            \
   } while (0)
 
 // OMNI_THROW(parts...): throws omni::Error with the message and the source location.

@@ -47,8 +47,7 @@ class HookRegistry {
   HookRegistry(torch::nn::Module* owner, std::vector<std::string> methods);
 
   // Appends `hook` to the chain of `method` under `name` (unique per method).
-  void attach(const std::string& method, const std::string& name,
-              std::shared_ptr<ModelHook> hook);
+  void attach(const std::string& method, const std::string& name, std::shared_ptr<ModelHook> hook);
   // Removes the named hook; returns false when it is not attached.
   bool detach(const std::string& method, const std::string& name);
   void detach_all();

@@ -24,9 +24,7 @@ struct ModelSpec {
   std::vector<std::string> auxiliary;  // small helpers, always on the device
   std::vector<BlockList> block_lists;  // what layerwise offload streams
 
-  bool has_components() const {
-    return !dits.empty() || !encoders.empty() || !vaes.empty();
-  }
+  bool has_components() const { return !dits.empty() || !encoders.empty() || !vaes.empty(); }
 };
 
 // `declared` when it names components; otherwise a scan of the root's children by well-known

@@ -9,7 +9,7 @@ namespace omni::offload {
 enum class Strategy { kNone, kModelLevel, kLayerwise };
 enum class Granularity { kBlock, kPhase };
 
-Strategy parse_strategy(const std::string& text);  // none | model | layerwise
+Strategy parse_strategy(const std::string& text);        // none | model | layerwise
 Granularity parse_granularity(const std::string& text);  // block | phase
 std::string to_string(Strategy strategy);
 std::string to_string(Granularity granularity);

@@ -22,7 +22,7 @@ struct UnitPlan {
 };
 
 struct GroupPlan {
-  std::string name;            // "encoders", a DiT's path, or the VAE's
+  std::string name;             // "encoders", a DiT's path, or the VAE's
   std::vector<UnitPlan> units;  // one per component: a component moves in one copy
   size_t bytes = 0;
 };

@@ -10,22 +10,22 @@ namespace omni::offload {
 
 struct UnitStats {
   std::string name;
-  size_t bytes = 0;           // slab bytes
-  uint64_t loads = 0;         // copies of this unit to the device
-  uint64_t sync_loads = 0;    // loads not prefetched: the unit ran out of the expected order
-  double copy_ms = 0;         // time its copies took on the copy stream
-  double compute_ms = 0;      // time its forwards took
-  double stall_ms = 0;        // time compute waited for its copy
+  size_t bytes = 0;         // slab bytes
+  uint64_t loads = 0;       // copies of this unit to the device
+  uint64_t sync_loads = 0;  // loads not prefetched: the unit ran out of the expected order
+  double copy_ms = 0;       // time its copies took on the copy stream
+  double compute_ms = 0;    // time its forwards took
+  double stall_ms = 0;      // time compute waited for its copy
 };
 
 struct OffloadStats {
   std::string strategy;
   std::string device;
-  size_t param_bytes = 0;           // the model's distinct parameters and buffers
-  size_t resident_bytes = 0;        // device bytes of the weights that never move
-  size_t max_unit_bytes = 0;        // largest unit (layerwise) or group (model-level)
-  size_t host_bytes = 0;            // host bytes holding weights (the slabs)
-  size_t peak_device_bytes = 0;     // peak device bytes held for weights
+  size_t param_bytes = 0;        // the model's distinct parameters and buffers
+  size_t resident_bytes = 0;     // device bytes of the weights that never move
+  size_t max_unit_bytes = 0;     // largest unit (layerwise) or group (model-level)
+  size_t host_bytes = 0;         // host bytes holding weights (the slabs)
+  size_t peak_device_bytes = 0;  // peak device bytes held for weights
   size_t current_device_bytes = 0;
   uint64_t bytes_h2d = 0;
   uint64_t loads = 0;

@@ -166,8 +166,13 @@ class TransferEngine {
   // Synchronizes, then resolves pending timings into their accumulators.
   virtual void collect_timings() = 0;
 
+  // Peak bytes of the device allocator (weights and activations) since the last
+  // reset_counters(); 0 where there is no such allocator (the simulated device).
+  virtual size_t allocator_peak_bytes() { return 0; }
+
   TransferCounters counters();
-  void reset_counters();
+  // Restarts the counters and both peaks.
+  virtual void reset_counters();
   // Device bytes the engine holds (slots, resident weights).
   const std::shared_ptr<DeviceMemoryCounter>& memory_counter() const { return memory_; }
   // Host bytes held in buffers from allocate_host (the weights' master copies).

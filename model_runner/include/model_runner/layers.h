@@ -10,8 +10,7 @@
 namespace omni::models {
 
 // N(0, std) on the CPU from `gen`, as `dtype`.
-at::Tensor init_normal(at::IntArrayRef sizes, double std, at::Generator& gen,
-                       at::ScalarType dtype);
+at::Tensor init_normal(at::IntArrayRef sizes, double std, at::Generator& gen, at::ScalarType dtype);
 
 class Linear : public torch::nn::Module {
  public:

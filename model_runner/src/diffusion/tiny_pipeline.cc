@@ -91,11 +91,12 @@ TextEncoder::TextEncoder(const TinyDiffusionConfig& c, at::Generator& gen)
 }
 
 at::Tensor TextEncoder::forward(const at::Tensor& ids) {
-  return invoke("forward", {ids}, [this](offload::HookArgs& a) -> c10::IValue {
-           auto x = embed_->forward(a[0].toTensor());
-           for (const auto& layer : *layers_) x = layer->as<TextEncoderLayer>()->forward(x);
-           return norm_->forward(x);
-         })
+  return invoke("forward", {ids},
+                [this](offload::HookArgs& a) -> c10::IValue {
+                  auto x = embed_->forward(a[0].toTensor());
+                  for (const auto& layer : *layers_) x = layer->as<TextEncoderLayer>()->forward(x);
+                  return norm_->forward(x);
+                })
       .toTensor();
 }
 
@@ -108,13 +109,15 @@ SelfAttentionPhase::SelfAttentionPhase(const TinyDiffusionConfig& c, at::Generat
 
 at::Tensor SelfAttentionPhase::forward(const at::Tensor& x, const at::Tensor& shift,
                                        const at::Tensor& scale) {
-  return invoke("forward", {x, shift, scale}, [this](offload::HookArgs& a) -> c10::IValue {
-           auto h = norm_->forward(a[0].toTensor()) * (1 + a[2].toTensor()) + a[1].toTensor();
-           auto qkv = qkv_->forward(h).chunk(3, -1);
-           auto o = attention(split_heads(qkv[0], heads_), split_heads(qkv[1], heads_),
-                              split_heads(qkv[2], heads_));
-           return out_->forward(merge_heads(o));
-         })
+  return invoke("forward", {x, shift, scale},
+                [this](offload::HookArgs& a) -> c10::IValue {
+                  auto h =
+                      norm_->forward(a[0].toTensor()) * (1 + a[2].toTensor()) + a[1].toTensor();
+                  auto qkv = qkv_->forward(h).chunk(3, -1);
+                  auto o = attention(split_heads(qkv[0], heads_), split_heads(qkv[1], heads_),
+                                     split_heads(qkv[2], heads_));
+                  return out_->forward(merge_heads(o));
+                })
       .toTensor();
 }
 
@@ -127,13 +130,14 @@ CrossAttentionPhase::CrossAttentionPhase(const TinyDiffusionConfig& c, at::Gener
 }
 
 at::Tensor CrossAttentionPhase::forward(const at::Tensor& x, const at::Tensor& context) {
-  return invoke("forward", {x, context}, [this](offload::HookArgs& a) -> c10::IValue {
-           auto q = q_->forward(norm_->forward(a[0].toTensor()));
-           auto kv = kv_->forward(a[1].toTensor()).chunk(2, -1);
-           auto o = attention(split_heads(q, heads_), split_heads(kv[0], heads_),
-                              split_heads(kv[1], heads_));
-           return out_->forward(merge_heads(o));
-         })
+  return invoke("forward", {x, context},
+                [this](offload::HookArgs& a) -> c10::IValue {
+                  auto q = q_->forward(norm_->forward(a[0].toTensor()));
+                  auto kv = kv_->forward(a[1].toTensor()).chunk(2, -1);
+                  auto o = attention(split_heads(q, heads_), split_heads(kv[0], heads_),
+                                     split_heads(kv[1], heads_));
+                  return out_->forward(merge_heads(o));
+                })
       .toTensor();
 }
 
@@ -146,10 +150,12 @@ FeedForwardPhase::FeedForwardPhase(const TinyDiffusionConfig& c, at::Generator& 
 
 at::Tensor FeedForwardPhase::forward(const at::Tensor& x, const at::Tensor& shift,
                                      const at::Tensor& scale) {
-  return invoke("forward", {x, shift, scale}, [this](offload::HookArgs& a) -> c10::IValue {
-           auto h = norm_->forward(a[0].toTensor()) * (1 + a[2].toTensor()) + a[1].toTensor();
-           return fc2_->forward(at::gelu(fc1_->forward(h), "tanh"));
-         })
+  return invoke("forward", {x, shift, scale},
+                [this](offload::HookArgs& a) -> c10::IValue {
+                  auto h =
+                      norm_->forward(a[0].toTensor()) * (1 + a[2].toTensor()) + a[1].toTensor();
+                  return fc2_->forward(at::gelu(fc1_->forward(h), "tanh"));
+                })
       .toTensor();
 }
 
@@ -163,14 +169,15 @@ DiTBlock::DiTBlock(const TinyDiffusionConfig& c, at::Generator& gen) : HookableM
 
 at::Tensor DiTBlock::forward(const at::Tensor& x, const at::Tensor& context,
                              const at::Tensor& temb) {
-  return invoke("forward", {x, context, temb}, [this](offload::HookArgs& a) -> c10::IValue {
-           auto h = a[0].toTensor();
-           const auto& ctx = a[1].toTensor();
-           auto e = (modulation_.unsqueeze(0) + a[2].toTensor()).chunk(6, 1);  // 6 x [B,1,D]
-           h = h + e[2] * self_attn_->forward(h, e[0], e[1]);
-           h = h + cross_attn_->forward(h, ctx);
-           return h + e[5] * ffn_->forward(h, e[3], e[4]);
-         })
+  return invoke("forward", {x, context, temb},
+                [this](offload::HookArgs& a) -> c10::IValue {
+                  auto h = a[0].toTensor();
+                  const auto& ctx = a[1].toTensor();
+                  auto e = (modulation_.unsqueeze(0) + a[2].toTensor()).chunk(6, 1);  // 6 x [B,1,D]
+                  h = h + e[2] * self_attn_->forward(h, e[0], e[1]);
+                  h = h + cross_attn_->forward(h, ctx);
+                  return h + e[5] * ffn_->forward(h, e[3], e[4]);
+                })
       .toTensor();
 }
 
@@ -180,8 +187,8 @@ DiT::DiT(const TinyDiffusionConfig& c, at::Generator& gen) : HookableModule("DiT
   const int64_t tokens = (c.latent_size / c.patch) * (c.latent_size / c.patch);
   const int64_t patch_dim = c.latent_channels * c.patch * c.patch;
   patch_embed_ = child<Linear>(*this, "patch_embed", patch_dim, c.dim, gen, c.dtype);
-  pos_embed_ = register_parameter("pos_embed", init_normal({1, tokens, c.dim}, 0.02, gen, c.dtype),
-                                  false);
+  pos_embed_ =
+      register_parameter("pos_embed", init_normal({1, tokens, c.dim}, 0.02, gen, c.dtype), false);
   text_proj_ = child<Linear>(*this, "text_proj", c.text_dim, c.dim, gen, c.dtype);
   time_fc1_ = child<Linear>(*this, "time_fc1", c.dim, c.dim, gen, c.dtype);
   time_fc2_ = child<Linear>(*this, "time_fc2", c.dim, c.dim, gen, c.dtype);
@@ -194,23 +201,26 @@ DiT::DiT(const TinyDiffusionConfig& c, at::Generator& gen) : HookableModule("DiT
 
 at::Tensor DiT::forward(const at::Tensor& latents, const at::Tensor& timestep,
                         const at::Tensor& context) {
-  return invoke("forward", {latents, timestep, context}, [this](offload::HookArgs& a)
-                                                             -> c10::IValue {
-           const auto& lat = a[0].toTensor();
-           const int64_t b = lat.size(0), ch = c_.latent_channels, p = c_.patch;
-           const int64_t g = c_.latent_size / p;
-           auto x = lat.view({b, ch, g, p, g, p}).permute({0, 2, 4, 1, 3, 5}).reshape(
-               {b, g * g, ch * p * p});
-           x = patch_embed_->forward(x) + pos_embed_;
-           auto ctx = text_proj_->forward(a[2].toTensor());
-           auto t = timestep_features(a[1].toTensor(), c_.dim).to(c_.dtype);
-           auto temb = time_fc2_->forward(at::silu(time_fc1_->forward(t)));
-           auto mod = time_proj_->forward(at::silu(temb)).view({b, 6, c_.dim});
-           for (const auto& block : *blocks_) x = block->as<DiTBlock>()->forward(x, ctx, mod);
-           x = proj_out_->forward(norm_out_->forward(x));
-           return x.view({b, g, g, ch, p, p}).permute({0, 3, 1, 4, 2, 5}).reshape(
-               {b, ch, g * p, g * p});
-         })
+  return invoke("forward", {latents, timestep, context},
+                [this](offload::HookArgs& a) -> c10::IValue {
+                  const auto& lat = a[0].toTensor();
+                  const int64_t b = lat.size(0), ch = c_.latent_channels, p = c_.patch;
+                  const int64_t g = c_.latent_size / p;
+                  auto x = lat.view({b, ch, g, p, g, p})
+                               .permute({0, 2, 4, 1, 3, 5})
+                               .reshape({b, g * g, ch * p * p});
+                  x = patch_embed_->forward(x) + pos_embed_;
+                  auto ctx = text_proj_->forward(a[2].toTensor());
+                  auto t = timestep_features(a[1].toTensor(), c_.dim).to(c_.dtype);
+                  auto temb = time_fc2_->forward(at::silu(time_fc1_->forward(t)));
+                  auto mod = time_proj_->forward(at::silu(temb)).view({b, 6, c_.dim});
+                  for (const auto& block : *blocks_)
+                    x = block->as<DiTBlock>()->forward(x, ctx, mod);
+                  x = proj_out_->forward(norm_out_->forward(x));
+                  return x.view({b, g, g, ch, p, p})
+                      .permute({0, 3, 1, 4, 2, 5})
+                      .reshape({b, ch, g * p, g * p});
+                })
       .toTensor();
 }
 
@@ -223,12 +233,15 @@ VaeDecoder::VaeDecoder(const TinyDiffusionConfig& c, at::Generator& gen)
 }
 
 at::Tensor VaeDecoder::decode(const at::Tensor& latents) {
-  return invoke("decode", {latents}, [this](offload::HookArgs& a) -> c10::IValue {
-           auto x = at::silu(conv_in_->forward(a[0].toTensor()));
-           x = at::silu(up1_->forward(at::upsample_nearest2d(x, {x.size(2) * 2, x.size(3) * 2})));
-           x = at::silu(up2_->forward(at::upsample_nearest2d(x, {x.size(2) * 2, x.size(3) * 2})));
-           return at::tanh(conv_out_->forward(x));
-         })
+  return invoke("decode", {latents},
+                [this](offload::HookArgs& a) -> c10::IValue {
+                  auto x = at::silu(conv_in_->forward(a[0].toTensor()));
+                  x = at::silu(
+                      up1_->forward(at::upsample_nearest2d(x, {x.size(2) * 2, x.size(3) * 2})));
+                  x = at::silu(
+                      up2_->forward(at::upsample_nearest2d(x, {x.size(2) * 2, x.size(3) * 2})));
+                  return at::tanh(conv_out_->forward(x));
+                })
       .toTensor();
 }
 

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian 12 machine needs to build and test omni-offload:
+# the compiler toolchain and Debian -dev packages (gRPC, protobuf, yaml-cpp, GoogleTest, ...),
+# ccache, and LibTorch from the torch==2.11.0 wheel on PyPI. Safe to run again: it only
+# installs what is missing.
+set -euo pipefail
+
+TORCH_VERSION=2.11.0
+PYTHON=${PYTHON:-python3}
+APT_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libgtest-dev libgmock-dev
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libyaml-cpp-dev nlohmann-json3-dev libabsl-dev
+)
+
+log() { echo "[setup] $*"; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  as_root apt-get update -q
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+torch_dir() {
+  "$PYTHON" -c "import importlib.util as u; s = u.find_spec('torch'); print(s.submodule_search_locations[0] if s else '')"
+}
+installed_torch() {
+  "$PYTHON" -m pip show torch 2>/dev/null | sed -n 's/^Version: //p'
+}
+
+if [ "$(installed_torch)" != "$TORCH_VERSION" ]; then
+  # --no-deps: LibTorch is all we need. The wheel's Python dependencies and the ~3 GB of
+  # nvidia-* CUDA libraries are not needed to build, nor to run on the CPU.
+  log "installing torch==$TORCH_VERSION (LibTorch) from PyPI"
+  "$PYTHON" -m pip install -q --no-deps "torch==$TORCH_VERSION"
+fi
+TORCH_DIR=$(torch_dir)
+[ -f "$TORCH_DIR/lib/libtorch_cpu.so" ] || { echo "[setup] LibTorch missing in '$TORCH_DIR'" >&2; exit 1; }
+
+# libtorch_cpu links the CUDA runtime and CUPTI (for the profiler). Machines with the CUDA 13
+# toolkit have them; elsewhere take them from PyPI, where the wheel's RPATH finds them.
+if ldd "$TORCH_DIR/lib/libtorch_cpu.so" | grep -q "not found"; then
+  log "CUDA runtime libraries for libtorch_cpu not found; installing them from PyPI"
+  "$PYTHON" -m pip install -q "cuda-toolkit[cudart,cupti]==13.0.2"
+  if ldd "$TORCH_DIR/lib/libtorch_cpu.so" | grep "not found"; then
+    echo "[setup] libtorch_cpu.so still misses the libraries above" >&2
+    exit 1
+  fi
+fi
+log "ready: LibTorch $TORCH_VERSION at $TORCH_DIR"

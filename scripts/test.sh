@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test command: set up, build everything (the CUDA engine is compiled even where it
+# cannot run), run every test suite, then the engine's suites under ThreadSanitizer.
+#   scripts/test.sh            everything
+#   OMNI_SKIP_TSAN=1 scripts/test.sh   without the ThreadSanitizer pass
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/build.sh build
+(cd build && ctest --output-on-failure --parallel "$(nproc)")
+
+if [ "${OMNI_SKIP_TSAN:-0}" != "1" ]; then
+  scripts/tsan.sh
+fi
