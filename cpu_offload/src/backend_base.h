@@ -13,13 +13,15 @@
 
 namespace omni::offload {
 
-// A hook that forwards to two callbacks.
+// A hook that forwards to two callbacks: entering and leaving the hooked method.
 class CallbackHook final : public ModelHook {
  public:
   CallbackHook(std::function<void()> pre, std::function<void()> post)
       : pre_(std::move(pre)), post_(std::move(post)) {}
   void pre_forward(torch::nn::Module&, const std::string&, HookArgs&) override { pre_(); }
   void post_forward(torch::nn::Module&, const std::string&, c10::IValue&) override { post_(); }
+  // A failed forward ends the unit's use just like a finished one.
+  void on_forward_error(torch::nn::Module&, const std::string&) override { post_(); }
 
  private:
   std::function<void()> pre_;

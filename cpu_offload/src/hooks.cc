@@ -71,8 +71,15 @@ c10::IValue HookRegistry::run(const std::string& method, HookArgs args, const Me
   for (const auto& e : entries_) {
     if (e.method == method) chain.push_back(e.hook);
   }
-  for (auto& hook : chain) hook->pre_forward(*owner_, method, args);
-  c10::IValue output = impl(args);
+  size_t entered = 0;  // hooks whose pre_forward completed
+  c10::IValue output;
+  try {
+    for (; entered < chain.size(); ++entered) chain[entered]->pre_forward(*owner_, method, args);
+    output = impl(args);
+  } catch (...) {
+    while (entered > 0) chain[--entered]->on_forward_error(*owner_, method);
+    throw;
+  }
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
     (*it)->post_forward(*owner_, method, output);
   }

@@ -228,6 +228,27 @@ TEST(LayerwiseBackend, BlockRunOutOfOrderIsLoadedSynchronouslyAndComputesCorrect
   EXPECT_TRUE(at::equal(image, plain_image(false)));
 }
 
+TEST(LayerwiseBackend, AFailedForwardLeavesTheEngineConsistent) {
+  TinyDiffusionPipeline pipe(pipeline_config());
+  auto engine = make_cpu_sim_engine({});
+  auto backend = apply_offload(pipe, pipe.offload_spec(),
+                               OffloadConfig::for_strategy(Strategy::kLayerwise), engine);
+  auto* block = dynamic_cast<DiTBlock*>(find_module(pipe, "transformer.blocks.5").get());
+  ASSERT_NE(block, nullptr);
+  {
+    c10::InferenceMode inference;
+    const auto bad = at::randn({1, 16, 63});  // wrong width: the block's matmul throws
+    EXPECT_THROW(block->forward(bad, at::randn({1, 6, 64}), at::randn({1, 6, 64})), c10::Error);
+  }
+  backend->reset_stats();
+  const auto image =
+      pipe.generate(prompt(), negative(), generate_options(), engine->compute_device());
+  EXPECT_TRUE(at::equal(image, plain_image(false)));
+  // Block 5 was released by the error path: the ring streams normally again (at most the
+  // first block had to be fetched, the slots held blocks 5 and 6).
+  EXPECT_LE(backend->stats().sync_loads, 1u);
+}
+
 TEST(LayerwiseBackend, CopiesOverlapComputeAndStallsAreCounted) {
   // A slow simulated link: copies take long enough that compute has to wait for some.
   const RunResult slow = run(DeviceKind::kCpuSim, OffloadConfig::for_strategy(Strategy::kLayerwise),

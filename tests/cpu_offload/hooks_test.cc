@@ -59,6 +59,9 @@ class RecordingHook : public ModelHook {
     log_->push_back(tag_ + ".post." + method);
     if (add_output != 0.0) out = out.toTensor() + add_output;
   }
+  void on_forward_error(torch::nn::Module&, const std::string& method) override {
+    log_->push_back(tag_ + ".error." + method);
+  }
   void reset() override { log_->push_back(tag_ + ".reset"); }
   double scale_input = 1.0;
   double add_output = 0.0;
@@ -162,6 +165,24 @@ TEST(Hooks, ClearErrors) {
   EXPECT_THROW(m.hooks().attach("encode", "h", h), Error);
   m.hooks().attach("forward", "h", h);
   EXPECT_THROW(m.hooks().attach("forward", "h", h), Error);
+}
+
+TEST(Hooks, FailedForwardUnwindsTheHooksThatEntered) {
+  Affine m;
+  std::vector<std::string> log;
+  m.hooks().attach("forward", "a", std::make_shared<RecordingHook>("a", &log));
+  m.hooks().attach("forward", "b", std::make_shared<RecordingHook>("b", &log));
+  log.clear();
+  struct Throwing : ModelHook {
+    void pre_forward(torch::nn::Module&, const std::string&, HookArgs&) override {
+      throw Error("refused");
+    }
+  };
+  m.hooks().attach("forward", "c", std::make_shared<Throwing>());
+  EXPECT_THROW(m.forward(at::ones({1})), Error);
+  EXPECT_EQ(log, (std::vector<std::string>{"a.pre.forward", "b.pre.forward", "b.error.forward",
+                                           "a.error.forward"}));
+  EXPECT_EQ(m.calls, 0);  // the method did not run when a pre hook refused
 }
 
 TEST(Hooks, HookMayDetachItselfWhileRunning) {

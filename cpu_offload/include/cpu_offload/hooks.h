@@ -36,6 +36,10 @@ class ModelHook {
                            HookArgs& /*args*/) {}
   virtual void post_forward(torch::nn::Module& /*module*/, const std::string& /*method*/,
                             c10::IValue& /*output*/) {}
+  // Called instead of post_forward when the method (or a later hook's pre_forward) threw
+  // after this hook's pre_forward succeeded, so the hook can undo what pre_forward set up.
+  // The exception then propagates.
+  virtual void on_forward_error(torch::nn::Module& /*module*/, const std::string& /*method*/) {}
   // Drops per-run state (e.g. between requests); the hook stays attached.
   virtual void reset() {}
 };
