@@ -40,6 +40,8 @@ constexpr const char* kUsage = R"(usage: offload-bench [options]
   --sim-bandwidth-gbps X         simulated device: throttle copies to X GB/s
   --no-compare                   skip the resident baseline run
   --units                        add the per-unit table to the JSON
+  --threads N                    intra-op compute threads (default: LibTorch's choice); on
+                                 a small CPU, leave a core to the simulated copy stream
 )";
 
 struct Args {
@@ -76,6 +78,7 @@ Args parse_args(int argc, char** argv) {
                                                      {"strict-vae", false},
                                                      {"budget-bytes", true},
                                                      {"no-pin", false},
+                                                     {"threads", true},
                                                      {"sim-bandwidth-gbps", true},
                                                      {"no-compare", false},
                                                      {"units", false},
@@ -175,6 +178,11 @@ int run(int argc, char** argv) {
   config.pin_memory = !args.has("no-pin");
   config.validate();
 
+  if (args.has("threads")) {
+    const int threads = static_cast<int>(args.number("threads", 0));
+    OMNI_CHECK(threads >= 1, "--threads must be >= 1, got ", threads);
+    at::set_num_threads(threads);
+  }
   const DeviceKind device = omni::offload::parse_device_kind(args.get("device", "cpu"));
   omni::offload::TransferEngineOptions engine_options;
   engine_options.sim_bandwidth_bytes_per_s = args.number("sim-bandwidth-gbps", 0) * 1e9;
@@ -202,6 +210,7 @@ int run(int argc, char** argv) {
      << "\", \"device\": \"" << s.device << "\", \"num_gpu_layers\": " << config.num_gpu_layers
      << ", \"granularity\": \"" << omni::offload::to_string(config.granularity)
      << "\", \"offload_ratio\": " << config.offload_ratio << ", \"blocks\": " << model.blocks
+     << ", \"threads\": " << at::get_num_threads()
      << ", \"steps\": " << options.steps << ", \"step_ms\": " << m.total_ms / options.steps
      << ", \"total_ms\": " << m.total_ms;
   if (compare) {
