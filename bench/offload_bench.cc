@@ -210,9 +210,8 @@ int run(int argc, char** argv) {
      << "\", \"device\": \"" << s.device << "\", \"num_gpu_layers\": " << config.num_gpu_layers
      << ", \"granularity\": \"" << omni::offload::to_string(config.granularity)
      << "\", \"offload_ratio\": " << config.offload_ratio << ", \"blocks\": " << model.blocks
-     << ", \"threads\": " << at::get_num_threads()
-     << ", \"steps\": " << options.steps << ", \"step_ms\": " << m.total_ms / options.steps
-     << ", \"total_ms\": " << m.total_ms;
+     << ", \"threads\": " << at::get_num_threads() << ", \"steps\": " << options.steps
+     << ", \"step_ms\": " << m.total_ms / options.steps << ", \"total_ms\": " << m.total_ms;
   if (compare) {
     os << ", \"resident_step_ms\": " << baseline.total_ms / options.steps
        << ", \"slowdown_pct\": " << 100.0 * (m.total_ms / baseline.total_ms - 1.0)

@@ -62,6 +62,23 @@ int BackendBase::add_unit(const UnitPlan& plan) {
   return static_cast<int>(units_.size()) - 1;
 }
 
+void BackendBase::ensure_on_device(const std::string& path) { find_module(root_, path); }
+
+std::vector<int> BackendBase::units_at(const std::string& path) const {
+  auto under = [](const std::string& name, const std::string& prefix) {
+    return prefix.empty() || name == prefix ||
+           (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
+            name[prefix.size()] == '.');
+  };
+  std::vector<int> out;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (under(units_[u]->name(), path) || under(path, units_[u]->name())) {
+      out.push_back(static_cast<int>(u));
+    }
+  }
+  return out;
+}
+
 void BackendBase::attach_hook(const std::string& path, std::shared_ptr<ModelHook> hook) {
   HookableModule& module = find_hookable(root_, path);
   for (const auto& method : module.hooks().methods()) {
@@ -151,6 +168,8 @@ std::unique_ptr<OffloadBackend> apply_offload(torch::nn::Module& root, const Mod
       return make_layerwise_backend(root, std::move(plan), std::move(engine), config);
     case Strategy::kModelLevel:
       return make_model_level_backend(root, std::move(plan), std::move(engine), config);
+    case Strategy::kComponent:
+      return make_component_backend(root, std::move(plan), std::move(engine), config);
     case Strategy::kNone:
       break;
   }

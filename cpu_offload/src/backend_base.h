@@ -41,6 +41,8 @@ class BackendBase : public OffloadBackend {
   ~BackendBase() override;
   OffloadStats stats() override;
   void reset_stats() override;
+  // Default: checks the path; the weights under it are resident or streamed on demand.
+  void ensure_on_device(const std::string& path) override;
 
  protected:
   BackendBase(torch::nn::Module& root, OffloadPlan plan, std::shared_ptr<TransferEngine> engine,
@@ -50,6 +52,8 @@ class BackendBase : public OffloadBackend {
   void make_resident();
   // Packs one planned unit into its host slab; returns its index in units_.
   int add_unit(const UnitPlan& plan);
+  // Units whose module is `path`, lies under it, or contains it.
+  std::vector<int> units_at(const std::string& path) const;
   // Attaches `hook` to every hookable method of the module at `path`.
   void attach_hook(const std::string& path, std::shared_ptr<ModelHook> hook);
   // Device bytes of the resident weights (their slab, padding included).
@@ -72,6 +76,9 @@ std::unique_ptr<OffloadBackend> make_resident_backend(torch::nn::Module& root, O
                                                       std::shared_ptr<TransferEngine> engine,
                                                       const OffloadConfig& config);
 std::unique_ptr<OffloadBackend> make_layerwise_backend(torch::nn::Module& root, OffloadPlan plan,
+                                                       std::shared_ptr<TransferEngine> engine,
+                                                       const OffloadConfig& config);
+std::unique_ptr<OffloadBackend> make_component_backend(torch::nn::Module& root, OffloadPlan plan,
                                                        std::shared_ptr<TransferEngine> engine,
                                                        const OffloadConfig& config);
 std::unique_ptr<OffloadBackend> make_model_level_backend(torch::nn::Module& root, OffloadPlan plan,

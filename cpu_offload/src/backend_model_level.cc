@@ -66,6 +66,19 @@ class ModelLevelBackend final : public BackendBase {
 
   Strategy strategy() const override { return Strategy::kModelLevel; }
 
+  void ensure_on_device(const std::string& path) override {
+    BackendBase::ensure_on_device(path);
+    for (int u : units_at(path)) {
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        const auto& units = groups_[g].units;
+        if (std::find(units.begin(), units.end(), u) == units.end()) continue;
+        // Exactly what a forward would do, without the forward.
+        enter(static_cast<int>(g));
+        exit(static_cast<int>(g));
+      }
+    }
+  }
+
  protected:
   size_t max_unit_bytes() const override { return slot_capacity_; }
 

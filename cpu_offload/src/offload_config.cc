@@ -13,13 +13,26 @@ Strategy parse_strategy(const std::string& text) {
     return Strategy::kModelLevel;
   }
   if (text == "layerwise" || text == "layer" || text == "blockwise") return Strategy::kLayerwise;
-  OMNI_THROW("unknown offload strategy '", text, "' (expected none, model or layerwise)");
+  if (text == "component") return Strategy::kComponent;
+  OMNI_THROW("unknown offload strategy '", text,
+             "' (expected none, model, layerwise or component)");
 }
 
 Granularity parse_granularity(const std::string& text) {
   if (text == "block") return Granularity::kBlock;
   if (text == "phase") return Granularity::kPhase;
   OMNI_THROW("unknown offload granularity '", text, "' (expected block or phase)");
+}
+
+ComponentPolicy parse_component_policy(const std::string& text) {
+  if (text == "alternating") return ComponentPolicy::kAlternating;
+  if (text == "sequential") return ComponentPolicy::kSequential;
+  OMNI_THROW("unknown component offload strategy '", text,
+             "' (expected alternating or sequential)");
+}
+
+std::string to_string(ComponentPolicy policy) {
+  return policy == ComponentPolicy::kSequential ? "sequential" : "alternating";
 }
 
 std::string to_string(Strategy strategy) {
@@ -42,25 +55,33 @@ OffloadConfig OffloadConfig::for_strategy(Strategy strategy) {
   OffloadConfig config;
   config.model_level = strategy == Strategy::kModelLevel;
   config.layerwise = strategy == Strategy::kLayerwise;
+  config.component = strategy == Strategy::kComponent;
   return config;
 }
 
 Strategy OffloadConfig::strategy() const {
-  if (layerwise && model_level) {
-    log_info(
-        "both model-level and layerwise offload are enabled: layerwise wins (it already "
-        "keeps only a window of blocks on the device)");
-    return Strategy::kLayerwise;
+  const int enabled = int{model_level} + int{layerwise} + int{component};
+  const Strategy chosen = layerwise     ? Strategy::kLayerwise
+                          : component   ? Strategy::kComponent
+                          : model_level ? Strategy::kModelLevel
+                                        : Strategy::kNone;
+  if (enabled > 1) {
+    log_info("several offload strategies are enabled: ", to_string(chosen),
+             " wins (precedence: layerwise, component, model-level)");
   }
-  if (layerwise) return Strategy::kLayerwise;
-  if (model_level) return Strategy::kModelLevel;
-  return Strategy::kNone;
+  return chosen;
 }
 
 void OffloadConfig::validate() const {
   OMNI_CHECK(num_gpu_layers >= 1, "num_gpu_layers must be >= 1, got ", num_gpu_layers);
   OMNI_CHECK(std::isfinite(offload_ratio) && offload_ratio >= 0.0 && offload_ratio <= 1.0,
              "offload_ratio must be in [0, 1], got ", offload_ratio);
+  OMNI_CHECK(std::isfinite(device_budget_fraction) && device_budget_fraction >= 0.0 &&
+                 device_budget_fraction <= 1.0,
+             "device_budget_fraction must be in [0, 1], got ", device_budget_fraction);
+  OMNI_CHECK(!component || !components.empty(),
+             "component offload is enabled but no components are listed (e.g. visual, "
+             "audio_tower)");
 }
 
 }  // namespace omni::offload

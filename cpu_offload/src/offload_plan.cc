@@ -1,5 +1,7 @@
 #include "cpu_offload/offload_plan.h"
 
+#include <fnmatch.h>
+
 #include <cmath>
 #include <map>
 #include <set>
@@ -191,6 +193,63 @@ void plan_model_level(torch::nn::Module& root, const ModelSpec& spec, const Offl
   }
 }
 
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (;;) {
+    const size_t dot = path.find('.', start);
+    parts.push_back(path.substr(start, dot == std::string::npos ? dot : dot - start));
+    if (dot == std::string::npos) return parts;
+    start = dot + 1;
+  }
+}
+
+// "thinker.*" matches "thinker.visual" but not "thinker" nor "thinker.visual.blocks".
+bool matches_pattern(const std::string& pattern, const std::string& path) {
+  const auto p = split_path(pattern);
+  const auto q = split_path(path);
+  if (p.size() != q.size()) return false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (fnmatch(p[i].c_str(), q[i].c_str(), 0) != 0) return false;
+  }
+  return true;
+}
+
+void plan_components(torch::nn::Module& root, const OffloadConfig& config, const TensorTable& table,
+                     OffloadPlan& plan) {
+  std::vector<std::string> matched;
+  for (const auto& pattern : config.components) {
+    size_t found = 0;
+    for (const auto& item : root.named_modules("", /*include_self=*/false)) {
+      if (!matches_pattern(pattern, item.key())) continue;
+      ++found;
+      if (std::find(matched.begin(), matched.end(), item.key()) == matched.end()) {
+        matched.push_back(item.key());
+      }
+    }
+    if (found == 0) {
+      std::string top;
+      for (const auto& c : root.named_children()) top += (top.empty() ? "" : ", ") + c.key();
+      OMNI_THROW("component pattern '", pattern,
+                 "' matches no module (top-level modules: ", top.empty() ? "none" : top, ")");
+    }
+  }
+  // A component inside another matched one belongs to the outer one.
+  for (const auto& path : matched) {
+    const bool nested = std::any_of(matched.begin(), matched.end(), [&](const std::string& o) {
+      return o != path && under(path, o);
+    });
+    if (!nested) plan.units.push_back({path, {}, 0, 0});
+  }
+  Assignment assignment(table);
+  std::vector<UnitPlan*> units;
+  for (size_t i = 0; i < plan.units.size(); ++i) {
+    assignment.assign_prefix(plan.units[i].name, static_cast<int>(i));
+    units.push_back(&plan.units[i]);
+  }
+  assignment.finish(plan, units);
+}
+
 }  // namespace
 
 OffloadPlan make_offload_plan(torch::nn::Module& root, const ModelSpec& spec,
@@ -210,6 +269,9 @@ OffloadPlan make_offload_plan(torch::nn::Module& root, const ModelSpec& spec,
       break;
     case Strategy::kModelLevel:
       plan_model_level(root, spec, config, table, plan);
+      break;
+    case Strategy::kComponent:
+      plan_components(root, config, table, plan);
       break;
   }
   return plan;

@@ -39,7 +39,9 @@ class FutureEvent final : public Event::Impl {
 class CpuSimTransferEngine final : public TransferEngine {
  public:
   explicit CpuSimTransferEngine(const TransferEngineOptions& options)
-      : bandwidth_(options.sim_bandwidth_bytes_per_s), worker_([this] { run_copy_stream(); }) {}
+      : bandwidth_(options.sim_bandwidth_bytes_per_s),
+        memory_size_(options.sim_device_memory_bytes),
+        worker_([this] { run_copy_stream(); }) {}
 
   ~CpuSimTransferEngine() override {
     {
@@ -51,6 +53,7 @@ class CpuSimTransferEngine final : public TransferEngine {
   }
 
   DeviceKind kind() const override { return DeviceKind::kCpuSim; }
+  size_t device_memory_bytes() override { return memory_size_; }
   c10::Device compute_device() const override { return c10::Device(c10::kCPU); }
   std::string describe() const override {
     return bandwidth_ > 0 ? detail::str_cat("cpu (simulated device, ", bandwidth_ / 1e9, " GB/s)")
@@ -168,6 +171,7 @@ class CpuSimTransferEngine final : public TransferEngine {
   }
 
   const double bandwidth_;
+  const size_t memory_size_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Task> queue_;

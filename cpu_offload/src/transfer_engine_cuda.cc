@@ -89,6 +89,13 @@ class CudaTransferEngine final : public TransferEngine {
   }
 
   DeviceBuffer allocate_device(size_t bytes) override {
+    // The caching allocator may hand out memory that kernels already queued on the compute
+    // stream still read (it orders reuse on that stream only). Our copies run on another
+    // stream: make it wait for everything queued so far before it can write here.
+    c10::cuda::CUDAGuard guard(device_);
+    at::cuda::CUDAEvent allocated;
+    allocated.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+    allocated.block(copy_stream_);
     return DeviceBuffer(
         at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions(at::kByte).device(device_)),
         memory_);
@@ -168,6 +175,13 @@ class CudaTransferEngine final : public TransferEngine {
     if (it == open_timings_.end()) return;
     pending_.push_back({it->second, end, time, Kind::kCompute});
     open_timings_.erase(it);
+  }
+
+  size_t device_memory_bytes() override {
+    c10::cuda::CUDAGuard guard(device_);
+    size_t free = 0, total = 0;
+    OMNI_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return total;
   }
 
   size_t allocator_peak_bytes() override {

@@ -3,6 +3,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/MemoryFormat.h>
+#include <c10/util/strides.h>
 
 #include <cstring>
 

@@ -270,6 +270,22 @@ TEST(LayerwiseBackend, CopiesOverlapComputeAndStallsAreCounted) {
   EXPECT_LT(slow.stats.stall_ms, slow.stats.copy_ms);
 }
 
+TEST(ModelLevelBackend, EnsureOnDeviceSwapsInTheGroup) {
+  TinyDiffusionPipeline pipe(pipeline_config());
+  auto engine = make_cpu_sim_engine({});
+  auto backend = apply_offload(pipe, pipe.offload_spec(),
+                               OffloadConfig::for_strategy(Strategy::kModelLevel), engine);
+  pipe.generate(prompt(), negative(), generate_options(), engine->compute_device());
+  const auto encoder_weight = pipe.named_parameters()["text_encoder.embed.weight"];
+  const auto dit_weight = pipe.named_parameters()["transformer.patch_embed.weight"];
+  EXPECT_EQ(encoder_weight.numel(), 0);  // the DiT ran last
+  backend->ensure_on_device("text_encoder");
+  EXPECT_EQ(encoder_weight.numel(), 64 * 64);
+  EXPECT_EQ(dit_weight.numel(), 0);  // mutual exclusion holds
+  const auto s = backend->stats();
+  EXPECT_LE(s.peak_device_bytes, s.resident_bytes + s.max_unit_bytes);
+}
+
 TEST(ApplyOffload, StatsJsonNamesTheFigures) {
   const auto s = run(DeviceKind::kCpuSim, OffloadConfig::for_strategy(Strategy::kLayerwise)).stats;
   const std::string json = s.to_json(true);

@@ -5,6 +5,9 @@
 //                in the exclusion with strict_vae); swaps happen in pre-forward hooks
 //   layerwise    a DiT's blocks (or their phases) stream through a ring of device slots:
 //                while unit i computes, i+1..i+N are copied; the rest stays resident
+//   component    AR models: listed components (visual, audio_tower, ...) come to the device
+//                when called; they leave after each forward (sequential), or when another
+//                needs the room, least recently used first (alternating)
 //
 // After apply_offload, run the model on engine->compute_device() as usual.
 #pragma once
@@ -33,6 +36,10 @@ class OffloadBackend {
   virtual OffloadStats stats() = 0;
   // Starts a new measurement (peak device bytes restart from the current holding).
   virtual void reset_stats() = 0;
+  // Brings the weights under `path` (a component or group root) to the device now and keeps
+  // them bound until the next forward that needs their room, e.g. before a cross-stage
+  // hand-off reads a component's parameters directly. Resident weights need nothing.
+  virtual void ensure_on_device(const std::string& path) = 0;
 
  protected:
   OffloadBackend(OffloadPlan plan, std::shared_ptr<TransferEngine> engine)

@@ -31,7 +31,8 @@ struct OffloadPlan {
   Strategy strategy = Strategy::kNone;
   std::vector<std::string> resident_tensors;  // stay on the device for good
   size_t resident_bytes = 0;
-  std::vector<UnitPlan> units;    // layerwise: the streamed units in execution order
+  // layerwise: the streamed units in execution order; component: the offloaded components
+  std::vector<UnitPlan> units;
   std::vector<GroupPlan> groups;  // model-level: the mutually exclusive groups
   size_t param_bytes = 0;         // every distinct parameter and buffer of the model
 

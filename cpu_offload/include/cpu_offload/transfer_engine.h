@@ -129,6 +129,8 @@ struct TransferCounters {
 struct TransferEngineOptions {
   // Simulated device only: throttle copies to this many bytes per second (0: memcpy speed).
   double sim_bandwidth_bytes_per_s = 0;
+  // Simulated device only: the memory size it reports (0: unknown).
+  size_t sim_device_memory_bytes = 0;
   int cuda_device_index = 0;
 };
 
@@ -166,6 +168,8 @@ class TransferEngine {
   // Synchronizes, then resolves pending timings into their accumulators.
   virtual void collect_timings() = 0;
 
+  // Total memory of the device; 0 when unknown (the simulated device without a size).
+  virtual size_t device_memory_bytes() { return 0; }
   // Peak bytes of the device allocator (weights and activations) since the last
   // reset_counters(); 0 where there is no such allocator (the simulated device).
   virtual size_t allocator_peak_bytes() { return 0; }

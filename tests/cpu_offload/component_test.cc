@@ -1,0 +1,313 @@
+// Component offload on a small autoregressive "omni" model (audio tower + vision encoder +
+// decoder): the same tokens as without offload, peak device bytes within the policy's bound,
+// least-recently-used eviction under a budget.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "../common/test_devices.h"
+#include "cpu_offload/check.h"
+#include "cpu_offload/hooks.h"
+#include "cpu_offload/offload_backend.h"
+#include "model_runner/layers.h"
+
+namespace omni::offload {
+namespace {
+
+using models::Embedding;
+using models::Linear;
+constexpr int64_t kDim = 64, kVocab = 96;
+
+class Encoder : public HookableModule {
+ public:
+  Encoder(int64_t in, int64_t hidden, at::Generator& gen) : HookableModule("Encoder") {
+    fc1_ = register_module("fc1", std::make_shared<Linear>(in, hidden, gen, at::kFloat));
+    fc2_ = register_module("fc2", std::make_shared<Linear>(hidden, kDim, gen, at::kFloat));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return invoke("forward", {x},
+                  [this](HookArgs& a) -> c10::IValue {
+                    return fc2_->forward(at::gelu(fc1_->forward(a[0].toTensor())));
+                  })
+        .toTensor();
+  }
+
+ private:
+  std::shared_ptr<Linear> fc1_, fc2_;
+};
+
+class Layer : public HookableModule {
+ public:
+  explicit Layer(at::Generator& gen) : HookableModule("Layer") {
+    fc1_ = register_module("fc1", std::make_shared<Linear>(kDim, 4 * kDim, gen, at::kFloat));
+    fc2_ = register_module("fc2", std::make_shared<Linear>(4 * kDim, kDim, gen, at::kFloat));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return invoke("forward", {x},
+                  [this](HookArgs& a) -> c10::IValue {
+                    const auto& h = a[0].toTensor();
+                    return h + fc2_->forward(at::silu(fc1_->forward(h)));
+                  })
+        .toTensor();
+  }
+
+ private:
+  std::shared_ptr<Linear> fc1_, fc2_;
+};
+
+class Decoder : public HookableModule {
+ public:
+  explicit Decoder(at::Generator& gen) : HookableModule("Decoder") {
+    embed_ = register_module("embed", std::make_shared<Embedding>(kVocab, kDim, gen, at::kFloat));
+    layers_ = register_module("layers", torch::nn::ModuleList());
+    for (int i = 0; i < 3; ++i) layers_->push_back(std::make_shared<Layer>(gen));
+    head_ = register_module("head", std::make_shared<Linear>(kDim, kVocab, gen, at::kFloat));
+  }
+  // Logits of the next token after prefix embeddings and tokens.
+  at::Tensor forward(const at::Tensor& prefix, const at::Tensor& tokens) {
+    return invoke("forward", {prefix, tokens},
+                  [this](HookArgs& a) -> c10::IValue {
+                    auto x = at::cat({a[0].toTensor(), embed_->forward(a[1].toTensor())}, 1);
+                    x = x.cumsum(1) / at::arange(1, x.size(1) + 1, x.options()).view({1, -1, 1});
+                    for (const auto& layer : *layers_) x = layer->as<Layer>()->forward(x);
+                    return head_->forward(x.select(1, -1));
+                  })
+        .toTensor();
+  }
+
+ private:
+  std::shared_ptr<Embedding> embed_;
+  torch::nn::ModuleList layers_;
+  std::shared_ptr<Linear> head_;
+};
+
+class TinyOmni : public torch::nn::Module {
+ public:
+  TinyOmni() : torch::nn::Module("TinyOmni") {
+    at::Generator gen = at::detail::createCPUGenerator(5);
+    audio_tower = register_module("audio_tower", std::make_shared<Encoder>(16, 128, gen));
+    visual = register_module("visual", std::make_shared<Encoder>(32, 256, gen));
+    language_model = register_module("language_model", std::make_shared<Decoder>(gen));
+  }
+  // Greedy generation of `n` tokens after an audio + image + text prompt.
+  std::vector<int64_t> generate(int n, c10::Device device, uint64_t seed = 3) {
+    c10::InferenceMode inference;
+    at::Generator gen = at::detail::createCPUGenerator(seed);
+    const auto audio = at::randn({1, 5, 16}, gen, at::TensorOptions(at::kFloat)).to(device);
+    const auto image = at::randn({1, 4, 32}, gen, at::TensorOptions(at::kFloat)).to(device);
+    auto tokens = at::randint(kVocab, {1, 3}, gen, at::TensorOptions(at::kLong)).to(device);
+    const auto prefix = at::cat({audio_tower->forward(audio), visual->forward(image)}, 1);
+    std::vector<int64_t> out;
+    for (int i = 0; i < n; ++i) {
+      const auto next = language_model->forward(prefix, tokens).argmax(-1, /*keepdim=*/true);
+      out.push_back(next.item<int64_t>());
+      tokens = at::cat({tokens, next}, 1);
+    }
+    return out;
+  }
+  std::shared_ptr<Encoder> audio_tower, visual;
+  std::shared_ptr<Decoder> language_model;
+};
+
+const std::vector<int64_t>& reference_tokens() {
+  static const std::vector<int64_t> tokens = TinyOmni().generate(32, c10::Device(c10::kCPU));
+  return tokens;
+}
+
+std::vector<int64_t> reference_tokens_prefix(size_t n) {
+  return {reference_tokens().begin(), reference_tokens().begin() + n};
+}
+
+OffloadConfig component_config(std::vector<std::string> components, ComponentPolicy policy,
+                               size_t budget = 0) {
+  auto config = OffloadConfig::for_strategy(Strategy::kComponent);
+  config.components = std::move(components);
+  config.component_policy = policy;
+  config.device_budget_bytes = budget;
+  return config;
+}
+
+size_t unit_bytes(const OffloadStats& s, const std::string& name) {
+  for (const auto& u : s.units) {
+    if (u.name == name) return u.bytes;
+  }
+  ADD_FAILURE() << "no unit " << name;
+  return 0;
+}
+
+uint64_t unit_loads(const OffloadStats& s, const std::string& name) {
+  for (const auto& u : s.units) {
+    if (u.name == name) return u.loads;
+  }
+  ADD_FAILURE() << "no unit " << name;
+  return 0;
+}
+
+class ComponentOffload : public ::testing::TestWithParam<DeviceKind> {};
+
+TEST(ComponentOffloadModel, ReferenceTokensAreNotDegenerate) {
+  // Equality tests below mean something only if the tokens depend on the weights.
+  const auto& tokens = reference_tokens();
+  ASSERT_EQ(tokens.size(), 32u);
+  EXPECT_GE(std::set<int64_t>(tokens.begin(), tokens.end()).size(), 4u);
+  EXPECT_NE(TinyOmni().generate(32, c10::Device(c10::kCPU), /*seed=*/4), tokens);
+}
+
+TEST_P(ComponentOffload, SameTokensAndPeakDropsByTheOffloadedComponents) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  for (auto policy : {ComponentPolicy::kAlternating, ComponentPolicy::kSequential}) {
+    SCOPED_TRACE(to_string(policy));
+    TinyOmni model;
+    auto engine = make_transfer_engine(GetParam());
+    auto backend =
+        apply_offload(model, {}, component_config({"visual", "audio_tower"}, policy), engine);
+    EXPECT_EQ(model.generate(32, engine->compute_device()), reference_tokens());
+    const auto s = backend->stats();
+    const size_t visual = unit_bytes(s, "visual"), audio = unit_bytes(s, "audio_tower");
+    // One component on the device at a time, next to the resident decoder.
+    EXPECT_EQ(s.peak_device_bytes, s.resident_bytes + std::max(visual, audio));
+    EXPECT_LE(s.peak_device_bytes + std::min(visual, audio), s.param_bytes + 1024);
+    EXPECT_EQ(unit_loads(s, "visual"), 1u);
+    EXPECT_EQ(unit_loads(s, "audio_tower"), 1u);
+    // Sequential: nothing offloaded stays after its forward. Alternating: the last one stays.
+    EXPECT_EQ(s.current_device_bytes,
+              s.resident_bytes + (policy == ComponentPolicy::kSequential ? 0 : visual));
+  }
+}
+
+TEST_P(ComponentOffload, DecoderLayersAsComponentsByGlob) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  TinyOmni model;
+  auto engine = make_transfer_engine(GetParam());
+  auto backend = apply_offload(
+      model, {}, component_config({"language_model.layers.*"}, ComponentPolicy::kAlternating),
+      engine);
+  EXPECT_EQ(model.generate(8, engine->compute_device()), reference_tokens_prefix(8));
+  const auto s = backend->stats();
+  ASSERT_EQ(s.units.size(), 3u);
+  EXPECT_EQ(s.units[2].name, "language_model.layers.2");
+  EXPECT_EQ(s.peak_device_bytes, s.resident_bytes + s.max_unit_bytes);
+  EXPECT_EQ(s.loads, 3u * 8);  // every layer, every step: they alternate
+}
+
+TEST_P(ComponentOffload, BudgetEvictsLeastRecentlyUsedAndPeakStaysUnderIt) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  const std::vector<std::string> parts = {"audio_tower", "visual", "language_model.layers.1"};
+  // Measure the sizes once, then give a budget that holds any two of the three.
+  size_t resident = 0, a = 0, v = 0, l = 0;
+  {
+    TinyOmni model;
+    auto backend = apply_offload(model, {}, component_config(parts, ComponentPolicy::kSequential),
+                                 make_transfer_engine(GetParam()));
+    const auto s = backend->stats();
+    resident = s.resident_bytes;
+    a = unit_bytes(s, "audio_tower");
+    v = unit_bytes(s, "visual");
+    l = unit_bytes(s, "language_model.layers.1");
+  }
+  const size_t budget = resident + a + v + l - std::min({a, v, l});
+  TinyOmni model;
+  auto engine = make_transfer_engine(GetParam());
+  auto backend = apply_offload(
+      model, {}, component_config(parts, ComponentPolicy::kAlternating, budget), engine);
+  // audio, visual, then the layer evicts audio (least recently used); visual stays.
+  EXPECT_EQ(model.generate(32, engine->compute_device()), reference_tokens());
+  auto s = backend->stats();
+  EXPECT_LE(s.peak_device_bytes, budget);
+  EXPECT_EQ(unit_loads(s, "audio_tower"), 1u);
+  EXPECT_EQ(unit_loads(s, "visual"), 1u);
+  EXPECT_EQ(unit_loads(s, "language_model.layers.1"), 1u);  // stays for all 32 steps
+  EXPECT_EQ(s.current_device_bytes, resident + v + l);
+  // A second request: audio comes back and evicts visual (used before the layer); then
+  // visual comes back and evicts the layer; the layer then evicts audio.
+  EXPECT_EQ(model.generate(32, engine->compute_device()), reference_tokens());
+  s = backend->stats();
+  EXPECT_LE(s.peak_device_bytes, budget);
+  EXPECT_EQ(unit_loads(s, "audio_tower"), 2u);
+  EXPECT_EQ(unit_loads(s, "visual"), 2u);
+  EXPECT_EQ(unit_loads(s, "language_model.layers.1"), 2u);
+}
+
+TEST_P(ComponentOffload, WithRoomForEverythingNothingMovesTwice) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  TinyOmni model;
+  auto engine = make_transfer_engine(GetParam());
+  auto backend = apply_offload(
+      model, {},
+      component_config({"visual", "audio_tower"}, ComponentPolicy::kAlternating, size_t{1} << 30),
+      engine);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(model.generate(32, engine->compute_device()), reference_tokens());
+  EXPECT_EQ(backend->stats().loads, 2u);
+}
+
+TEST_P(ComponentOffload, EnsureOnDeviceBeforeAHandOff) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  TinyOmni model;
+  auto engine = make_transfer_engine(GetParam());
+  auto backend = apply_offload(
+      model, {}, component_config({"visual", "audio_tower"}, ComponentPolicy::kSequential), engine);
+  model.generate(2, engine->compute_device());
+  const auto before = backend->stats();
+  EXPECT_EQ(before.current_device_bytes, before.resident_bytes);
+  const auto weight = model.named_parameters()["visual.fc1.weight"];
+  EXPECT_EQ(weight.numel(), 0);  // offloaded: an empty placeholder
+  backend->ensure_on_device("visual");
+  EXPECT_EQ(weight.numel(), 32 * 256);
+  EXPECT_EQ(weight.device(), engine->compute_device());
+  const auto after = backend->stats();
+  EXPECT_EQ(after.current_device_bytes, after.resident_bytes + unit_bytes(after, "visual"));
+  EXPECT_THROW(backend->ensure_on_device("visul"), Error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, ComponentOffload,
+                         ::testing::ValuesIn(omni::testing::all_devices()),
+                         omni::testing::device_name);
+
+TEST(ComponentOffloadConfig, ClearErrors) {
+  TinyOmni model;
+  auto engine = make_cpu_sim_engine({});
+  try {
+    apply_offload(model, {}, component_config({"vision"}, ComponentPolicy::kAlternating), engine);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("component pattern 'vision' matches no module "
+                                         "(top-level modules: audio_tower, visual, "
+                                         "language_model)"),
+              std::string::npos)
+        << e.what();
+  }
+  TinyOmni model2;
+  EXPECT_THROW(
+      apply_offload(model2, {}, component_config({}, ComponentPolicy::kAlternating), engine),
+      Error);
+  TinyOmni model3;
+  EXPECT_THROW(
+      apply_offload(model3, {}, component_config({"visual"}, ComponentPolicy::kAlternating, 1000),
+                    engine),
+      Error);
+  auto fraction = component_config({"visual"}, ComponentPolicy::kAlternating);
+  fraction.device_budget_fraction = 0.5;
+  TinyOmni model4;
+  EXPECT_THROW(apply_offload(model4, {}, fraction, engine), Error);  // size unknown
+  EXPECT_THROW(parse_component_policy("lru"), Error);
+}
+
+TEST(ComponentOffloadConfig, BudgetAsAFractionOfTheDevice) {
+  TransferEngineOptions options;
+  options.sim_device_memory_bytes = 4u << 20;  // a 4 MiB "device"
+  auto engine = make_cpu_sim_engine(options);
+  auto config = component_config({"visual", "audio_tower"}, ComponentPolicy::kAlternating);
+  config.device_budget_fraction = 0.5;
+  TinyOmni model;
+  auto backend = apply_offload(model, {}, config, engine);
+  EXPECT_EQ(model.generate(32, engine->compute_device()), reference_tokens());
+  const auto s = backend->stats();
+  EXPECT_LE(s.peak_device_bytes, 2u << 20);
+  EXPECT_EQ(s.loads, 2u);  // both fit in 2 MiB: nothing evicted
+}
+
+}  // namespace
+}  // namespace omni::offload
