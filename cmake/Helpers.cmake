@@ -4,7 +4,14 @@ function(add_omni_test name)
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main)
   omni_use_pch(${name})
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 PROPERTIES TIMEOUT 300)
+  # Label each test with its component folder (cpu_offload, model_runner, ...) so that a
+  # build of some suites only (scripts/tsan.sh) can run exactly those: ctest -L cpu_offload.
+  get_filename_component(component "${CMAKE_CURRENT_SOURCE_DIR}" NAME)
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 PROPERTIES TIMEOUT 300 LABELS ${component})
+  if(NOT TARGET ${component}_tests)
+    add_custom_target(${component}_tests)
+  endif()
+  add_dependencies(${component}_tests ${name})
 endfunction()
 
 # Shares one precompiled LibTorch header across targets: including ATen/torch headers costs

@@ -11,7 +11,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libgtest-dev libgmock-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libyaml-cpp-dev nlohmann-json3-dev libabsl-dev
+  libyaml-cpp-dev nlohmann-json3-dev libabsl-dev libpcre2-dev
 )
 
 log() { echo "[setup] $*"; }

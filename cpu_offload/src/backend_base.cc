@@ -4,6 +4,7 @@
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
+#include "module_paths.h"
 
 namespace omni::offload {
 namespace {
@@ -65,14 +66,9 @@ int BackendBase::add_unit(const UnitPlan& plan) {
 void BackendBase::ensure_on_device(const std::string& path) { find_module(root_, path); }
 
 std::vector<int> BackendBase::units_at(const std::string& path) const {
-  auto under = [](const std::string& name, const std::string& prefix) {
-    return prefix.empty() || name == prefix ||
-           (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
-            name[prefix.size()] == '.');
-  };
   std::vector<int> out;
   for (size_t u = 0; u < units_.size(); ++u) {
-    if (under(units_[u]->name(), path) || under(path, units_[u]->name())) {
+    if (path_is_under(units_[u]->name(), path) || path_is_under(path, units_[u]->name())) {
       out.push_back(static_cast<int>(u));
     }
   }

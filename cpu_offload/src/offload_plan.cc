@@ -10,6 +10,7 @@
 #include "cpu_offload/check.h"
 #include "cpu_offload/hooks.h"
 #include "cpu_offload/logging.h"
+#include "module_paths.h"
 
 namespace omni::offload {
 namespace {
@@ -34,12 +35,6 @@ TensorTable collect_tensors(torch::nn::Module& root) {
   return table;
 }
 
-bool under(const std::string& name, const std::string& prefix) {
-  return prefix.empty() || name == prefix ||
-         (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
-          name[prefix.size()] == '.');
-}
-
 size_t tensor_bytes(const at::Tensor& t) {
   return static_cast<size_t>(t.numel()) * t.element_size();
 }
@@ -53,7 +48,7 @@ class Assignment {
   }
   void assign_prefix(const std::string& prefix, int bucket) {
     for (const auto& n : table_.names) {
-      if (under(n, prefix)) bucket_[n] = bucket;
+      if (path_is_under(n, prefix)) bucket_[n] = bucket;
     }
   }
   void finish(OffloadPlan& plan, std::vector<UnitPlan*> units) {
@@ -117,7 +112,7 @@ void plan_layerwise(torch::nn::Module& root, const ModelSpec& spec, const Offloa
     OMNI_CHECK(!blocks.empty(), "block list '", list.path, "' has no blocks");
     std::string key = list.path;
     for (const auto& dit : spec.dits) {
-      if (under(list.path, dit)) key = dit;
+      if (path_is_under(list.path, dit)) key = dit;
     }
     auto it = std::find(order_keys.begin(), order_keys.end(), key);
     const int order_group = static_cast<int>(it - order_keys.begin());
@@ -237,7 +232,7 @@ void plan_components(torch::nn::Module& root, const OffloadConfig& config, const
   // A component inside another matched one belongs to the outer one.
   for (const auto& path : matched) {
     const bool nested = std::any_of(matched.begin(), matched.end(), [&](const std::string& o) {
-      return o != path && under(path, o);
+      return o != path && path_is_under(path, o);
     });
     if (!nested) plan.units.push_back({path, {}, 0, 0});
   }

@@ -163,8 +163,15 @@ class CpuSimTransferEngine final : public TransferEngine {
             std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
         count_copy(bytes, ns);
         if (task.time) task.time->add(ns);
+        // Drop our references to the buffers before signalling: once the caller sees the
+        // copy done it may free the destination, and the memory must be released (and
+        // un-counted) then, not whenever this thread gets around to it.
+        task.ops.clear();
+        task.after.clear();
         task.done.set_value();
       } catch (...) {
+        task.ops.clear();
+        task.after.clear();
         task.done.set_exception(std::current_exception());
       }
     }

@@ -114,6 +114,19 @@ TEST(CpuSimEngine, CopyWaitsForTheEventsItIsOrderedAfter) {
   EXPECT_TRUE(at::equal(device_bytes(dst, 0, 256), host_bytes(src)));
 }
 
+TEST(CpuSimEngine, AFinishedCopyHoldsNoReferenceToItsBuffers) {
+  // Once compute has waited for a copy, freeing its destination must free (and un-count) the
+  // memory at once: the copy thread may not keep it alive a little longer.
+  auto engine = make_cpu_sim_engine({});
+  HostBuffer src = engine->allocate_host(1 << 16, false);
+  for (int i = 0; i < 300; ++i) {
+    DeviceBuffer dst = engine->allocate_device(1 << 16);
+    engine->compute_wait(engine->copy_async({CopyOp{src, 0, dst, 0, src.bytes()}}, {}));
+    dst = DeviceBuffer();
+    ASSERT_EQ(engine->memory_counter()->current(), 0u) << "iteration " << i;
+  }
+}
+
 TEST(CpuSimEngine, BandwidthLimitThrottlesCopiesAndStallsAreMeasured) {
   TransferEngineOptions options;
   options.sim_bandwidth_bytes_per_s = 100e6;  // 4 MB take 40 ms
