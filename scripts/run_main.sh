@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-OMNI_BUILD_TARGETS=offload-bench scripts/build.sh build -DOMNI_BUILD_TESTS=OFF
+OMNI_BUILD_TARGETS=offload-bench scripts/build.sh build
 
 bench=build/bench/offload-bench
 status=0

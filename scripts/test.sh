@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/build.sh build
+scripts/build.sh build -DOMNI_BUILD_TESTS=ON
 (cd build && ctest --output-on-failure --parallel "$(nproc)")
 
 if [ "${OMNI_SKIP_TSAN:-0}" != "1" ]; then
