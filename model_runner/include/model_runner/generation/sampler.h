@@ -1,0 +1,52 @@
+// Picks the next token from a step's logits with Hugging Face `generate` semantics: the
+// temperature, top-k and top-p warpers in HF's order, then a multinomial draw, or argmax when
+// greedy. Everything runs in float32 on the CPU so that a seed gives the same tokens on every
+// machine, whatever the logits' dtype or device.
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace omni::models {
+
+struct SamplingParams {
+  // Divides the logits; 0 means greedy (HF would reject it, but 0 is the common API spelling).
+  double temperature = 1.0;
+  // Keep the k largest logits (ties at the k-th value kept, as HF); 0 = off.
+  int64_t top_k = 0;
+  // Keep the smallest set of top tokens whose probability reaches top_p; 1 = off.
+  double top_p = 1.0;
+  // Seeds the Sampler's own CPU generator: a run is reproducible from it.
+  uint64_t seed = 0;
+  // Argmax (first index on ties); no randomness.
+  bool greedy = false;
+  int64_t max_new_tokens = 16;
+  // Generation ends after any of these (the stop token is part of the output, as in HF).
+  std::vector<int64_t> stop_token_ids;
+
+  // Throws omni::Error naming the field and its value.
+  void validate() const;
+  // greedy, or temperature 0.
+  bool is_greedy() const { return greedy || temperature == 0.0; }
+};
+
+class Sampler {
+ public:
+  // Validates `params`.
+  explicit Sampler(SamplingParams params);
+
+  // `logits`: [vocab] (or [1, vocab]), any floating dtype, any device. Advances the generator
+  // by one draw unless greedy.
+  int64_t sample(const at::Tensor& logits);
+
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  SamplingParams params_;
+  at::Generator gen_;
+};
+
+}  // namespace omni::models

@@ -1,0 +1,86 @@
+#include "model_runner/generation/sampler.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "cpu_offload/check.h"
+
+namespace omni::models {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// HF TopKLogitsWarper: everything strictly below the k-th largest value goes, so ties with the
+// k-th value survive.
+at::Tensor apply_top_k(const at::Tensor& logits, int64_t top_k) {
+  const int64_t k = std::min(top_k, logits.size(0));
+  const at::Tensor kth = std::get<0>(at::topk(logits, k)).select(0, k - 1);
+  return logits.masked_fill(logits < kth, kNegInf);
+}
+
+// HF TopPLogitsWarper: sort ascending, drop the tokens whose cumulative probability (from the
+// least likely up) is <= 1 - top_p, and always keep the most likely one.
+at::Tensor apply_top_p(const at::Tensor& logits, double top_p) {
+  // Stable, so that equal logits are ordered the same way on every run.
+  auto [sorted, indices] = at::sort(logits, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  const at::Tensor cumulative = at::softmax(sorted, 0).cumsum(0);
+  at::Tensor sorted_remove = cumulative <= (1.0 - top_p);
+  sorted_remove.index_put_({-1}, false);
+  const at::Tensor remove = at::zeros_like(sorted_remove).scatter(0, indices, sorted_remove);
+  return logits.masked_fill(remove, kNegInf);
+}
+
+// First index of the maximum; spelled out because argmax's tie order is not documented.
+int64_t first_argmax(const at::Tensor& logits) {
+  const float* data = logits.const_data_ptr<float>();
+  int64_t best = 0;
+  for (int64_t i = 1; i < logits.size(0); ++i) {
+    if (data[i] > data[best]) best = i;
+  }
+  return best;
+}
+
+}  // namespace
+
+void SamplingParams::validate() const {
+  OMNI_CHECK(std::isfinite(temperature) && temperature >= 0.0,
+             "SamplingParams.temperature must be finite and >= 0, got ", temperature);
+  OMNI_CHECK(top_k >= 0, "SamplingParams.top_k must be >= 0 (0 = off), got ", top_k);
+  OMNI_CHECK(top_p > 0.0 && top_p <= 1.0, "SamplingParams.top_p must be in (0, 1], got ", top_p);
+  OMNI_CHECK(max_new_tokens >= 0, "SamplingParams.max_new_tokens must be >= 0, got ",
+             max_new_tokens);
+}
+
+Sampler::Sampler(SamplingParams params)
+    : params_(std::move(params)), gen_(at::make_generator<at::CPUGeneratorImpl>(params_.seed)) {
+  params_.validate();
+}
+
+int64_t Sampler::sample(const at::Tensor& logits) {
+  OMNI_CHECK(logits.defined(), "Sampler::sample: logits are undefined");
+  OMNI_CHECK(at::isFloatingType(logits.scalar_type()),
+             "Sampler::sample: logits must be floating point, got ", logits.scalar_type());
+  const bool batch_of_one = logits.dim() == 2 && logits.size(0) == 1;
+  OMNI_CHECK(logits.dim() == 1 || batch_of_one,
+             "Sampler::sample: logits must be [vocab] or [1, vocab], got ", logits.sizes());
+  OMNI_CHECK(logits.numel() > 0, "Sampler::sample: logits are empty");
+  // One copy to the CPU in float32: the same numbers, and the same draws, on any device.
+  at::Tensor x = logits.reshape({-1}).to(at::kCPU, at::kFloat).contiguous();
+  OMNI_CHECK(!x.isnan().any().item<bool>(), "Sampler::sample: logits contain NaN");
+
+  if (params_.is_greedy()) return first_argmax(x);
+
+  if (params_.temperature != 1.0) x = x / params_.temperature;
+  if (params_.top_k > 0) x = apply_top_k(x, params_.top_k);
+  if (params_.top_p < 1.0) x = apply_top_p(x, params_.top_p);
+  const at::Tensor probs = at::softmax(x, 0);
+  OMNI_CHECK(probs.isfinite().all().item<bool>(),
+             "Sampler::sample: no token has a finite logit after the warpers");
+  return at::multinomial(probs, 1, /*replacement=*/false, gen_).item<int64_t>();
+}
+
+}  // namespace omni::models

@@ -1,0 +1,331 @@
+// Sampler and generate_tokens: greedy and temperature 0, the HF warpers (temperature, top-k with
+// ties, top-p) against a by-hand reference, seed reproducibility, empirical distributions, and
+// the generation loop's stop / length / cancel rules and parameter errors.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cpu_offload/check.h"
+#include "model_runner/generation/generate.h"
+#include "model_runner/generation/sampler.h"
+
+namespace omni::models {
+namespace {
+
+at::Tensor logits_of(const std::vector<float>& v) { return at::tensor(v, at::kFloat); }
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const omni::Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an omni::Error";
+  return "";
+}
+
+std::vector<double> softmax(const std::vector<double>& x) {
+  const double m = *std::max_element(x.begin(), x.end());
+  std::vector<double> p(x.size());
+  double sum = 0;
+  for (size_t i = 0; i < x.size(); ++i) sum += p[i] = std::isinf(x[i]) ? 0.0 : std::exp(x[i] - m);
+  for (double& q : p) q /= sum;
+  return p;
+}
+
+// The tokens HF's warpers leave samplable, computed on plain doubles, independent of ATen.
+std::set<int64_t> reference_allowed(std::vector<double> x, double temperature, int64_t top_k,
+                                    double top_p) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double& v : x) v /= temperature;
+  if (top_k > 0) {
+    std::vector<double> sorted = x;
+    std::sort(sorted.rbegin(), sorted.rend());
+    const double kth = sorted[std::min<size_t>(top_k, sorted.size()) - 1];
+    for (double& v : x) v = v < kth ? -inf : v;
+  }
+  if (top_p < 1.0) {
+    const std::vector<double> p = softmax(x);
+    std::vector<size_t> order(x.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return x[a] < x[b]; });
+    double cumulative = 0;
+    std::vector<bool> remove(x.size(), false);
+    for (size_t r = 0; r < order.size(); ++r) {
+      cumulative += p[order[r]];
+      remove[order[r]] = r + 1 < order.size() && cumulative <= 1.0 - top_p;
+    }
+    for (size_t i = 0; i < x.size(); ++i) x[i] = remove[i] ? -inf : x[i];
+  }
+  std::set<int64_t> allowed;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (!std::isinf(x[i])) allowed.insert(static_cast<int64_t>(i));
+  }
+  return allowed;
+}
+
+std::vector<int64_t> draws(const SamplingParams& params, const at::Tensor& logits, int n) {
+  Sampler sampler(params);
+  std::vector<int64_t> out;
+  for (int i = 0; i < n; ++i) out.push_back(sampler.sample(logits));
+  return out;
+}
+
+std::set<int64_t> seen(const SamplingParams& params, const at::Tensor& logits, int n) {
+  const std::vector<int64_t> d = draws(params, logits, n);
+  return {d.begin(), d.end()};
+}
+
+SamplingParams sampling(double temperature = 1.0, int64_t top_k = 0, double top_p = 1.0,
+                        uint64_t seed = 1234) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.seed = seed;
+  return p;
+}
+
+TEST(SamplerTest, GreedyIsArgmaxWithFirstIndexOnTies) {
+  SamplingParams p;
+  p.greedy = true;
+  Sampler sampler(p);
+  EXPECT_EQ(sampler.sample(logits_of({1, 5, 3, 5})), 1);
+  EXPECT_EQ(sampler.sample(logits_of({-2, -1, -3})), 1);
+  EXPECT_EQ(sampler.sample(logits_of({7, 7, 7})), 0);
+  EXPECT_EQ(sampler.sample(logits_of({0, 0, 9}).reshape({1, 3})), 2);  // [1, vocab]
+}
+
+TEST(SamplerTest, TemperatureZeroIsGreedy) {
+  const at::Tensor x = logits_of({0.5, 2, 1.99, 2, -4});
+  for (int64_t token : draws(sampling(/*temperature=*/0.0), x, 50)) EXPECT_EQ(token, 1);
+}
+
+TEST(SamplerTest, TopKOneAlwaysGivesTheArgmax) {
+  const at::Tensor x = logits_of({0.1, 2.0, 1.9, -1, 1.95});
+  EXPECT_EQ(seen(sampling(/*temperature=*/5.0, /*top_k=*/1), x, 500), std::set<int64_t>{1});
+}
+
+TEST(SamplerTest, TinyTopPKeepsOnlyTheTopToken) {
+  const at::Tensor x = logits_of({0.1, 2.0, 1.9, -1, 1.95});
+  EXPECT_EQ(seen(sampling(/*temperature=*/3.0, 0, /*top_p=*/1e-6), x, 500), std::set<int64_t>{1});
+}
+
+TEST(SamplerTest, TopKKeepsTiesAtTheKthValue) {
+  const std::vector<float> v = {3, 1, 2, 2, 0};
+  const std::set<int64_t> expected = {0, 2, 3};  // k = 2, but token 3 ties with the 2nd largest
+  EXPECT_EQ(reference_allowed({v.begin(), v.end()}, 1.0, 2, 1.0), expected);
+  EXPECT_EQ(seen(sampling(1.0, /*top_k=*/2), logits_of(v), 2000), expected);
+}
+
+TEST(SamplerTest, TopKLargerThanVocabKeepsEverything) {
+  EXPECT_EQ(seen(sampling(1.0, /*top_k=*/100), logits_of({0, 0.5, 1}), 2000),
+            (std::set<int64_t>{0, 1, 2}));
+}
+
+TEST(SamplerTest, TopPMatchesTheReference) {
+  // probs ~ .563 .207 .126 .076 .028: cumulative from below .028 .104 .230, so top_p 0.8 drops
+  // tokens 4 and 3 (cumulative <= 0.2).
+  const std::vector<float> v = {2.0, 1.0, 0.5, 0.0, -1.0};
+  const std::set<int64_t> expected = {0, 1, 2};
+  EXPECT_EQ(reference_allowed({v.begin(), v.end()}, 1.0, 0, 0.8), expected);
+  EXPECT_EQ(seen(sampling(1.0, 0, /*top_p=*/0.8), logits_of(v), 2000), expected);
+}
+
+TEST(SamplerTest, WarpersComposeInHfOrder) {
+  // Shuffled vocabulary so that the kept set is not a prefix.
+  const std::vector<float> v = {0.3, 2.4, -1.0, 1.7, 2.0, 0.9, -0.2, 1.2};
+  struct Case {
+    double temperature;
+    int64_t top_k;
+    double top_p;
+  };
+  for (const Case& c : {Case{1.0, 4, 0.9}, Case{0.7, 0, 0.75}, Case{2.0, 5, 0.6}, Case{1.5, 3, 1.0},
+                        Case{0.5, 6, 0.95}}) {
+    const std::set<int64_t> expected =
+        reference_allowed({v.begin(), v.end()}, c.temperature, c.top_k, c.top_p);
+    EXPECT_EQ(seen(sampling(c.temperature, c.top_k, c.top_p), logits_of(v), 2000), expected)
+        << "temperature " << c.temperature << " top_k " << c.top_k << " top_p " << c.top_p;
+  }
+}
+
+TEST(SamplerTest, SameSeedSameSequenceDifferentSeedDifferent) {
+  const at::Tensor x = at::zeros({16});
+  const std::vector<int64_t> a = draws(sampling(1.0, 0, 1.0, /*seed=*/7), x, 64);
+  EXPECT_EQ(a, draws(sampling(1.0, 0, 1.0, /*seed=*/7), x, 64));
+  EXPECT_NE(a, draws(sampling(1.0, 0, 1.0, /*seed=*/8), x, 64));
+  // The generator advances per call: one sampler does not repeat one token forever.
+  EXPECT_GT(std::set<int64_t>(a.begin(), a.end()).size(), 4u);
+}
+
+void expect_distribution(double temperature, const std::vector<double>& expected) {
+  const int n = 20000;
+  std::map<int64_t, int> counts;
+  for (int64_t t : draws(sampling(temperature), logits_of({0, 1, 2}), n)) ++counts[t];
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_NEAR(counts[static_cast<int64_t>(i)] / static_cast<double>(n), expected[i], 0.02)
+        << "token " << i << " at temperature " << temperature;
+  }
+}
+
+TEST(SamplerTest, EmpiricalDistributionMatchesSoftmax) {
+  expect_distribution(1.0, softmax({0, 1, 2}));  // ~ .090 .245 .665
+}
+
+TEST(SamplerTest, LowTemperatureSharpens) {
+  const std::vector<double> sharp = softmax({0, 2, 4});  // softmax(x / 0.5) ~ .016 .117 .867
+  expect_distribution(0.5, sharp);
+  EXPECT_GT(sharp[2], softmax({0, 1, 2})[2]);
+}
+
+TEST(SamplerTest, Bfloat16LogitsSampleLikeFloat32) {
+  // Values exact in bf16: the float32 copy is identical, so the draws are too.
+  const at::Tensor f = logits_of({0.5, 1.0, 2.0, -1.0, 0.25});
+  const at::Tensor b = f.to(at::kBFloat16);
+  EXPECT_EQ(draws(sampling(0.8, 4, 0.9), b, 200), draws(sampling(0.8, 4, 0.9), f, 200));
+  SamplingParams g;
+  g.greedy = true;
+  EXPECT_EQ(Sampler(g).sample(b), 2);
+  EXPECT_EQ(Sampler(g).sample(f.to(at::kHalf)), 2);
+  EXPECT_EQ(Sampler(g).sample(f.to(at::kDouble)), 2);
+}
+
+TEST(SamplerTest, CudaLogitsSampleLikeCpu) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const at::Tensor f = logits_of({0.5, 1.0, 2.0, -1.0, 0.25});
+  EXPECT_EQ(draws(sampling(0.8, 4, 0.9), f.to(at::kCUDA), 200),
+            draws(sampling(0.8, 4, 0.9), f, 200));
+}
+
+TEST(SamplerTest, BadLogitsAreErrors) {
+  Sampler sampler(sampling());
+  EXPECT_NE(error_of([&] {
+              sampler.sample(at::zeros({2, 3}));
+            }).find("[vocab]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { sampler.sample(at::zeros({3}, at::kLong)); }).find("floating"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { sampler.sample(logits_of({0, NAN})); }).find("NaN"), std::string::npos);
+  EXPECT_NE(error_of([&] { sampler.sample(at::empty({0})); }).find("empty"), std::string::npos);
+}
+
+void expect_param_error(const SamplingParams& p, const std::string& field,
+                        const std::string& value) {
+  const std::string message = error_of([&] { p.validate(); });
+  EXPECT_NE(message.find(field), std::string::npos) << message;
+  EXPECT_NE(message.find(value), std::string::npos) << message;
+  // The constructor and the loop validate too.
+  EXPECT_NE(error_of([&] { Sampler s(p); }).find(field), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              generate_tokens([](int64_t, auto&) { return at::zeros({2}); }, p);
+            }).find(field),
+            std::string::npos);
+}
+
+TEST(SamplingParamsTest, InvalidParamsNameTheField) {
+  SamplingParams p;
+  p.temperature = -0.5;
+  expect_param_error(p, "temperature", "-0.5");
+  p.temperature = INFINITY;
+  expect_param_error(p, "temperature", "inf");
+  p.temperature = NAN;
+  expect_param_error(p, "temperature", "nan");
+  p = SamplingParams();
+  p.top_p = 0.0;
+  expect_param_error(p, "top_p", "0");
+  p.top_p = 1.5;
+  expect_param_error(p, "top_p", "1.5");
+  p = SamplingParams();
+  p.top_k = -3;
+  expect_param_error(p, "top_k", "-3");
+  p = SamplingParams();
+  p.max_new_tokens = -1;
+  expect_param_error(p, "max_new_tokens", "-1");
+  EXPECT_NO_THROW(SamplingParams().validate());
+}
+
+// Greedy logits that pick script[step] (and 0 after the script ends); records the calls.
+struct ScriptedModel {
+  std::vector<int64_t> script;
+  std::vector<std::vector<int64_t>> seen_generated;
+  at::Tensor operator()(int64_t step, const std::vector<int64_t>& generated) {
+    EXPECT_EQ(step, static_cast<int64_t>(generated.size()));
+    seen_generated.push_back(generated);
+    at::Tensor x = at::zeros({10});
+    x[step < static_cast<int64_t>(script.size()) ? script[step] : 0] = 5.0;
+    return x;
+  }
+};
+
+SamplingParams greedy_params(int64_t max_new_tokens, std::vector<int64_t> stops = {}) {
+  SamplingParams p;
+  p.greedy = true;
+  p.max_new_tokens = max_new_tokens;
+  p.stop_token_ids = std::move(stops);
+  return p;
+}
+
+TEST(GenerateTest, StopsAfterAStopTokenIncludingIt) {
+  ScriptedModel model{{3, 4, 9, 5, 6}};
+  const GenerationResult r = generate_tokens(std::ref(model), greedy_params(10, {8, 9}));
+  EXPECT_EQ(r.tokens, (std::vector<int64_t>{3, 4, 9}));
+  EXPECT_EQ(r.finish_reason, "stop");
+  EXPECT_EQ(model.seen_generated,
+            (std::vector<std::vector<int64_t>>{{}, {3}, {3, 4}}));  // the prefix at each step
+}
+
+TEST(GenerateTest, StopsAtMaxNewTokens) {
+  ScriptedModel model{{1, 2, 3, 4, 5}};
+  const GenerationResult r = generate_tokens(std::ref(model), greedy_params(3, {9}));
+  EXPECT_EQ(r.tokens, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(r.finish_reason, "length");
+  const GenerationResult none = generate_tokens(std::ref(model), greedy_params(0));
+  EXPECT_TRUE(none.tokens.empty());
+  EXPECT_EQ(none.finish_reason, "length");
+}
+
+TEST(GenerateTest, StreamsTokensInOrder) {
+  ScriptedModel model{{7, 1, 7, 2}};
+  std::vector<int64_t> streamed;
+  const GenerationResult r = generate_tokens(std::ref(model), greedy_params(4), [&](int64_t t) {
+    // Each token arrives before the next step's logits are asked for.
+    EXPECT_EQ(model.seen_generated.size(), streamed.size() + 1);
+    streamed.push_back(t);
+    return true;
+  });
+  EXPECT_EQ(streamed, (std::vector<int64_t>{7, 1, 7, 2}));
+  EXPECT_EQ(streamed, r.tokens);
+}
+
+TEST(GenerateTest, OnTokenFalseCancels) {
+  ScriptedModel model{{1, 2, 3, 4}};
+  int calls = 0;
+  const GenerationResult r =
+      generate_tokens(std::ref(model), greedy_params(10), [&](int64_t) { return ++calls < 2; });
+  EXPECT_EQ(r.tokens, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(r.finish_reason, "cancelled");
+  EXPECT_EQ(model.seen_generated.size(), 2u);  // no step after the cancel
+}
+
+TEST(GenerateTest, SampledRunIsReproducibleFromTheSeed) {
+  auto run = [](uint64_t seed) {
+    SamplingParams p = sampling(1.0, 0, 1.0, seed);
+    p.max_new_tokens = 32;
+    return generate_tokens([](int64_t, const std::vector<int64_t>&) { return at::zeros({50}); }, p)
+        .tokens;
+  };
+  EXPECT_EQ(run(3), run(3));
+  EXPECT_NE(run(3), run(4));
+}
+
+}  // namespace
+}  // namespace omni::models
