@@ -17,21 +17,14 @@
 #include "cpu_offload/check.h"
 #include "model_runner/generation/generate.h"
 #include "model_runner/generation/sampler.h"
+#include "weights_test_util.h"
 
 namespace omni::models {
 namespace {
 
 at::Tensor logits_of(const std::vector<float>& v) { return at::tensor(v, at::kFloat); }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const omni::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an omni::Error";
-  return "";
-}
+using testing::error_of;
 
 std::vector<double> softmax(const std::vector<double>& x) {
   const double m = *std::max_element(x.begin(), x.end());
