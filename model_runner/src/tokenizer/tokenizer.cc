@@ -16,22 +16,12 @@
 #include "normalizer.h"
 #include "pre_tokenizer.h"
 #include "utf8.h"
+#include "util/read_text_file.h"
 
 namespace omni::models {
 namespace {
 
 using Json = nlohmann::json;
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    const int err = errno;
-    OMNI_THROW("cannot read tokenizer '", path, "': ", std::strerror(err));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 const JsonField& check_model_type(const JsonField& model) {
   const std::string type = model.get("type").string();
@@ -175,7 +165,7 @@ Tokenizer Tokenizer::load(const std::string& path_or_dir) {
   const std::string file = std::filesystem::is_directory(path_or_dir, ec)
                                ? (std::filesystem::path(path_or_dir) / "tokenizer.json").string()
                                : path_or_dir;
-  return parse(read_file(file), file);
+  return parse(read_text_file(file, "tokenizer"), file);
 }
 
 Tokenizer Tokenizer::parse(const std::string& text, const std::string& source) {

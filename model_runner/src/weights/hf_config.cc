@@ -10,6 +10,7 @@
 
 #include "cpu_offload/check.h"
 #include "similar_names.h"
+#include "util/read_text_file.h"
 
 namespace omni::models {
 namespace {
@@ -23,17 +24,6 @@ std::string type_of(const Json& v) {
   return v.type_name();
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    const int err = errno;
-    OMNI_THROW("cannot read config '", path, "': ", std::strerror(err));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 }  // namespace
 
 HfConfig::HfConfig(std::string source, std::string prefix,
@@ -45,7 +35,7 @@ HfConfig HfConfig::load(const std::string& path) {
   const std::string file = std::filesystem::is_directory(path, ec)
                                ? (std::filesystem::path(path) / "config.json").string()
                                : path;
-  return parse(read_file(file), file);
+  return parse(read_text_file(file, "config"), file);
 }
 
 HfConfig HfConfig::parse(const std::string& text, const std::string& source) {
