@@ -32,7 +32,10 @@ std::vector<std::pair<std::string, at::Tensor>> lookup(
 
 BackendBase::BackendBase(torch::nn::Module& root, OffloadPlan plan,
                          std::shared_ptr<TransferEngine> engine, const OffloadConfig& config)
-    : OffloadBackend(std::move(plan), std::move(engine)), root_(root), config_(config) {}
+    : OffloadBackend(std::move(plan), std::move(engine)),
+      root_(root),
+      config_(config),
+      tensors_(tensors_by_name(root)) {}
 
 BackendBase::~BackendBase() {
   for (auto& [module, method] : attached_) module->hooks().detach(method, kHookName);
@@ -45,8 +48,7 @@ BackendBase::~BackendBase() {
 
 void BackendBase::make_resident() {
   if (plan_.resident_tensors.empty()) return;
-  resident_ = std::make_unique<OffloadUnit>("resident",
-                                            lookup(tensors_by_name(root_), plan_.resident_tensors),
+  resident_ = std::make_unique<OffloadUnit>("resident", lookup(tensors_, plan_.resident_tensors),
                                             *engine_, config_.pin_memory);
   resident_buffer_ = engine_->allocate_device(resident_->bytes());
   engine_->compute_wait(engine_->copy_async({resident_->copy_to(resident_buffer_, 0)}, {}));
@@ -57,8 +59,8 @@ void BackendBase::make_resident() {
 }
 
 int BackendBase::add_unit(const UnitPlan& plan) {
-  units_.push_back(std::make_unique<OffloadUnit>(
-      plan.name, lookup(tensors_by_name(root_), plan.tensor_names), *engine_, config_.pin_memory));
+  units_.push_back(std::make_unique<OffloadUnit>(plan.name, lookup(tensors_, plan.tensor_names),
+                                                 *engine_, config_.pin_memory));
   counters_.push_back(std::make_unique<UnitCounters>());
   return static_cast<int>(units_.size()) - 1;
 }

@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cpu_offload/hooks.h"
@@ -67,6 +68,8 @@ class BackendBase : public OffloadBackend {
   std::vector<std::unique_ptr<UnitCounters>> counters_;
 
  private:
+  // The model's tensors by name, read once: packing rebinds their data, never their identity.
+  std::unordered_map<std::string, at::Tensor> tensors_;
   std::vector<std::pair<HookableModule*, std::string>> attached_;  // (module, method)
   std::unique_ptr<OffloadUnit> resident_;
   DeviceBuffer resident_buffer_;
