@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 
+#include "bench_args.h"
 #include "cpu_offload/check.h"
 #include "cpu_offload/offload_backend.h"
 #include "model_runner/diffusion/tiny_pipeline.h"
@@ -21,6 +22,7 @@ using omni::offload::DeviceKind;
 using omni::offload::OffloadConfig;
 using omni::offload::Strategy;
 using Clock = std::chrono::steady_clock;
+using omni::bench::Args;
 
 constexpr const char* kUsage = R"(usage: offload-bench [options]
   --pipeline tiny|small|wan14b   model size preset (default tiny)
@@ -44,24 +46,6 @@ constexpr const char* kUsage = R"(usage: offload-bench [options]
                                  a small CPU, leave a core to the simulated copy stream
 )";
 
-struct Args {
-  std::map<std::string, std::string> values;
-  bool has(const std::string& k) const { return values.count(k) > 0; }
-  std::string get(const std::string& k, const std::string& def) const {
-    auto it = values.find(k);
-    return it == values.end() ? def : it->second;
-  }
-  double number(const std::string& k, double def) const {
-    if (!has(k)) return def;
-    const std::string& text = values.at(k);
-    char* end = nullptr;
-    const double v = std::strtod(text.c_str(), &end);
-    OMNI_CHECK(end && *end == '\0' && !text.empty(), "--", k, " expects a number, got '", text,
-               "'");
-    return v;
-  }
-};
-
 Args parse_args(int argc, char** argv) {
   static const std::map<std::string, bool> kFlags = {// name -> takes a value
                                                      {"pipeline", true},
@@ -83,25 +67,7 @@ Args parse_args(int argc, char** argv) {
                                                      {"no-compare", false},
                                                      {"units", false},
                                                      {"help", false}};
-  Args args;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    OMNI_CHECK(arg.rfind("--", 0) == 0, "unexpected argument '", arg, "' (see --help)");
-    arg = arg.substr(2);
-    std::string value;
-    if (auto eq = arg.find('='); eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    }
-    auto flag = kFlags.find(arg);
-    OMNI_CHECK(flag != kFlags.end(), "unknown option '--", arg, "' (see --help)");
-    if (flag->second && value.empty()) {
-      OMNI_CHECK(i + 1 < argc, "option '--", arg, "' needs a value");
-      value = argv[++i];
-    }
-    args.values[arg] = flag->second ? value : "1";
-  }
-  return args;
+  return omni::bench::parse_args(argc, argv, kFlags);
 }
 
 struct Measured {
@@ -248,10 +214,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::cerr << "offload-bench: " << e.what() << std::endl;
-    return 2;
-  }
+  return omni::bench::guarded_main("offload-bench", [&] { return run(argc, argv); });
 }

@@ -11,6 +11,16 @@ at::Tensor init_normal(at::IntArrayRef sizes, double std, at::Generator& gen,
   return at::normal(0.0, std, sizes, gen, at::TensorOptions(at::kFloat)).to(dtype);
 }
 
+at::Tensor uninitialized(at::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::empty(sizes, at::TensorOptions(dtype));
+}
+
+Linear::Linear(int64_t in, int64_t out, at::ScalarType dtype, bool has_bias)
+    : torch::nn::Module("Linear") {
+  weight = register_parameter("weight", uninitialized({out, in}, dtype), false);
+  if (has_bias) bias = register_parameter("bias", uninitialized({out}, dtype), false);
+}
+
 Linear::Linear(int64_t in, int64_t out, at::Generator& gen, at::ScalarType dtype, bool has_bias)
     : torch::nn::Module("Linear") {
   weight = register_parameter("weight", init_normal({out, in}, 1.0 / std::sqrt(in), gen, dtype),
@@ -27,6 +37,12 @@ LayerNorm::LayerNorm(int64_t dim, at::Generator& gen, at::ScalarType dtype, doub
   weight = register_parameter("weight", (1.0 + init_normal({dim}, 0.02, gen, at::kFloat)).to(dtype),
                               false);
   bias = register_parameter("bias", init_normal({dim}, 0.02, gen, dtype), false);
+}
+
+LayerNorm::LayerNorm(int64_t dim, at::ScalarType dtype, double eps_)
+    : torch::nn::Module("LayerNorm"), eps(eps_) {
+  weight = register_parameter("weight", uninitialized({dim}, dtype), false);
+  bias = register_parameter("bias", uninitialized({dim}, dtype), false);
 }
 
 at::Tensor LayerNorm::forward(const at::Tensor& x) const {
@@ -49,6 +65,22 @@ at::Tensor Conv2d::forward(const at::Tensor& x) const {
 Embedding::Embedding(int64_t vocab, int64_t dim, at::Generator& gen, at::ScalarType dtype)
     : torch::nn::Module("Embedding") {
   weight = register_parameter("weight", init_normal({vocab, dim}, 1.0, gen, dtype), false);
+}
+
+Embedding::Embedding(int64_t vocab, int64_t dim, at::ScalarType dtype)
+    : torch::nn::Module("Embedding") {
+  weight = register_parameter("weight", uninitialized({vocab, dim}, dtype), false);
+}
+
+RMSNorm::RMSNorm(int64_t dim, at::ScalarType dtype, double eps_)
+    : torch::nn::Module("RMSNorm"), eps(eps_) {
+  weight = register_parameter("weight", uninitialized({dim}, dtype), false);
+}
+
+at::Tensor RMSNorm::forward(const at::Tensor& x) const {
+  const auto xf = x.to(at::kFloat);
+  const auto normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
 }
 
 at::Tensor Embedding::forward(const at::Tensor& ids) const { return at::embedding(weight, ids); }

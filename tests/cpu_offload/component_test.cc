@@ -8,6 +8,7 @@
 #include <set>
 
 #include "../common/test_devices.h"
+#include "../common/unit_stats.h"
 #include "cpu_offload/check.h"
 #include "cpu_offload/hooks.h"
 #include "cpu_offload/offload_backend.h"
@@ -18,6 +19,8 @@ namespace {
 
 using models::Embedding;
 using models::Linear;
+using omni::testing::unit_bytes;
+using omni::testing::unit_loads;
 constexpr int64_t kDim = 64, kVocab = 96;
 
 class Encoder : public HookableModule {
@@ -127,22 +130,6 @@ OffloadConfig component_config(std::vector<std::string> components, ComponentPol
   config.component_policy = policy;
   config.device_budget_bytes = budget;
   return config;
-}
-
-size_t unit_bytes(const OffloadStats& s, const std::string& name) {
-  for (const auto& u : s.units) {
-    if (u.name == name) return u.bytes;
-  }
-  ADD_FAILURE() << "no unit " << name;
-  return 0;
-}
-
-uint64_t unit_loads(const OffloadStats& s, const std::string& name) {
-  for (const auto& u : s.units) {
-    if (u.name == name) return u.loads;
-  }
-  ADD_FAILURE() << "no unit " << name;
-  return 0;
 }
 
 class ComponentOffload : public ::testing::TestWithParam<DeviceKind> {};

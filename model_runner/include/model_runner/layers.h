@@ -12,9 +12,15 @@ namespace omni::models {
 // N(0, std) on the CPU from `gen`, as `dtype`.
 at::Tensor init_normal(at::IntArrayRef sizes, double std, at::Generator& gen, at::ScalarType dtype);
 
+// Parameters of the right shape and dtype, left uninitialized: for modules whose weights are
+// bound from a checkpoint (load_weights) right after construction.
+at::Tensor uninitialized(at::IntArrayRef sizes, at::ScalarType dtype);
+
 class Linear : public torch::nn::Module {
  public:
   Linear(int64_t in, int64_t out, at::Generator& gen, at::ScalarType dtype, bool bias = true);
+  // Uninitialized, for checkpoint loading.
+  Linear(int64_t in, int64_t out, at::ScalarType dtype, bool bias);
   at::Tensor forward(const at::Tensor& x) const;
   at::Tensor weight, bias;
 };
@@ -22,6 +28,7 @@ class Linear : public torch::nn::Module {
 class LayerNorm : public torch::nn::Module {
  public:
   LayerNorm(int64_t dim, at::Generator& gen, at::ScalarType dtype, double eps = 1e-6);
+  LayerNorm(int64_t dim, at::ScalarType dtype, double eps);  // uninitialized
   at::Tensor forward(const at::Tensor& x) const;
   at::Tensor weight, bias;
   double eps;
@@ -38,8 +45,19 @@ class Conv2d : public torch::nn::Module {
 class Embedding : public torch::nn::Module {
  public:
   Embedding(int64_t vocab, int64_t dim, at::Generator& gen, at::ScalarType dtype);
+  Embedding(int64_t vocab, int64_t dim, at::ScalarType dtype);  // uninitialized
   at::Tensor forward(const at::Tensor& ids) const;
   at::Tensor weight;
+};
+
+// Qwen / T5 RMSNorm: normalizes in float32 whatever the input dtype, casts back, then scales
+// (weight * x.to(input dtype)), as the Hugging Face reference does. Uninitialized weight.
+class RMSNorm : public torch::nn::Module {
+ public:
+  RMSNorm(int64_t dim, at::ScalarType dtype, double eps);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight;
+  double eps;
 };
 
 // softmax(q k^T / sqrt(d)) v over [B, heads, L, d] tensors, in a deterministic order.

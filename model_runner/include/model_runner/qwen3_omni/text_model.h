@@ -1,0 +1,116 @@
+// The Qwen3-Omni thinker's text decoder ("thinker.model.*" on disk): token embedding, decoder
+// layers (RMSNorm, GQA attention with per-head q/k RMSNorm and interleaved multimodal rope, a
+// top-k routed MoE MLP or a dense one), final norm. Each decoder layer is a HookableModule so
+// the offload engine can stream layers through device slots.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include "cpu_offload/hooks.h"
+#include "model_runner/layers.h"
+#include "model_runner/qwen3_omni/config.h"
+
+namespace omni::models::qwen3_omni {
+
+// Keys and values of every layer for one sequence, grown in place: appending a step writes
+// into spare capacity (doubling when full) instead of re-concatenating the whole history.
+class KvCache {
+ public:
+  explicit KvCache(int64_t num_layers) : keys_(num_layers), values_(num_layers) {}
+  int64_t length() const { return length_; }
+  // Appends `k`, `v` [1, kv_heads, L, head_dim] to `layer` and returns views of everything
+  // cached for it so far. The last layer of a step advances length().
+  std::pair<at::Tensor, at::Tensor> append(int64_t layer, const at::Tensor& k, const at::Tensor& v);
+  void clear();
+  int64_t num_layers() const { return static_cast<int64_t>(keys_.size()); }
+
+ private:
+  std::vector<at::Tensor> keys_, values_;  // [1, kv_heads, capacity, head_dim]
+  int64_t length_ = 0;
+};
+
+// cos / sin [L, head_dim] for position ids [3, L] (temporal, height, width), with the
+// frequencies interleaved as Qwen3-Omni does: index i takes its angle from T, except
+// i = 1, 4, 7, ... (< 3 * section[1]) from H and i = 2, 5, 8, ... (< 3 * section[2]) from W.
+std::pair<at::Tensor, at::Tensor> mrope_cos_sin(const TextConfig& cfg,
+                                                const at::Tensor& position_ids,
+                                                at::ScalarType dtype);
+
+class TextAttention : public torch::nn::Module {
+ public:
+  TextAttention(const TextConfig& cfg, at::ScalarType dtype);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     KvCache* cache, int64_t layer);
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+  std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;
+  std::shared_ptr<RMSNorm> q_norm_, k_norm_;
+};
+
+class TextMlp : public torch::nn::Module {
+ public:
+  TextMlp(int64_t hidden, int64_t intermediate, at::ScalarType dtype);
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  std::shared_ptr<Linear> gate_proj_, up_proj_, down_proj_;
+};
+
+// Router ("gate") + experts stored one module per expert, as on disk
+// (mlp.experts.{e}.{gate,up,down}_proj).
+class SparseMoe : public torch::nn::Module {
+ public:
+  SparseMoe(const TextConfig& cfg, at::ScalarType dtype);
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  int64_t top_k_;
+  bool norm_topk_prob_;
+  std::shared_ptr<Linear> gate_;
+  std::vector<std::shared_ptr<TextMlp>> experts_;
+};
+
+class DecoderLayer : public offload::HookableModule {
+ public:
+  DecoderLayer(const TextConfig& cfg, int64_t index, at::ScalarType dtype);
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
+                     KvCache* cache);
+
+ private:
+  int64_t index_;
+  std::shared_ptr<RMSNorm> input_layernorm_, post_attention_layernorm_;
+  std::shared_ptr<TextAttention> self_attn_;
+  std::shared_ptr<torch::nn::Module> mlp_;  // TextMlp or SparseMoe
+  std::shared_ptr<TextMlp> dense_;
+  std::shared_ptr<SparseMoe> moe_;
+};
+
+// Adds DeepStack visual features to the hidden states of the visual positions after the first
+// layers of the decoder.
+struct DeepStackInput {
+  at::Tensor visual_mask;            // [L] bool
+  std::vector<at::Tensor> features;  // features[i] [n_visual, hidden] joins after layer i
+};
+
+class TextModel : public torch::nn::Module {
+ public:
+  TextModel(const TextConfig& cfg, at::ScalarType dtype);
+  // embeds [1, L, hidden], position_ids [3, L] -> normalized hidden states [1, L, hidden].
+  at::Tensor forward(const at::Tensor& embeds, const at::Tensor& position_ids, KvCache* cache,
+                     const DeepStackInput* deepstack = nullptr);
+  at::Tensor embed(const at::Tensor& ids) { return embed_tokens_->forward(ids); }
+  const TextConfig& config() const { return cfg_; }
+
+ private:
+  TextConfig cfg_;
+  std::shared_ptr<Embedding> embed_tokens_;
+  std::shared_ptr<torch::nn::Module> layers_holder_;
+  std::vector<std::shared_ptr<DecoderLayer>> layers_;
+  std::shared_ptr<RMSNorm> norm_;
+};
+
+}  // namespace omni::models::qwen3_omni

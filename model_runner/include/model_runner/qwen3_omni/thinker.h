@@ -1,0 +1,72 @@
+// The Qwen3-Omni thinker (Hugging Face Qwen3OmniMoeThinkerForConditionalGeneration): audio
+// tower, vision encoder, MoE text decoder and lm_head, with the module tree of the checkpoint
+// ("thinker.audio_tower.*", "thinker.visual.*", "thinker.model.*", "thinker.lm_head.*"), so
+// load_weights binds tensors by name and offload paths read like the checkpoint
+// ("audio_tower", "visual", "model.layers").
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model_runner/layers.h"
+#include "model_runner/qwen3_omni/audio_encoder.h"
+#include "model_runner/qwen3_omni/config.h"
+#include "model_runner/qwen3_omni/rope_index.h"
+#include "model_runner/qwen3_omni/text_model.h"
+#include "model_runner/qwen3_omni/vision_encoder.h"
+
+namespace omni::models::qwen3_omni {
+
+// One prompt: token ids with audio / image placeholder runs already expanded to the number of
+// tokens each input makes (audio_output_length, t*h*w / merge^2), and the inputs themselves.
+struct ThinkerInputs {
+  std::vector<int64_t> input_ids;
+  at::Tensor audio_features;           // [num_mel_bins, sum(audio_lengths)] float32, or undefined
+  std::vector<int64_t> audio_lengths;  // mel frames per clip
+  at::Tensor pixel_values;             // [patches, C*T*P*P] float32, or undefined
+  std::vector<std::array<int64_t, 3>> image_grids;  // (t, h, w) in patches, per image
+};
+
+// Per-request decoding state.
+struct ThinkerState {
+  explicit ThinkerState(int64_t num_layers) : cache(num_layers) {}
+  KvCache cache;
+  int64_t rope_delta = 0;
+};
+
+class Thinker : public torch::nn::Module {
+ public:
+  Thinker(const ThinkerConfig& cfg, at::ScalarType dtype);
+
+  // Runs the prompt into `state` (which must be fresh). Returns logits [L, vocab] for every
+  // position when `all_logits`, else [1, vocab] for the last one; float32 on the CPU.
+  at::Tensor prefill(const ThinkerInputs& inputs, ThinkerState& state, bool all_logits = false);
+  // One generated token -> logits [vocab] for the next one (float32, CPU).
+  at::Tensor decode(int64_t token, ThinkerState& state);
+
+  // Where compute happens (the offload engine's compute device); inputs are moved there.
+  void set_device(c10::Device device) { device_ = device; }
+  c10::Device device() const { return device_; }
+  const ThinkerConfig& config() const { return cfg_; }
+  AudioEncoder& audio_tower() { return *audio_tower_; }
+  VisionEncoder& visual() { return *visual_; }
+  TextModel& language_model() { return *model_; }
+  ThinkerState new_state() const { return ThinkerState(cfg_.text.num_hidden_layers); }
+
+ private:
+  at::Tensor logits(const at::Tensor& hidden);
+
+  ThinkerConfig cfg_;
+  at::ScalarType dtype_;
+  c10::Device device_{c10::kCPU};
+  std::shared_ptr<AudioEncoder> audio_tower_;
+  std::shared_ptr<VisionEncoder> visual_;
+  std::shared_ptr<TextModel> model_;
+  std::shared_ptr<Linear> lm_head_;  // null when tied to the embedding
+};
+
+}  // namespace omni::models::qwen3_omni

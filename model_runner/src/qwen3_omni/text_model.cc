@@ -1,0 +1,264 @@
+#include "model_runner/qwen3_omni/text_model.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "cpu_offload/check.h"
+
+namespace omni::models::qwen3_omni {
+
+using offload::HookArgs;
+
+// ---------------------------------------------------------------------------- KV cache
+
+std::pair<at::Tensor, at::Tensor> KvCache::append(int64_t layer, const at::Tensor& k,
+                                                  const at::Tensor& v) {
+  OMNI_CHECK(layer >= 0 && layer < num_layers(), "KV cache has no layer ", layer);
+  const int64_t add = k.size(2);
+  at::Tensor& keys = keys_[layer];
+  at::Tensor& values = values_[layer];
+  const int64_t needed = length_ + add;
+  if (!keys.defined() || keys.size(2) < needed) {
+    const int64_t capacity = std::max<int64_t>(needed, keys.defined() ? 2 * keys.size(2) : 64);
+    auto grown_k = at::empty({k.size(0), k.size(1), capacity, k.size(3)}, k.options());
+    auto grown_v = at::empty({v.size(0), v.size(1), capacity, v.size(3)}, v.options());
+    if (keys.defined() && length_ > 0) {
+      grown_k.narrow(2, 0, length_).copy_(keys.narrow(2, 0, length_));
+      grown_v.narrow(2, 0, length_).copy_(values.narrow(2, 0, length_));
+    }
+    keys = grown_k;
+    values = grown_v;
+  }
+  keys.narrow(2, length_, add).copy_(k);
+  values.narrow(2, length_, add).copy_(v);
+  auto result = std::make_pair(keys.narrow(2, 0, needed), values.narrow(2, 0, needed));
+  if (layer == num_layers() - 1) length_ = needed;
+  return result;
+}
+
+void KvCache::clear() {
+  for (auto& t : keys_) t = at::Tensor();
+  for (auto& t : values_) t = at::Tensor();
+  length_ = 0;
+}
+
+// ---------------------------------------------------------------------------- rotary
+
+std::pair<at::Tensor, at::Tensor> mrope_cos_sin(const TextConfig& cfg,
+                                                const at::Tensor& position_ids,
+                                                at::ScalarType dtype) {
+  const int64_t dim = cfg.head_dim;
+  auto opts = at::TensorOptions(at::kFloat).device(position_ids.device());
+  // inv_freq exactly as the reference: float32 arange / dim, then base ** (.) in float32.
+  auto exponents =
+      at::arange(0, dim, 2, at::TensorOptions(at::kLong)).to(at::kFloat) / static_cast<double>(dim);
+  auto inv_freq = (1.0 / at::pow(cfg.rope_theta, exponents)).to(opts);
+  auto freqs = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;  // [3, L, dim/2]
+  auto recompose = [&](const at::Tensor& f) {
+    auto out = f[0].clone();
+    for (int64_t axis = 1; axis <= 2; ++axis) {
+      // A slice in the reference: the end may lie past the last frequency.
+      const int64_t end = std::min(cfg.mrope_section[axis] * 3, f.size(-1));
+      auto idx = at::arange(axis, end, 3, at::TensorOptions(at::kLong).device(f.device()));
+      out.index_copy_(-1, idx, f[axis].index_select(-1, idx));
+    }
+    return at::cat({out, out}, -1);
+  };
+  return {recompose(freqs.cos()).to(dtype), recompose(freqs.sin()).to(dtype)};
+}
+
+namespace {
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// [1, kv_heads, L, d] -> [1, kv_heads * n_rep, L, d], each kv head repeated n_rep times.
+at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
+  if (n_rep == 1) return x;
+  const auto s = x.sizes();
+  return x.unsqueeze(2)
+      .expand({s[0], s[1], n_rep, s[2], s[3]})
+      .reshape({s[0], s[1] * n_rep, s[2], s[3]});
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- attention
+
+TextAttention::TextAttention(const TextConfig& cfg, at::ScalarType dtype)
+    : torch::nn::Module("TextAttention"),
+      heads_(cfg.num_attention_heads),
+      kv_heads_(cfg.num_key_value_heads),
+      head_dim_(cfg.head_dim) {
+  const int64_t h = cfg.hidden_size;
+  q_proj_ = register_module(
+      "q_proj", std::make_shared<Linear>(h, heads_ * head_dim_, dtype, cfg.attention_bias));
+  k_proj_ = register_module(
+      "k_proj", std::make_shared<Linear>(h, kv_heads_ * head_dim_, dtype, cfg.attention_bias));
+  v_proj_ = register_module(
+      "v_proj", std::make_shared<Linear>(h, kv_heads_ * head_dim_, dtype, cfg.attention_bias));
+  o_proj_ = register_module(
+      "o_proj", std::make_shared<Linear>(heads_ * head_dim_, h, dtype, cfg.attention_bias));
+  q_norm_ =
+      register_module("q_norm", std::make_shared<RMSNorm>(head_dim_, dtype, cfg.rms_norm_eps));
+  k_norm_ =
+      register_module("k_norm", std::make_shared<RMSNorm>(head_dim_, dtype, cfg.rms_norm_eps));
+}
+
+at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                  KvCache* cache, int64_t layer) {
+  const int64_t b = x.size(0), l = x.size(1);
+  // q/k norm per head, before rope.
+  auto q = q_norm_->forward(q_proj_->forward(x).view({b, l, heads_, head_dim_})).transpose(1, 2);
+  auto k = k_norm_->forward(k_proj_->forward(x).view({b, l, kv_heads_, head_dim_})).transpose(1, 2);
+  auto v = v_proj_->forward(x).view({b, l, kv_heads_, head_dim_}).transpose(1, 2);
+  const auto c = cos.unsqueeze(0).unsqueeze(0), s = sin.unsqueeze(0).unsqueeze(0);
+  q = q * c + rotate_half(q) * s;
+  k = k * c + rotate_half(k) * s;
+
+  const int64_t past = cache ? cache->length() : 0;
+  if (cache) std::tie(k, v) = cache->append(layer, k, v);
+  const int64_t n_rep = heads_ / kv_heads_;
+  k = repeat_kv(k, n_rep);
+  v = repeat_kv(v, n_rep);
+
+  const double scaling = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  auto scores = at::matmul(q, k.transpose(2, 3)) * scaling;  // [b, heads, l, past + l]
+  if (l > 1) {
+    // Query i (absolute position past + i) sees keys 0 .. past + i.
+    auto qpos = at::arange(past, past + l, at::TensorOptions(at::kLong).device(x.device()));
+    auto kpos = at::arange(0, past + l, at::TensorOptions(at::kLong).device(x.device()));
+    auto blocked = kpos.unsqueeze(0) > qpos.unsqueeze(1);
+    scores = scores.masked_fill(blocked, -std::numeric_limits<float>::infinity());
+  }
+  auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  auto out = at::matmul(probs, v).transpose(1, 2).reshape({b, l, heads_ * head_dim_});
+  return o_proj_->forward(out);
+}
+
+// ---------------------------------------------------------------------------- MLPs
+
+TextMlp::TextMlp(int64_t hidden, int64_t intermediate, at::ScalarType dtype)
+    : torch::nn::Module("TextMlp") {
+  gate_proj_ =
+      register_module("gate_proj", std::make_shared<Linear>(hidden, intermediate, dtype, false));
+  up_proj_ =
+      register_module("up_proj", std::make_shared<Linear>(hidden, intermediate, dtype, false));
+  down_proj_ =
+      register_module("down_proj", std::make_shared<Linear>(intermediate, hidden, dtype, false));
+}
+
+at::Tensor TextMlp::forward(const at::Tensor& x) {
+  return down_proj_->forward(at::silu(gate_proj_->forward(x)) * up_proj_->forward(x));
+}
+
+SparseMoe::SparseMoe(const TextConfig& cfg, at::ScalarType dtype)
+    : torch::nn::Module("SparseMoe"),
+      top_k_(cfg.num_experts_per_tok),
+      norm_topk_prob_(cfg.norm_topk_prob) {
+  gate_ = register_module("gate",
+                          std::make_shared<Linear>(cfg.hidden_size, cfg.num_experts, dtype, false));
+  auto holder = register_module("experts", std::make_shared<torch::nn::Module>("Experts"));
+  for (int64_t e = 0; e < cfg.num_experts; ++e) {
+    experts_.push_back(holder->register_module(
+        std::to_string(e),
+        std::make_shared<TextMlp>(cfg.hidden_size, cfg.moe_intermediate_size, dtype)));
+  }
+}
+
+at::Tensor SparseMoe::forward(const at::Tensor& x) {
+  const auto shape = x.sizes().vec();
+  auto flat = x.reshape({-1, shape.back()});
+  // Router: softmax in float32 over all experts, top-k, renormalized when configured.
+  auto router_logits = gate_->forward(flat);
+  auto probs = at::softmax(router_logits, -1, at::kFloat);
+  auto [top_values, top_index] = at::topk(probs, top_k_, -1);
+  if (norm_topk_prob_) top_values = top_values / top_values.sum(-1, /*keepdim=*/true);
+  top_values = top_values.to(router_logits.scalar_type());
+
+  auto out = at::zeros_like(flat);
+  // Experts in increasing order, tokens accumulated with index_add_ as the reference does, so
+  // the float sums happen in the same order.
+  auto hit = at::bincount(top_index.flatten(), {}, static_cast<int64_t>(experts_.size())).cpu();
+  const auto* hit_counts = hit.data_ptr<int64_t>();
+  for (size_t e = 0; e < experts_.size(); ++e) {
+    if (hit_counts[e] == 0) continue;
+    auto where = at::nonzero(top_index == static_cast<int64_t>(e));  // [n, 2]: token, slot
+    auto token_idx = where.select(1, 0);
+    auto slot_idx = where.select(1, 1);
+    auto y = experts_[e]->forward(flat.index_select(0, token_idx));
+    auto weights =
+        top_values.flatten().index_select(0, token_idx * top_k_ + slot_idx).unsqueeze(-1);
+    out.index_add_(0, token_idx, (y * weights).to(out.scalar_type()));
+  }
+  return out.view(shape);
+}
+
+// ---------------------------------------------------------------------------- layers
+
+DecoderLayer::DecoderLayer(const TextConfig& cfg, int64_t index, at::ScalarType dtype)
+    : offload::HookableModule("DecoderLayer"), index_(index) {
+  self_attn_ = register_module("self_attn", std::make_shared<TextAttention>(cfg, dtype));
+  if (cfg.is_sparse_layer(index)) {
+    moe_ = register_module("mlp", std::make_shared<SparseMoe>(cfg, dtype));
+  } else {
+    dense_ = register_module(
+        "mlp", std::make_shared<TextMlp>(cfg.hidden_size, cfg.intermediate_size, dtype));
+  }
+  input_layernorm_ = register_module(
+      "input_layernorm", std::make_shared<RMSNorm>(cfg.hidden_size, dtype, cfg.rms_norm_eps));
+  post_attention_layernorm_ =
+      register_module("post_attention_layernorm",
+                      std::make_shared<RMSNorm>(cfg.hidden_size, dtype, cfg.rms_norm_eps));
+}
+
+at::Tensor DecoderLayer::forward(const at::Tensor& hidden, const at::Tensor& cos,
+                                 const at::Tensor& sin, KvCache* cache) {
+  return invoke("forward", {hidden},
+                [&](HookArgs& a) -> c10::IValue {
+                  const auto& h = a[0].toTensor();
+                  auto x = h + self_attn_->forward(input_layernorm_->forward(h), cos, sin, cache,
+                                                   index_);
+                  auto normed = post_attention_layernorm_->forward(x);
+                  return x + (moe_ ? moe_->forward(normed) : dense_->forward(normed));
+                })
+      .toTensor();
+}
+
+TextModel::TextModel(const TextConfig& cfg, at::ScalarType dtype)
+    : torch::nn::Module("TextModel"), cfg_(cfg) {
+  embed_tokens_ = register_module(
+      "embed_tokens", std::make_shared<Embedding>(cfg.vocab_size, cfg.hidden_size, dtype));
+  layers_holder_ = register_module("layers", std::make_shared<torch::nn::Module>("Layers"));
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    layers_.push_back(layers_holder_->register_module(
+        std::to_string(i), std::make_shared<DecoderLayer>(cfg, i, dtype)));
+  }
+  norm_ =
+      register_module("norm", std::make_shared<RMSNorm>(cfg.hidden_size, dtype, cfg.rms_norm_eps));
+}
+
+at::Tensor TextModel::forward(const at::Tensor& embeds, const at::Tensor& position_ids,
+                              KvCache* cache, const DeepStackInput* deepstack) {
+  auto [cos, sin] = mrope_cos_sin(cfg_, position_ids, embeds.scalar_type());
+  at::Tensor hidden = embeds;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    hidden = layers_[i]->forward(hidden, cos, sin, cache);
+    if (deepstack && i < deepstack->features.size()) {
+      hidden = hidden.clone();
+      auto rows = hidden[0];
+      auto idx = at::nonzero(deepstack->visual_mask).squeeze(1);
+      rows.index_copy_(0, idx,
+                       rows.index_select(0, idx) + deepstack->features[i].to(hidden.scalar_type()));
+    }
+  }
+  return norm_->forward(hidden);
+}
+
+}  // namespace omni::models::qwen3_omni

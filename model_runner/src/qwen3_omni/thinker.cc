@@ -1,0 +1,84 @@
+#include "model_runner/qwen3_omni/thinker.h"
+
+#include <ATen/ATen.h>
+
+#include "cpu_offload/check.h"
+
+namespace omni::models::qwen3_omni {
+
+Thinker::Thinker(const ThinkerConfig& cfg, at::ScalarType dtype)
+    : torch::nn::Module("Thinker"), cfg_(cfg), dtype_(dtype) {
+  audio_tower_ = register_module("audio_tower", std::make_shared<AudioEncoder>(cfg.audio, dtype));
+  visual_ = register_module("visual", std::make_shared<VisionEncoder>(cfg.vision, dtype));
+  model_ = register_module("model", std::make_shared<TextModel>(cfg.text, dtype));
+  if (!cfg.tie_word_embeddings) {
+    lm_head_ = register_module(
+        "lm_head",
+        std::make_shared<Linear>(cfg.text.hidden_size, cfg.text.vocab_size, dtype, false));
+  }
+}
+
+at::Tensor Thinker::logits(const at::Tensor& hidden) {
+  const auto& weight =
+      lm_head_ ? lm_head_->weight : model_->named_parameters()["embed_tokens.weight"];
+  return at::linear(hidden, weight).to(at::kFloat).cpu();
+}
+
+at::Tensor Thinker::prefill(const ThinkerInputs& in, ThinkerState& state, bool all_logits) {
+  OMNI_CHECK(state.cache.length() == 0, "prefill needs a fresh ThinkerState");
+  OMNI_CHECK(!in.input_ids.empty(), "the prompt is empty");
+  const int64_t n = static_cast<int64_t>(in.input_ids.size());
+  for (int64_t i = 0; i < n; ++i) {
+    OMNI_CHECK(in.input_ids[i] >= 0 && in.input_ids[i] < cfg_.text.vocab_size, "prompt token ", i,
+               " is ", in.input_ids[i], ", outside the vocabulary [0, ", cfg_.text.vocab_size, ")");
+  }
+  auto ids_cpu = at::tensor(in.input_ids, at::kLong);
+  auto ids = ids_cpu.to(device_);
+  auto embeds = model_->embed(ids);  // [L, hidden]
+
+  auto positions_of = [&](int64_t token) { return at::nonzero(ids_cpu == token).squeeze(1); };
+  auto audio_pos = positions_of(cfg_.audio_token_id);
+  if (in.audio_features.defined()) {
+    auto features = audio_tower_->forward(in.audio_features.to(device_), in.audio_lengths);
+    OMNI_CHECK(features.size(0) == audio_pos.size(0), "the audio makes ", features.size(0),
+               " tokens, the prompt has ", audio_pos.size(0), " audio placeholder tokens");
+    embeds.index_copy_(0, audio_pos.to(device_), features.to(embeds.scalar_type()));
+  } else {
+    OMNI_CHECK(audio_pos.size(0) == 0, "the prompt has ", audio_pos.size(0),
+               " audio tokens but no audio was given");
+  }
+
+  DeepStackInput deepstack;
+  auto image_pos = positions_of(cfg_.image_token_id);
+  if (in.pixel_values.defined()) {
+    auto vision = visual_->forward(in.pixel_values.to(device_), in.image_grids);
+    OMNI_CHECK(vision.embeds.size(0) == image_pos.size(0), "the images make ",
+               vision.embeds.size(0), " tokens, the prompt has ", image_pos.size(0),
+               " image placeholder tokens");
+    embeds.index_copy_(0, image_pos.to(device_), vision.embeds.to(embeds.scalar_type()));
+    deepstack.visual_mask = (ids_cpu == cfg_.image_token_id).to(device_);
+    deepstack.features = std::move(vision.deepstack);
+  } else {
+    OMNI_CHECK(image_pos.size(0) == 0, "the prompt has ", image_pos.size(0),
+               " image tokens but no image was given");
+  }
+
+  const auto rope = rope_positions(cfg_, in.input_ids, in.image_grids);
+  state.rope_delta = rope.rope_delta;
+  auto hidden = model_->forward(embeds.unsqueeze(0), rope.position_ids.to(device_), &state.cache,
+                                deepstack.features.empty() ? nullptr : &deepstack)[0];
+  return logits(all_logits ? hidden : hidden.narrow(0, n - 1, 1));
+}
+
+at::Tensor Thinker::decode(int64_t token, ThinkerState& state) {
+  OMNI_CHECK(state.cache.length() > 0, "decode needs a prefilled ThinkerState");
+  OMNI_CHECK(token >= 0 && token < cfg_.text.vocab_size, "token ", token,
+             " is outside the vocabulary [0, ", cfg_.text.vocab_size, ")");
+  auto ids = at::full({1}, token, at::TensorOptions(at::kLong).device(device_));
+  const int64_t pos = state.cache.length() + state.rope_delta;
+  auto position_ids = at::full({3, 1}, pos, at::TensorOptions(at::kLong).device(device_));
+  auto hidden = model_->forward(model_->embed(ids).unsqueeze(0), position_ids, &state.cache)[0];
+  return logits(hidden)[0];
+}
+
+}  // namespace omni::models::qwen3_omni

@@ -1,0 +1,176 @@
+// A broken checkpoint fails at load with an error that names the file and what is wrong:
+// truncated or corrupt safetensors, missing / unexpected / mis-shaped tensors, an unknown
+// architecture, inconsistent config fields.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "cpu_offload/check.h"
+#include "cpu_offload/transfer_engine.h"
+#include "model_runner/runner/thinker_runner.h"
+#include "model_runner/weights/safetensors.h"
+
+namespace omni::models {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kDir = std::string(OMNI_FIXTURES_DIR) + "/qwen3_omni_tiny";
+
+// A copy of the tiny checkpoint in a fresh temporary directory, to break on purpose.
+class BrokenCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("omni_broken_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    for (const char* f :
+         {"config.json", "model.safetensors", "tokenizer.json", "preprocessor_config.json"}) {
+      fs::copy_file(fs::path(kDir) / f, dir_ / f);
+    }
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Load error message ("" when loading succeeds).
+  std::string load_error() {
+    ThinkerRunnerOptions options;
+    options.model_dir = dir_.string();
+    try {
+      ThinkerRunner::load(options, offload::make_cpu_sim_engine({}));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  // Rewrites model.safetensors through `edit` on the list of (name, tensor).
+  template <typename Edit>
+  void rewrite_weights(Edit edit) {
+    const auto file = SafetensorsFile::open(kDir + "/model.safetensors");
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const auto& name : file.names()) tensors.emplace_back(name, file.tensor(name).clone());
+    edit(tensors);
+    write_safetensors((dir_ / "model.safetensors").string(), tensors);
+  }
+
+  void edit_config(const std::string& from, const std::string& to) {
+    std::ifstream in(dir_ / "config.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto pos = text.find(from);
+    ASSERT_NE(pos, std::string::npos) << from;
+    text.replace(pos, from.size(), to);
+    std::ofstream(dir_ / "config.json", std::ios::trunc) << text;
+  }
+
+  fs::path dir_;
+};
+
+#define EXPECT_ERROR_HAS(message, ...)                                                      \
+  do {                                                                                      \
+    const std::string m = (message);                                                        \
+    for (const std::string part : {__VA_ARGS__}) {                                          \
+      EXPECT_NE(m.find(part), std::string::npos) << "missing \"" << part << "\" in: " << m; \
+    }                                                                                       \
+  } while (0)
+
+TEST_F(BrokenCheckpoint, TheUntouchedCopyLoads) { EXPECT_EQ(load_error(), ""); }
+
+TEST_F(BrokenCheckpoint, TruncatedSafetensors) {
+  fs::resize_file(dir_ / "model.safetensors", fs::file_size(dir_ / "model.safetensors") - 1000);
+  EXPECT_ERROR_HAS(load_error(), "model.safetensors", "thinker.");
+}
+
+TEST_F(BrokenCheckpoint, GarbageSafetensors) {
+  std::ofstream(dir_ / "model.safetensors", std::ios::trunc) << "this is not a safetensors file";
+  EXPECT_ERROR_HAS(load_error(), "model.safetensors");
+}
+
+TEST_F(BrokenCheckpoint, WrongShape) {
+  rewrite_weights([](auto& tensors) {
+    for (auto& [name, t] : tensors) {
+      if (name == "thinker.model.layers.1.mlp.up_proj.weight") t = t.narrow(0, 0, 90).clone();
+    }
+  });
+  EXPECT_ERROR_HAS(load_error(), "thinker.model.layers.1.mlp.up_proj.weight", "[90, 64]",
+                   "[96, 64]", "model.safetensors");
+}
+
+TEST_F(BrokenCheckpoint, MissingTensor) {
+  rewrite_weights([](auto& tensors) {
+    tensors.erase(
+        std::remove_if(tensors.begin(), tensors.end(),
+                       [](const auto& p) { return p.first == "thinker.visual.merger.ln_q.bias"; }),
+        tensors.end());
+  });
+  EXPECT_ERROR_HAS(load_error(), "thinker.visual.merger.ln_q.bias");
+}
+
+TEST_F(BrokenCheckpoint, UnexpectedTensor) {
+  rewrite_weights([](auto& tensors) {
+    tensors.emplace_back("thinker.model.layers.3.input_layernorm.weight", at::ones({64}));
+  });
+  EXPECT_ERROR_HAS(load_error(), "thinker.model.layers.3.input_layernorm.weight", "does not have");
+}
+
+TEST_F(BrokenCheckpoint, Bf16WeightsAreConvertedToTheComputeDtype) {
+  rewrite_weights([](auto& tensors) {
+    for (auto& [name, t] : tensors) t = t.to(at::kBFloat16);
+  });
+  EXPECT_EQ(load_error(), "");
+}
+
+TEST_F(BrokenCheckpoint, UnknownArchitecture) {
+  edit_config("\"Qwen3OmniMoeForConditionalGeneration\"", "\"LlamaForCausalLM\"");
+  EXPECT_ERROR_HAS(load_error(), "config.json", "LlamaForCausalLM",
+                   "Qwen3OmniMoeForConditionalGeneration");
+}
+
+TEST_F(BrokenCheckpoint, InconsistentRopeSection) {
+  edit_config("\"mrope_section\": [\n          2,", "\"mrope_section\": [\n          3,");
+  EXPECT_ERROR_HAS(load_error(), "config.json", "thinker_config.text_config", "mrope_section");
+}
+
+TEST_F(BrokenCheckpoint, MissingConfigField) {
+  edit_config("\"num_hidden_layers\": 3", "\"num_layers\": 3");
+  EXPECT_ERROR_HAS(load_error(), "config.json", "thinker_config.text_config.num_hidden_layers",
+                   "missing");
+}
+
+TEST_F(BrokenCheckpoint, MissingTokenizer) {
+  fs::remove(dir_ / "tokenizer.json");
+  EXPECT_ERROR_HAS(load_error(), "tokenizer.json");
+}
+
+TEST(ThinkerRunnerErrors, MissingDirectoryAndBadRequestFiles) {
+  ThinkerRunnerOptions options;
+  options.model_dir = "/nonexistent/qwen3-omni";
+  try {
+    ThinkerRunner::load(options, offload::make_cpu_sim_engine({}));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/qwen3-omni"), std::string::npos);
+  }
+  options.model_dir = kDir;
+  auto runner = ThinkerRunner::load(options, offload::make_cpu_sim_engine({}));
+  ChatRequest request;
+  request.text = "hi";
+  request.image_files = {kDir + "/missing.png"};
+  EXPECT_THROW(runner->prepare(request), Error);
+  request.image_files = {kDir + "/config.json"};
+  EXPECT_THROW(runner->prepare(request), Error);
+  // The runner still serves a good request afterwards.
+  request.image_files = {kDir + "/image.png"};
+  SamplingParams p;
+  p.greedy = true;
+  p.max_new_tokens = 4;
+  EXPECT_EQ(runner->generate(runner->prepare(request), p).tokens.size(), 4u);
+}
+
+}  // namespace
+}  // namespace omni::models
