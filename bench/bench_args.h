@@ -2,6 +2,8 @@
 // Unknown flags, a missing value or a non-numeric number are errors naming the flag.
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <cstdlib>
 #include <exception>
 #include <iostream>
@@ -51,6 +53,14 @@ inline Args parse_args(int argc, char** argv, const std::map<std::string, bool>&
     args.values[arg] = flag->second ? value : "1";
   }
   return args;
+}
+
+// --dtype values: float32 (fp32), bfloat16 (bf16), float16 (fp16).
+inline at::ScalarType parse_dtype(const std::string& s) {
+  if (s == "float32" || s == "fp32") return at::kFloat;
+  if (s == "bfloat16" || s == "bf16") return at::kBFloat16;
+  if (s == "float16" || s == "fp16") return at::kHalf;
+  OMNI_THROW("--dtype: unknown dtype '", s, "' (float32, bfloat16, float16)");
 }
 
 // main() of a command-line tool: runs `run`, turning an exception into "name: message" on

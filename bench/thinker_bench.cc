@@ -30,9 +30,10 @@ constexpr const char* kUsage = R"(usage: thinker-bench [options]
   --work-dir DIR                 where the synthetic checkpoint goes (default: temp dir)
   --assets DIR                   tokenizer.json, preprocessor_config.json, audio.wav, image.png
                                  (default: tests/fixtures/qwen3_omni_tiny of the source tree)
-  --strategies LIST              comma-separated: none, alternating, sequential, layerwise,
-                                 budget (alternating under --budget-bytes) (default: all but
-                                 budget)
+  --strategies LIST              comma-separated: none, alternating, sequential, layerwise
+                                 (decoder layers + encoder layers), layerwise-decoder (decoder
+                                 layers only), budget (alternating under --budget-bytes)
+                                 (default: none,alternating,sequential,layerwise)
   --budget-bytes B               device budget for the 'budget' strategy
   --num-gpu-layers N             layerwise window (default 1)
   --tokens N                     tokens to generate (default 32)
@@ -53,19 +54,13 @@ std::vector<std::string> split(const std::string& list) {
   return out;
 }
 
-at::ScalarType parse_dtype(const std::string& s) {
-  if (s == "float32" || s == "fp32") return at::kFloat;
-  if (s == "bfloat16" || s == "bf16") return at::kBFloat16;
-  if (s == "float16" || s == "fp16") return at::kHalf;
-  OMNI_THROW("--dtype: unknown dtype '", s, "' (float32, bfloat16, float16)");
-}
-
 ThinkerOffloadOptions offload_for(const std::string& strategy, const Args& args) {
   ThinkerOffloadOptions o;
   o.pin_memory = !args.has("no-pin");
   if (strategy == "none") return o;
-  if (strategy == "layerwise") {
+  if (strategy == "layerwise" || strategy == "layerwise-decoder") {
     o.layerwise = true;
+    o.layerwise_encoders = strategy == "layerwise";
     o.num_gpu_layers = static_cast<int>(args.number("num-gpu-layers", 1));
     return o;
   }
@@ -82,7 +77,7 @@ ThinkerOffloadOptions offload_for(const std::string& strategy, const Args& args)
     return o;
   }
   OMNI_THROW("--strategies: unknown strategy '", strategy,
-             "' (none, alternating, sequential, layerwise, budget)");
+             "' (none, alternating, sequential, layerwise, layerwise-decoder, budget)");
 }
 
 int run(int argc, char** argv) {
@@ -138,7 +133,7 @@ int run(int argc, char** argv) {
   for (const auto& strategy : strategies) {
     omni::models::ThinkerRunnerOptions options;
     options.model_dir = model_dir;
-    options.dtype = parse_dtype(args.get("dtype", "float32"));
+    options.dtype = omni::bench::parse_dtype(args.get("dtype", "float32"));
     options.offload = offload_for(strategy, args);
     auto engine = omni::offload::make_transfer_engine(device, engine_options);
     auto runner = omni::models::ThinkerRunner::load(options, engine);

@@ -3,7 +3,7 @@
 //   thinker-chat --model DIR --text "What do you hear?" [--audio a.wav] [--image i.png]
 //       [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
 //       [--offload visual,audio_tower] [--offload-strategy alternating|sequential]
-//       [--budget-bytes B] [--layerwise] [--device cpu|cuda]
+//       [--budget-bytes B] [--layerwise] [--device cpu|cuda] [--dtype float32|bfloat16|float16]
 #include <iostream>
 #include <sstream>
 
@@ -27,10 +27,12 @@ int main(int argc, char** argv) {
                                                {"offload-strategy", true},
                                                {"budget-bytes", true},
                                                {"layerwise", false},
-                                               {"device", true}});
+                                               {"device", true},
+                                               {"dtype", true}});
     OMNI_CHECK(args.has("model"), "--model DIR is required");
     omni::models::ThinkerRunnerOptions options;
     options.model_dir = args.get("model", "");
+    options.dtype = omni::bench::parse_dtype(args.get("dtype", "float32"));
     auto& offload = options.offload;
     if (args.has("offload")) {
       offload.cpu_offload_enabled = true;

@@ -43,6 +43,8 @@ std::string to_string(Strategy strategy) {
       return "model";
     case Strategy::kLayerwise:
       return "layerwise";
+    case Strategy::kComponent:
+      return "component";
   }
   return "?";
 }

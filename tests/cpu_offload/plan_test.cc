@@ -136,6 +136,13 @@ TEST(OffloadPlan, InvalidSettingsGetClearErrors) {
   EXPECT_THROW(parse_granularity("layer"), Error);
 }
 
+TEST(OffloadConfig, EveryStrategyNameRoundTrips) {
+  for (auto s :
+       {Strategy::kNone, Strategy::kModelLevel, Strategy::kLayerwise, Strategy::kComponent}) {
+    EXPECT_EQ(parse_strategy(to_string(s)), s) << to_string(s);
+  }
+}
+
 TEST(OffloadPlan, ModelLevelWithoutEncodersFallsBackToResidentWithAWarning) {
   TinyDiffusionPipeline pipe(TinyDiffusionConfig{});
   auto spec = pipe.offload_spec();

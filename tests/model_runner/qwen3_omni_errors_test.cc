@@ -125,6 +125,37 @@ TEST_F(BrokenCheckpoint, Bf16WeightsAreConvertedToTheComputeDtype) {
   EXPECT_EQ(load_error(), "");
 }
 
+TEST_F(BrokenCheckpoint, ShardedCheckpointLoadsAndGeneratesTheSameTokens) {
+  // Two shards and an index, as save_pretrained writes large checkpoints.
+  const auto file = SafetensorsFile::open(kDir + "/model.safetensors");
+  std::vector<std::pair<std::string, at::Tensor>> shards[2];
+  std::string weight_map;
+  int i = 0;
+  for (const auto& name : file.names()) {
+    const int shard = i++ % 2;
+    shards[shard].emplace_back(name, file.tensor(name));
+    weight_map += std::string(weight_map.empty() ? "" : ",\n") + "\"" + name + "\": \"model-0000" +
+                  std::to_string(shard + 1) + "-of-00002.safetensors\"";
+  }
+  fs::remove(dir_ / "model.safetensors");
+  write_safetensors((dir_ / "model-00001-of-00002.safetensors").string(), shards[0]);
+  write_safetensors((dir_ / "model-00002-of-00002.safetensors").string(), shards[1]);
+  std::ofstream(dir_ / "model.safetensors.index.json")
+      << "{\"metadata\": {}, \"weight_map\": {" << weight_map << "}}";
+  ThinkerRunnerOptions options;
+  options.model_dir = dir_.string();
+  auto sharded = ThinkerRunner::load(options, offload::make_cpu_sim_engine({}));
+  options.model_dir = kDir;
+  auto single = ThinkerRunner::load(options, offload::make_cpu_sim_engine({}));
+  ChatRequest request;
+  request.text = "Hello, world!";
+  SamplingParams p;
+  p.greedy = true;
+  p.max_new_tokens = 8;
+  EXPECT_EQ(sharded->generate(sharded->prepare(request), p).tokens,
+            single->generate(single->prepare(request), p).tokens);
+}
+
 TEST_F(BrokenCheckpoint, UnknownArchitecture) {
   edit_config("\"Qwen3OmniMoeForConditionalGeneration\"", "\"LlamaForCausalLM\"");
   EXPECT_ERROR_HAS(load_error(), "config.json", "LlamaForCausalLM",

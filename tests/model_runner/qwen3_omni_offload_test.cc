@@ -125,6 +125,7 @@ TEST_P(Qwen3OmniOffload, LayerwiseDecoderLayersKeepTokensAndHoldTwoLayers) {
   ThinkerOffloadOptions o;
   o.layerwise = true;
   o.num_gpu_layers = 1;
+  o.layerwise_encoders = false;
   auto runner = load(GetParam(), o);
   EXPECT_EQ(runner->generate(runner->prepare(multimodal_request()), greedy()).tokens, b.tokens);
   const auto s = runner->offload().stats();
@@ -140,6 +141,31 @@ TEST_P(Qwen3OmniOffload, LayerwiseDecoderLayersKeepTokensAndHoldTwoLayers) {
   // time; the last layer of the last step already prefetched layer 0 for a next forward.
   EXPECT_EQ(s.loads, 3u * kTokens + 1);
   EXPECT_EQ(s.sync_loads, 0u);
+}
+
+TEST_P(Qwen3OmniOffload, LayerwiseWithEncoderLayersSharesTheSlotsAndLowersThePeakFurther) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  const auto& b = baseline(GetParam());
+  ThinkerOffloadOptions o;
+  o.layerwise = true;
+  o.num_gpu_layers = 1;
+  auto runner = load(GetParam(), o);
+  const auto inputs = runner->prepare(multimodal_request());
+  EXPECT_EQ(runner->generate(inputs, greedy()).tokens, b.tokens);
+  auto s = runner->offload().stats();
+  ASSERT_EQ(s.units.size(), 3u + 2u + 4u);  // decoder layers, audio layers, vision blocks
+  EXPECT_EQ(s.peak_device_bytes, s.resident_bytes + 2 * s.max_unit_bytes);
+  // The encoders' layers left the device: below the decoder-only layerwise peak.
+  o.layerwise_encoders = false;
+  const auto decoder_only = load(GetParam(), o)->offload().stats();
+  EXPECT_LT(s.resident_bytes + 2 * s.max_unit_bytes,
+            decoder_only.resident_bytes + 2 * decoder_only.max_unit_bytes);
+  // The audio and vision layers run once per request: a second request loads each once more.
+  const uint64_t audio_loads = unit_loads(s, "audio_tower.layers.0");
+  EXPECT_EQ(runner->generate(inputs, greedy()).tokens, b.tokens);
+  s = runner->offload().stats();
+  EXPECT_EQ(unit_loads(s, "audio_tower.layers.0"), audio_loads + 1);
+  EXPECT_EQ(unit_loads(s, "visual.blocks.3"), 2u);
 }
 
 TEST_P(Qwen3OmniOffload, BudgetBelowAllComponentsEvictsLeastRecentlyUsed) {

@@ -2,16 +2,17 @@
 // convert_to_rgb produce.
 //
 // Both libraries report errors by longjmp()ing out of their own C frames. The functions that
-// call setjmp() (png_decode_rows, jpeg_decode_rows) hold only trivially destructible locals and
-// write their results through pointers to objects that live in the caller, which also owns the
-// library's state through an RAII guard: a longjmp then skips no destructor, and an exception
-// (std::bad_alloc from a buffer) still frees the decoder. The callbacks the libraries call never
-// throw; they record the message and longjmp.
+// call setjmp() (png_read_layout, png_decode_rows, jpeg_read_layout, jpeg_start,
+// jpeg_decode_rows) hold only trivially destructible locals and write their results through
+// pointers to objects that live in the caller, which also owns the library's state through an
+// RAII guard: a longjmp then skips no destructor, and an exception (std::bad_alloc from a
+// buffer) still frees the decoder. The callbacks the libraries call never throw; they record
+// the message and longjmp.
 #include <cstdio>  // before jpeglib.h, which uses FILE
 
 #include <fcntl.h>
+#include <jerror.h>  // JWRN_JPEG_EOF
 #include <jpeglib.h>
-#include <jerror.h>  // after jpeglib.h: JWRN_JPEG_EOF
 #include <png.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -36,7 +37,8 @@ constexpr uint64_t kMaxPixels = 2ull * (1024ull * 1024 * 1024 / 4 / 3);
 std::string in_image(const std::string& name) { return "image '" + name + "': "; }
 
 void check_dimensions(uint64_t width, uint64_t height, const std::string& name) {
-  if (width == 0 || height == 0) OMNI_THROW(in_image(name), "empty image (", width, "x", height, ")");
+  if (width == 0 || height == 0)
+    OMNI_THROW(in_image(name), "empty image (", width, "x", height, ")");
   if (width * height > kMaxPixels) {
     OMNI_THROW(in_image(name), width, "x", height, " pixels exceed the limit of ", kMaxPixels,
                " (Pillow's decompression-bomb limit)");
@@ -108,8 +110,8 @@ bool png_read_layout(png_structp png, png_infop info, PngSource* src, PngLayout*
   png_set_read_fn(png, src, png_read_memory);
   png_read_info(png, info);
   int interlace = 0;
-  png_get_IHDR(png, info, &layout->width, &layout->height, &layout->bit_depth,
-               &layout->color_type, &interlace, nullptr, nullptr);
+  png_get_IHDR(png, info, &layout->width, &layout->height, &layout->bit_depth, &layout->color_type,
+               &interlace, nullptr, nullptr);
   layout->file_bit_depth = layout->bit_depth;
   layout->has_key = false;
   if (png_get_valid(png, info, PNG_INFO_tRNS) != 0 &&

@@ -88,8 +88,8 @@ inline uint8_t clip8(int32_t in) {
 }
 
 // ImagingResampleHorizontal_8bpc on RGB rows [row_begin, row_begin + rows).
-RgbImage resample_horizontal(const RgbImage& in, int64_t row_begin, int64_t rows,
-                             int64_t out_width, const Coefficients& c) {
+RgbImage resample_horizontal(const RgbImage& in, int64_t row_begin, int64_t rows, int64_t out_width,
+                             const Coefficients& c) {
   RgbImage out;
   out.height = rows;
   out.width = out_width;
@@ -145,8 +145,8 @@ RgbImage resample_vertical(const RgbImage& in, int64_t out_height, const Coeffic
 void check_image(const RgbImage& image, const char* what) {
   OMNI_CHECK(image.height > 0 && image.width > 0, what, ": empty image (", image.width, "x",
              image.height, ")");
-  OMNI_CHECK(image.pixels.size() == static_cast<size_t>(image.height * image.width * 3), what,
-             ": ", image.width, "x", image.height, " RGB image holds ", image.pixels.size(),
+  OMNI_CHECK(image.pixels.size() == static_cast<size_t>(image.height * image.width * 3), what, ": ",
+             image.width, "x", image.height, " RGB image holds ", image.pixels.size(),
              " bytes, expected ", image.height * image.width * 3);
 }
 
@@ -178,8 +178,8 @@ std::array<double, 3> channel_values(const HfConfig& cfg, const std::string& key
              " must be a number or a list of 3 numbers, got ", v.dump());
   std::array<double, 3> out{};
   for (size_t c = 0; c < 3; ++c) {
-    OMNI_CHECK(v[c].is_number(), cfg.source(), ": ", key, "[", c, "] is not a number: ",
-               v[c].dump());
+    OMNI_CHECK(v[c].is_number(), cfg.source(), ": ", key, "[", c,
+               "] is not a number: ", v[c].dump());
     out[c] = v[c].get<double>();
   }
   return out;
@@ -239,7 +239,8 @@ RgbImage resize_bicubic(const RgbImage& image, int64_t height, int64_t width) {
   }
   // The horizontal pass only produces the rows the vertical pass reads.
   const int64_t first_row = vertical.bounds[0];
-  const int64_t last_row = vertical.bounds[(height - 1) * 2] + vertical.bounds[(height - 1) * 2 + 1];
+  const int64_t last_row =
+      vertical.bounds[(height - 1) * 2] + vertical.bounds[(height - 1) * 2 + 1];
   const RgbImage rows =
       resample_horizontal(image, first_row, last_row - first_row, width, horizontal);
   return resample_vertical(rows, height, vertical, first_row);

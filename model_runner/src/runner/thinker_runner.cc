@@ -46,9 +46,21 @@ std::unique_ptr<ThinkerRunner> ThinkerRunner::load(
   OMNI_CHECK(r->audio_options_.feature_size == cfg.audio.num_mel_bins, options.model_dir,
              "/preprocessor_config.json: feature_size ", r->audio_options_.feature_size,
              " differs from the audio tower's num_mel_bins ", cfg.audio.num_mel_bins);
-  r->vision_options_.patch_size = cfg.vision.patch_size;
-  r->vision_options_.temporal_patch_size = cfg.vision.temporal_patch_size;
-  r->vision_options_.merge_size = cfg.vision.spatial_merge_size;
+  // Pixel bounds, mean and std from preprocessor_config.json; the patch geometry must agree
+  // with the vision encoder (the processor's defaults follow the encoder's config).
+  VisionPatchOptions vision_defaults;
+  vision_defaults.patch_size = cfg.vision.patch_size;
+  vision_defaults.temporal_patch_size = cfg.vision.temporal_patch_size;
+  vision_defaults.merge_size = cfg.vision.spatial_merge_size;
+  r->vision_options_ = vision_options_from_preprocessor_config(options.model_dir, vision_defaults);
+  OMNI_CHECK(r->vision_options_.patch_size == cfg.vision.patch_size &&
+                 r->vision_options_.temporal_patch_size == cfg.vision.temporal_patch_size &&
+                 r->vision_options_.merge_size == cfg.vision.spatial_merge_size,
+             options.model_dir, "/preprocessor_config.json: patch_size / temporal_patch_size / ",
+             "merge_size (", r->vision_options_.patch_size, " / ",
+             r->vision_options_.temporal_patch_size, " / ", r->vision_options_.merge_size,
+             ") differ from the vision encoder's config.json (", cfg.vision.patch_size, " / ",
+             cfg.vision.temporal_patch_size, " / ", cfg.vision.spatial_merge_size, ")");
 
   r->thinker_ = std::make_shared<Thinker>(cfg, options.dtype);
   const auto report = load_weights(*r->thinker_, checkpoint, cfg.weight_prefix);
@@ -70,6 +82,11 @@ std::unique_ptr<ThinkerRunner> ThinkerRunner::load(
     oc.num_gpu_layers = o.num_gpu_layers;
     spec.dits = {"model"};
     spec.block_lists = {{"model.layers", {}}};
+    if (o.layerwise_encoders) {
+      spec.dits.insert(spec.dits.end(), {"audio_tower", "visual"});
+      spec.block_lists.push_back({"audio_tower.layers", {}});
+      spec.block_lists.push_back({"visual.blocks", {}});
+    }
   } else if (o.cpu_offload_enabled) {
     oc.component = true;
     oc.components = thinker_component_paths(o.components);

@@ -59,8 +59,8 @@ struct VisionPatchOptions {
 // field is invalid or asks for processing this code does not do (do_resize, do_rescale,
 // do_normalize or do_convert_rgb false, a resample other than bicubic, a rescale_factor other
 // than 1/255).
-VisionPatchOptions vision_options_from_preprocessor_config(
-    const std::string& dir_or_file, const VisionPatchOptions& defaults = {});
+VisionPatchOptions vision_options_from_preprocessor_config(const std::string& dir_or_file,
+                                                           const VisionPatchOptions& defaults = {});
 
 // The vision encoder's input for one image: pixel_values float32
 // [grid_t * grid_h * grid_w, 3 * temporal_patch_size * patch_size * patch_size] and

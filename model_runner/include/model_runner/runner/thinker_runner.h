@@ -42,6 +42,10 @@ struct ThinkerOffloadOptions {
   // not fit; window of num_gpu_layers layers ahead. Replaces component offload when set.
   bool layerwise = false;
   int num_gpu_layers = 1;
+  // With layerwise: the audio tower's layers and the vision encoder's blocks stream through the
+  // same slots (their convolutions, position tables and mergers stay resident), so the encoders
+  // leave the device too. They run once per request, so this costs one copy of each.
+  bool layerwise_encoders = true;
 };
 
 struct ThinkerRunnerOptions {
