@@ -1,10 +1,13 @@
-// Audio inputs: decoding with libsndfile (mono mix-down, FLAC, errors that name the file) and
+// Audio inputs: decoding with libsndfile (mono mix-down, FLAC, errors that name the file),
 // Whisper log-mel features against Hugging Face's WhisperFeatureExtractor output in
-// tests/fixtures/qwen3_omni_tiny/reference.safetensors.
+// tests/fixtures/qwen3_omni_tiny/reference.safetensors, and resampling with libsoxr against
+// librosa.load(sr=16000) / python-soxr in tests/fixtures/audio_resample
+// (make_audio_resample_fixture.py).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <sndfile.h>
 
+#include <cmath>
 #include <cstdint>
 #include <iostream>
 #include <string>
@@ -21,6 +24,7 @@ using testing::error_of;
 using testing::write_bytes;
 
 const std::string kFixtureDir = std::string(OMNI_FIXTURES_DIR) + "/qwen3_omni_tiny";
+const std::string kResampleDir = std::string(OMNI_FIXTURES_DIR) + "/audio_resample";
 
 // Writes interleaved 16-bit PCM frames with libsndfile in `format` (SF_FORMAT_WAV, ...).
 void write_pcm16(const std::string& path, const std::vector<int16_t>& interleaved, int channels,
@@ -100,7 +104,93 @@ TEST(AudioFeatures, WrongSampleRateIsRejected) {
   const std::string err = error_of([&] { whisper_log_mel(clip, WhisperFeatureOptions{}); });
   EXPECT_CONTAINS(err, "44100 Hz");
   EXPECT_CONTAINS(err, "16000 Hz");
-  EXPECT_CONTAINS(err, "resampling is not supported");
+  EXPECT_CONTAINS(err, "resample_audio");
+}
+
+// librosa.load(audio_44k.wav, sr=16000): python-soxr at quality HQ, then the length fixed to
+// ceil(22087 * 16000 / 44100) = 8014 (soxr itself writes 8013 samples; librosa appends a zero).
+TEST(AudioResample, MatchesPythonSoxrHQ) {
+  const AudioClip clip = read_audio_file(kResampleDir + "/audio_44k.wav");
+  ASSERT_EQ(clip.sample_rate, 44100);
+  ASSERT_EQ(clip.samples.size(), 22087u);
+
+  const AudioClip out = resample_audio(clip, 16000);
+  EXPECT_EQ(out.sample_rate, 16000);
+  const at::Tensor expected =
+      SafetensorsFile::open(kResampleDir + "/expected.safetensors").tensor("samples_16k");
+  ASSERT_EQ(expected.sizes(), (std::vector<int64_t>{8014}));
+  ASSERT_EQ(static_cast<int64_t>(out.samples.size()), expected.size(0));
+  EXPECT_EQ(out.samples.back(), 0.0f);  // librosa's fix_length padding
+
+  const at::Tensor got =
+      at::from_blob(const_cast<float*>(out.samples.data()), {expected.size(0)}, at::kFloat);
+  const double max_diff = (got - expected).abs().max().item<double>();
+  std::cout << "[ audio ] max |resample_audio - python-soxr HQ| (44.1 -> 16 kHz): " << max_diff
+            << "\n";
+  ::testing::Test::RecordProperty("max_abs_diff", std::to_string(max_diff));
+  EXPECT_LE(max_diff, 1e-6);
+}
+
+// What ThinkerRunner::prepare does with a 44.1 kHz file, against HF's WhisperFeatureExtractor
+// on librosa.load(sr=16000) of the same file.
+TEST(AudioResample, ResampledFeaturesMatchHuggingFace) {
+  const AudioClip clip = read_audio_file(kResampleDir + "/audio_44k.wav");
+  const WhisperFeatureOptions opt = whisper_options_from_preprocessor_config(kFixtureDir);
+  const at::Tensor features = whisper_log_mel(resample_audio(clip, opt.sampling_rate), opt);
+  const at::Tensor expected =
+      SafetensorsFile::open(kResampleDir + "/expected.safetensors").tensor("input_features");
+  ASSERT_EQ(expected.sizes(), (std::vector<int64_t>{128, 50}));
+  ASSERT_EQ(features.sizes(), expected.sizes());
+  const double max_diff = (features - expected).abs().max().item<double>();
+  std::cout << "[ audio ] max |C++ - HF| of input_features after resampling: " << max_diff << "\n";
+  ::testing::Test::RecordProperty("max_abs_diff", std::to_string(max_diff));
+  EXPECT_LE(max_diff, 1e-4);
+}
+
+TEST(AudioResample, SameRateIsUnchanged) {
+  AudioClip clip;
+  clip.sample_rate = 16000;
+  for (int16_t s : pcm_ramp(777, 5)) clip.samples.push_back(static_cast<float>(s) / 32768.0f);
+  const AudioClip out = resample_audio(clip, 16000);
+  EXPECT_EQ(out.sample_rate, 16000);
+  EXPECT_EQ(out.samples, clip.samples);
+}
+
+// librosa's output length, ceil(n * (target / rate)), up and down, and a steady signal keeps its
+// level away from the edges.
+TEST(AudioResample, LengthIsCeilOfScaledInput) {
+  const struct {
+    int64_t rate, target;
+    size_t n, expected;
+  } cases[] = {{44100, 16000, 22050, 8000}, {44100, 16000, 1001, 364}, {16000, 44100, 1000, 2757},
+               {48000, 16000, 4801, 1601},  {8000, 16000, 333, 666},   {22050, 16000, 0, 0}};
+  for (const auto& c : cases) {
+    AudioClip clip;
+    clip.sample_rate = c.rate;
+    clip.samples.assign(c.n, 0.5f);
+    const AudioClip out = resample_audio(clip, c.target);
+    EXPECT_EQ(out.sample_rate, c.target);
+    EXPECT_EQ(out.samples.size(), c.expected) << c.rate << " -> " << c.target << ", n = " << c.n;
+    EXPECT_EQ(out.samples.size(),
+              static_cast<size_t>(
+                  std::ceil(static_cast<double>(c.n) * (static_cast<double>(c.target) / c.rate))));
+    if (out.samples.size() >= 200) {
+      EXPECT_NEAR(out.samples[out.samples.size() / 2], 0.5f, 1e-3f);
+    }
+  }
+}
+
+TEST(AudioResample, BadRatesAreRejected) {
+  AudioClip clip;
+  clip.sample_rate = 44100;
+  clip.samples.assign(100, 0.1f);
+  std::string err = error_of([&] { resample_audio(clip, 0); });
+  EXPECT_CONTAINS(err, "0 Hz");
+  EXPECT_CONTAINS(err, "44100 Hz");
+  clip.sample_rate = -8000;
+  err = error_of([&] { resample_audio(clip, 16000); });
+  EXPECT_CONTAINS(err, "-8000 Hz");
+  EXPECT_CONTAINS(err, "16000 Hz");
 }
 
 TEST(AudioFeatures, TooShortClipIsRejected) {

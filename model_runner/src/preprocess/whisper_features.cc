@@ -124,10 +124,9 @@ at::Tensor whisper_log_mel(const AudioClip& clip, const WhisperFeatureOptions& o
   if (clip.sample_rate != opt.sampling_rate) {
     OMNI_THROW("audio is sampled at ", clip.sample_rate, " Hz but the feature extractor expects ",
                opt.sampling_rate,
-               " Hz (preprocessor_config.json sampling_rate); resampling is "
-               "not supported: convert the audio to ",
-               opt.sampling_rate, " Hz first (e.g. ffmpeg -i in.wav -ar ", opt.sampling_rate,
-               " out.wav)");
+               " Hz (preprocessor_config.json sampling_rate): resample it first with "
+               "resample_audio(clip, ",
+               opt.sampling_rate, ")");
   }
   const int64_t n = static_cast<int64_t>(clip.samples.size());
   const int64_t pad = opt.n_fft / 2;

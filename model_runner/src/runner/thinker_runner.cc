@@ -110,7 +110,8 @@ ThinkerInputs ThinkerRunner::prepare(const ChatRequest& request) const {
   std::string user;
   std::vector<at::Tensor> features;
   for (const auto& path : request.audio_files) {
-    const auto mel = whisper_log_mel(read_audio_file(path), audio_options_);
+    const auto mel = whisper_log_mel(
+        resample_audio(read_audio_file(path), audio_options_.sampling_rate), audio_options_);
     const int64_t frames = mel.size(1);
     OMNI_CHECK(frames > 0, path, ": the audio is shorter than one feature frame");
     in.audio_lengths.push_back(frames);

@@ -24,6 +24,14 @@ struct AudioClip {
 // file when it is missing, not audio libsndfile can decode, or holds no samples.
 AudioClip read_audio_file(const std::string& path);
 
+// Resamples `clip` to `target_rate` Hz as librosa.load(path, sr=target_rate) does (what
+// qwen_omni_utils runs): libsoxr at quality HQ with float32 samples, the calls python-soxr's
+// soxr.resample(quality="HQ") makes, then the length fixed to ceil(n * target_rate /
+// clip.sample_rate) (zeros appended, as librosa's fix_length does). A clip already at
+// `target_rate` comes back unchanged. Throws omni::Error naming both rates when one is not
+// positive or libsoxr fails.
+AudioClip resample_audio(const AudioClip& clip, int64_t target_rate);
+
 // The fields of a preprocessor_config.json that WhisperFeatureExtractor's features depend on.
 struct WhisperFeatureOptions {
   int64_t feature_size = 128;  // mel bins
@@ -52,8 +60,8 @@ at::Tensor whisper_mel_filter_bank(const WhisperFeatureOptions& opt);
 // Log-mel features of one clip: float32 [feature_size, whisper_num_frames(samples)], equal to
 // WhisperFeatureExtractor(...)(samples, sampling_rate=..., padding=True, truncation=False,
 // return_attention_mask=True)["input_features"][0]. The clip must be at the feature
-// extractor's sampling rate (no resampling here) and longer than n_fft / 2 samples (the STFT's
-// reflect padding needs that).
+// extractor's sampling rate (resample_audio() it first; no resampling here) and longer than
+// n_fft / 2 samples (the STFT's reflect padding needs that).
 at::Tensor whisper_log_mel(const AudioClip& clip, const WhisperFeatureOptions& opt);
 
 }  // namespace omni::models
