@@ -171,8 +171,10 @@ int run(int argc, char** argv) {
               << ", \"resident_bytes\": " << s.resident_bytes << ", \"bytes_h2d\": " << s.bytes_h2d
               << ", \"loads\": " << s.loads << ", \"stall_ms\": " << s.stall_ms
               << ", \"tokens_equal_to_none\": "
-              << (baseline.empty() ? "null" : (baseline == result.tokens ? "true" : "false")) << "}"
-              << std::endl;
+              << (baseline.empty() || strategy == "none"
+                      ? "null"
+                      : (baseline == result.tokens ? "true" : "false"))
+              << "}" << std::endl;
   }
   return 0;
 }
