@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cpu_offload/check.h"
 #include "cpu_offload/transfer_engine.h"
 #include "model_runner/runner/thinker_runner.h"
@@ -154,6 +156,40 @@ TEST_F(BrokenCheckpoint, ShardedCheckpointLoadsAndGeneratesTheSameTokens) {
   p.max_new_tokens = 8;
   EXPECT_EQ(sharded->generate(sharded->prepare(request), p).tokens,
             single->generate(single->prepare(request), p).tokens);
+}
+
+TEST_F(BrokenCheckpoint, TiedWordEmbeddingsUseTheEmbeddingAsLmHead) {
+  // Untied with lm_head = embedding, vs tied without an lm_head tensor: the same tokens.
+  rewrite_weights([](auto& tensors) {
+    at::Tensor embed;
+    for (auto& [name, t] : tensors) {
+      if (name == "thinker.model.embed_tokens.weight") embed = t;
+    }
+    for (auto& [name, t] : tensors) {
+      if (name == "thinker.lm_head.weight") t = embed.clone();
+    }
+  });
+  ThinkerRunnerOptions options;
+  options.model_dir = dir_.string();
+  ChatRequest request;
+  request.text = "Hello, world!";
+  SamplingParams p;
+  p.greedy = true;
+  p.max_new_tokens = 8;
+  auto untied = ThinkerRunner::load(options, offload::make_cpu_sim_engine({}));
+  const auto expected = untied->generate(untied->prepare(request), p).tokens;
+
+  rewrite_weights([](auto& tensors) {
+    tensors.erase(std::remove_if(tensors.begin(), tensors.end(),
+                                 [](const auto& t) { return t.first == "thinker.lm_head.weight"; }),
+                  tensors.end());
+  });
+  EXPECT_ERROR_HAS(load_error(), "thinker.lm_head.weight");  // still untied in config.json
+  auto config = nlohmann::json::parse(std::ifstream(dir_ / "config.json"));
+  config["thinker_config"]["tie_word_embeddings"] = true;
+  std::ofstream(dir_ / "config.json", std::ios::trunc) << config.dump(2);
+  auto tied = ThinkerRunner::load(options, offload::make_cpu_sim_engine({}));
+  EXPECT_EQ(tied->generate(tied->prepare(request), p).tokens, expected);
 }
 
 TEST_F(BrokenCheckpoint, UnknownArchitecture) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cpu_offload/check.h"
+#include "rotate_half.h"
 
 namespace omni::models::qwen3_omni {
 
@@ -72,11 +73,6 @@ std::pair<at::Tensor, at::Tensor> mrope_cos_sin(const TextConfig& cfg,
 }
 
 namespace {
-
-at::Tensor rotate_half(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-}
 
 // [1, kv_heads, L, d] -> [1, kv_heads * n_rep, L, d], each kv head repeated n_rep times.
 at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {

@@ -19,8 +19,7 @@ Thinker::Thinker(const ThinkerConfig& cfg, at::ScalarType dtype)
 }
 
 at::Tensor Thinker::logits(const at::Tensor& hidden) {
-  const auto& weight =
-      lm_head_ ? lm_head_->weight : model_->named_parameters()["embed_tokens.weight"];
+  const auto& weight = lm_head_ ? lm_head_->weight : model_->embedding_weight();
   return at::linear(hidden, weight).to(at::kFloat).cpu();
 }
 

@@ -9,17 +9,13 @@
 
 #include "cpu_offload/check.h"
 #include "model_runner/qwen3_omni/audio_encoder.h"  // hf_activation
+#include "rotate_half.h"
 
 namespace omni::models::qwen3_omni {
 
 using offload::HookArgs;
 
 namespace {
-
-at::Tensor rotate_half(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-}
 
 // Per-axis bilinear taps and weights (transformers vision_utils
 // _interpolation_axis_taps_weights, mode "bilinear", align_corners, border padding), float32

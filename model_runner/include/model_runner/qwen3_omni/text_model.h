@@ -103,6 +103,8 @@ class TextModel : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& embeds, const at::Tensor& position_ids, KvCache* cache,
                      const DeepStackInput* deepstack = nullptr);
   at::Tensor embed(const at::Tensor& ids) { return embed_tokens_->forward(ids); }
+  // The token embedding table (the lm_head when tie_word_embeddings).
+  const at::Tensor& embedding_weight() const { return embed_tokens_->weight; }
   const TextConfig& config() const { return cfg_; }
 
  private:
