@@ -1,77 +1,98 @@
-// Command-line flags of the benchmarks: --name value, --name=value, or a bare --switch.
-// Unknown flags, a missing value or a non-numeric number are errors naming the flag.
+// Command lines of the benchmarks, through CLI11: --help lists every option with its default;
+// an unknown flag, a missing or malformed value is one line on stderr and exit status 2; an
+// error while running is one line and exit status 1.
 #pragma once
 
 #include <c10/core/ScalarType.h>
+#include <CLI/CLI.hpp>
 
-#include <cstdlib>
 #include <exception>
 #include <iostream>
-#include <map>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "cpu_offload/check.h"
 
 namespace omni::bench {
-
-struct Args {
-  std::map<std::string, std::string> values;
-  bool has(const std::string& k) const { return values.count(k) > 0; }
-  std::string get(const std::string& k, const std::string& def) const {
-    auto it = values.find(k);
-    return it == values.end() ? def : it->second;
-  }
-  double number(const std::string& k, double def) const {
-    if (!has(k)) return def;
-    const std::string& text = values.at(k);
-    char* end = nullptr;
-    const double v = std::strtod(text.c_str(), &end);
-    OMNI_CHECK(end && *end == '\0' && !text.empty(), "--", k, " expects a number, got '", text,
-               "'");
-    return v;
-  }
-};
-
-// `flags`: name -> whether it takes a value.
-inline Args parse_args(int argc, char** argv, const std::map<std::string, bool>& flags) {
-  Args args;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    OMNI_CHECK(arg.rfind("--", 0) == 0, "unexpected argument '", arg, "' (see --help)");
-    arg = arg.substr(2);
-    std::string value;
-    if (auto eq = arg.find('='); eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    }
-    auto flag = flags.find(arg);
-    OMNI_CHECK(flag != flags.end(), "unknown option '--", arg, "' (see --help)");
-    if (flag->second && value.empty()) {
-      OMNI_CHECK(i + 1 < argc, "option '--", arg, "' needs a value");
-      value = argv[++i];
-    }
-    args.values[arg] = flag->second ? value : "1";
-  }
-  return args;
-}
 
 // --dtype values: float32 (fp32), bfloat16 (bf16), float16 (fp16).
 inline at::ScalarType parse_dtype(const std::string& s) {
   if (s == "float32" || s == "fp32") return at::kFloat;
   if (s == "bfloat16" || s == "bf16") return at::kBFloat16;
   if (s == "float16" || s == "fp16") return at::kHalf;
-  OMNI_THROW("--dtype: unknown dtype '", s, "' (float32, bfloat16, float16)");
+  OMNI_THROW("unknown dtype '", s, "' (float32, bfloat16, float16)");
 }
 
-// main() of a command-line tool: runs `run`, turning an exception into "name: message" on
-// stderr and exit status 2.
+// "a,b,,c" -> {"a", "b", "c"}: the comma-separated lists of the benchmarks' flags.
+inline std::vector<std::string> split_list(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream in(list);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// omni::Error's message without the " [file.cc:12]" where it was thrown: on a command line
+// the reader wants the reason only.
+inline std::string reason_of(const std::exception& e) {
+  std::string text = e.what();
+  const auto at = text.rfind(" [");
+  if (at != std::string::npos && !text.empty() && text.back() == ']') text.resize(at);
+  return text;
+}
+
+// A CLI11 check that accepts what `parse` accepts (it throws on anything else), so the
+// engine's parsers (parse_strategy, parse_granularity, ...) stay the one list of names and
+// aliases while a typo still fails as a bad command line.
+template <typename Parse>
+CLI::Validator parsed_by(Parse parse) {
+  return CLI::Validator(
+      [parse](std::string& text) -> std::string {
+        try {
+          parse(text);
+          return "";
+        } catch (const std::exception& e) {
+          return reason_of(e);
+        }
+      },
+      "");
+}
+
+// A number >= `min` (integers: CLI11 rejects "2.5" for an integer option while converting).
+inline CLI::Validator at_least(double min) {
+  return CLI::Validator(
+      [min](std::string& text) -> std::string {
+        try {
+          size_t used = 0;
+          if (std::stod(text, &used) >= min && used == text.size()) return "";
+        } catch (const std::exception&) {
+        }
+        std::ostringstream why;
+        why << "expected a number >= " << min << ", got '" << text << "'";
+        return why.str();
+      },
+      "");
+}
+
+// main() of a benchmark: parses argv into `app` (whose options are bound to the benchmark's
+// variables), then calls run().
 template <typename Run>
-int guarded_main(const char* name, Run run) {
+int bench_main(CLI::App& app, int argc, char** argv, Run run) {
+  app.failure_message([](const CLI::App* a, const CLI::Error& e) {
+    return a->get_name() + ": " + e.what() + " (see --help)\n";
+  });
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // 0 after --help
+  }
   try {
     return run();
   } catch (const std::exception& e) {
-    std::cerr << name << ": " << e.what() << std::endl;
-    return 2;
+    std::cerr << app.get_name() << ": error: " << e.what() << std::endl;
+    return 1;
   }
 }
 

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <iomanip>
 #include <iostream>
-#include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -22,52 +22,83 @@ using omni::offload::DeviceKind;
 using omni::offload::OffloadConfig;
 using omni::offload::Strategy;
 using Clock = std::chrono::steady_clock;
-using omni::bench::Args;
 
-constexpr const char* kUsage = R"(usage: offload-bench [options]
-  --pipeline tiny|small|wan14b   model size preset (default tiny)
-  --strategy none|model|layerwise (default layerwise)
-  --num-gpu-layers N             layerwise window depth (default 1)
-  --granularity block|phase      layerwise unit (default block)
-  --offload-ratio R              layerwise: fraction of blocks streamed (default 1)
-  --device cpu|cuda              compute device; cpu is the simulated device (default cpu)
-  --steps S                      denoising steps (default 4)
-  --guidance G                   classifier-free guidance scale, 1 = off (default 3)
-  --blocks N                     override the preset's DiT block count
-  --latent-size N                override the preset's latent size (tokens = (N/2)^2)
-  --two-transformers             Wan2.2-style second DiT for the later steps
-  --strict-vae                   model-level: the VAE joins the exclusion
-  --budget-bytes B               model-level: device budget that allows prefetching
-  --no-pin                       pageable host memory
-  --sim-bandwidth-gbps X         simulated device: throttle copies to X GB/s
-  --no-compare                   skip the resident baseline run
-  --units                        add the per-unit table to the JSON
-  --threads N                    intra-op compute threads (default: LibTorch's choice); on
-                                 a small CPU, leave a core to the simulated copy stream
-)";
+struct Options {
+  std::string pipeline = "tiny";
+  std::string strategy = "layerwise";
+  int num_gpu_layers = 1;
+  std::string granularity = "block";
+  double offload_ratio = 1.0;
+  std::string device = "cpu";
+  int steps = 4;
+  double guidance = 3.0;
+  std::optional<int64_t> blocks;
+  std::optional<int64_t> latent_size;
+  bool two_transformers = false;
+  bool strict_vae = false;
+  double budget_bytes = 0;
+  bool no_pin = false;
+  double sim_bandwidth_gbps = 0;
+  bool no_compare = false;
+  bool units = false;
+  std::optional<int> threads;
+};
 
-Args parse_args(int argc, char** argv) {
-  static const std::map<std::string, bool> kFlags = {// name -> takes a value
-                                                     {"pipeline", true},
-                                                     {"strategy", true},
-                                                     {"num-gpu-layers", true},
-                                                     {"granularity", true},
-                                                     {"offload-ratio", true},
-                                                     {"device", true},
-                                                     {"steps", true},
-                                                     {"guidance", true},
-                                                     {"blocks", true},
-                                                     {"latent-size", true},
-                                                     {"two-transformers", false},
-                                                     {"strict-vae", false},
-                                                     {"budget-bytes", true},
-                                                     {"no-pin", false},
-                                                     {"threads", true},
-                                                     {"sim-bandwidth-gbps", true},
-                                                     {"no-compare", false},
-                                                     {"units", false},
-                                                     {"help", false}};
-  return omni::bench::parse_args(argc, argv, kFlags);
+void add_options(CLI::App& app, Options& o) {
+  using omni::bench::at_least;
+  using omni::bench::parsed_by;
+  app.option_defaults()->always_capture_default();
+  app.add_option("--pipeline", o.pipeline, "model size preset")
+      ->type_name("tiny|small|wan14b")
+      ->check(parsed_by(omni::models::TinyDiffusionConfig::preset));
+  app.add_option("--strategy", o.strategy, "offload strategy")
+      ->type_name("none|model|layerwise")
+      ->check(parsed_by(omni::offload::parse_strategy));
+  app.add_option("--num-gpu-layers", o.num_gpu_layers, "layerwise window depth")
+      ->type_name("N")
+      ->check(at_least(1));
+  app.add_option("--granularity", o.granularity, "layerwise unit")
+      ->type_name("block|phase")
+      ->check(parsed_by(omni::offload::parse_granularity));
+  app.add_option("--offload-ratio", o.offload_ratio, "layerwise: fraction of blocks streamed")
+      ->type_name("R")
+      ->check(at_least(0));
+  app.add_option("--device", o.device, "compute device; cpu is the simulated device")
+      ->type_name("cpu|cuda")
+      ->check(parsed_by(omni::offload::parse_device_kind));
+  app.add_option("--steps", o.steps, "denoising steps")->type_name("S")->check(at_least(1));
+  app.add_option("--guidance", o.guidance, "classifier-free guidance scale, 1 = off")
+      ->type_name("G");
+  app.add_option_function<int64_t>(
+         "--blocks", [&o](const int64_t& v) { o.blocks = v; },
+         "override the preset's DiT block count")
+      ->type_name("N")
+      ->check(at_least(1));
+  app.add_option_function<int64_t>(
+         "--latent-size", [&o](const int64_t& v) { o.latent_size = v; },
+         "override the preset's latent size (tokens = (N/2)^2)")
+      ->type_name("N")
+      ->check(at_least(1));
+  app.add_flag("--two-transformers", o.two_transformers,
+               "Wan2.2-style second DiT for the later steps");
+  app.add_flag("--strict-vae", o.strict_vae, "model-level: the VAE joins the exclusion");
+  app.add_option("--budget-bytes", o.budget_bytes,
+                 "model-level: device budget that allows prefetching")
+      ->type_name("B")
+      ->check(at_least(0));
+  app.add_flag("--no-pin", o.no_pin, "pageable host memory");
+  app.add_option("--sim-bandwidth-gbps", o.sim_bandwidth_gbps,
+                 "simulated device: throttle copies to X GB/s (0 = no throttle)")
+      ->type_name("X")
+      ->check(at_least(0));
+  app.add_flag("--no-compare", o.no_compare, "skip the resident baseline run");
+  app.add_flag("--units", o.units, "add the per-unit table to the JSON");
+  app.add_option_function<int>(
+         "--threads", [&o](const int& v) { o.threads = v; },
+         "intra-op compute threads (default: LibTorch's choice); on a small CPU, leave a core "
+         "to the simulated copy stream")
+      ->type_name("N")
+      ->check(at_least(1));
 }
 
 struct Measured {
@@ -121,44 +152,32 @@ double raw_copy_gbps(DeviceKind device, const omni::offload::TransferEngineOptio
   return static_cast<double>(copies * chunk) / s / 1e9;
 }
 
-int run(int argc, char** argv) {
-  const Args args = parse_args(argc, argv);
-  if (args.has("help")) {
-    std::cout << kUsage;
-    return 0;
-  }
-  auto model = omni::models::TinyDiffusionConfig::preset(args.get("pipeline", "tiny"));
-  if (args.has("blocks")) model.blocks = static_cast<int64_t>(args.number("blocks", 0));
-  if (args.has("latent-size"))
-    model.latent_size = static_cast<int64_t>(args.number("latent-size", 0));
-  model.two_transformers = args.has("two-transformers");
-  OMNI_CHECK(model.blocks >= 1, "--blocks must be >= 1");
+int run(const Options& o) {
+  auto model = omni::models::TinyDiffusionConfig::preset(o.pipeline);
+  if (o.blocks) model.blocks = *o.blocks;
+  if (o.latent_size) model.latent_size = *o.latent_size;
+  model.two_transformers = o.two_transformers;
 
-  const Strategy strategy = omni::offload::parse_strategy(args.get("strategy", "layerwise"));
+  const Strategy strategy = omni::offload::parse_strategy(o.strategy);
   OffloadConfig config = OffloadConfig::for_strategy(strategy);
-  config.num_gpu_layers = static_cast<int>(args.number("num-gpu-layers", 1));
-  config.granularity = omni::offload::parse_granularity(args.get("granularity", "block"));
-  config.offload_ratio = args.number("offload-ratio", 1.0);
-  config.strict_vae = args.has("strict-vae");
-  config.device_budget_bytes = static_cast<size_t>(args.number("budget-bytes", 0));
-  config.pin_memory = !args.has("no-pin");
+  config.num_gpu_layers = o.num_gpu_layers;
+  config.granularity = omni::offload::parse_granularity(o.granularity);
+  config.offload_ratio = o.offload_ratio;
+  config.strict_vae = o.strict_vae;
+  config.device_budget_bytes = static_cast<size_t>(o.budget_bytes);
+  config.pin_memory = !o.no_pin;
   config.validate();
 
-  if (args.has("threads")) {
-    const int threads = static_cast<int>(args.number("threads", 0));
-    OMNI_CHECK(threads >= 1, "--threads must be >= 1, got ", threads);
-    at::set_num_threads(threads);
-  }
-  const DeviceKind device = omni::offload::parse_device_kind(args.get("device", "cpu"));
+  if (o.threads) at::set_num_threads(*o.threads);
+  const DeviceKind device = omni::offload::parse_device_kind(o.device);
   omni::offload::TransferEngineOptions engine_options;
-  engine_options.sim_bandwidth_bytes_per_s = args.number("sim-bandwidth-gbps", 0) * 1e9;
+  engine_options.sim_bandwidth_bytes_per_s = o.sim_bandwidth_gbps * 1e9;
   omni::models::GenerateOptions options;
-  options.steps = static_cast<int>(args.number("steps", 4));
-  options.guidance_scale = args.number("guidance", 3.0);
-  OMNI_CHECK(options.steps >= 1, "--steps must be >= 1");
+  options.steps = o.steps;
+  options.guidance_scale = o.guidance;
 
   Measured baseline;
-  const bool compare = !args.has("no-compare");
+  const bool compare = !o.no_compare;
   if (compare) {
     baseline = run_pipeline(model, OffloadConfig::for_strategy(Strategy::kNone), device,
                             engine_options, options);
@@ -172,7 +191,7 @@ int run(int argc, char** argv) {
 
   std::ostringstream os;
   os << std::fixed << std::setprecision(3);
-  os << "{\"pipeline\": \"" << args.get("pipeline", "tiny") << "\", \"strategy\": \"" << s.strategy
+  os << "{\"pipeline\": \"" << o.pipeline << "\", \"strategy\": \"" << s.strategy
      << "\", \"device\": \"" << s.device << "\", \"num_gpu_layers\": " << config.num_gpu_layers
      << ", \"granularity\": \"" << omni::offload::to_string(config.granularity)
      << "\", \"offload_ratio\": " << config.offload_ratio << ", \"blocks\": " << model.blocks
@@ -201,7 +220,7 @@ int run(int argc, char** argv) {
   } else {
     os << "null";
   }
-  if (args.has("units")) {
+  if (o.units) {
     const std::string full = s.to_json(true);
     os << ", \"units\": " << full.substr(full.find("\"units\": ") + 9, std::string::npos);
     os.seekp(-1, std::ios_base::end);  // drop the inner object's closing brace
@@ -214,5 +233,11 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return omni::bench::guarded_main("offload-bench", [&] { return run(argc, argv); });
+  CLI::App app(
+      "Runs the tiny (or a DiT-sized) diffusion pipeline under one offload strategy and "
+      "prints one JSON object with time, memory and transfer figures.",
+      "offload-bench");
+  Options options;
+  add_options(app, options);
+  return omni::bench::bench_main(app, argc, argv, [&] { return run(options); });
 }

@@ -5,9 +5,11 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,49 +21,99 @@
 
 namespace {
 
-using omni::bench::Args;
 using omni::models::ThinkerOffloadOptions;
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kUsage = R"(usage: thinker-bench [options]
-  --model DIR                    a Qwen3-Omni checkpoint directory (default: a synthetic one)
-  --synthetic tiny|small|medium  size of the random checkpoint written when --model is absent
-                                 (default small); written to --work-dir
-  --work-dir DIR                 where the synthetic checkpoint goes (default: temp dir)
-  --assets DIR                   tokenizer.json, preprocessor_config.json, audio.wav, image.png
-                                 (default: tests/fixtures/qwen3_omni_tiny of the source tree)
-  --strategies LIST              comma-separated: none, alternating, sequential, layerwise
-                                 (decoder layers + encoder layers), layerwise-decoder (decoder
-                                 layers only), budget (alternating under --budget-bytes)
-                                 (default: none,alternating,sequential,layerwise)
-  --budget-bytes B               device budget for the 'budget' strategy
-  --num-gpu-layers N             layerwise window (default 1)
-  --tokens N                     tokens to generate (default 32)
-  --device cpu|cuda              cpu is the simulated device (default cpu)
-  --dtype float32|bfloat16|float16  compute dtype (default float32)
-  --sim-bandwidth-gbps X         simulated device: throttle copies to X GB/s
-  --no-pin                       pageable host memory
-  --threads N                    intra-op threads
-  --text T                       the user's text
-)";
+struct Options {
+  std::string model;  // empty: a synthetic checkpoint
+  std::string synthetic = "small";
+  std::string work_dir;  // empty: a folder in the temp dir
+  std::string assets = OMNI_DEFAULT_ASSETS;
+  std::string strategies = "none,alternating,sequential,layerwise";
+  std::optional<double> budget_bytes;
+  int num_gpu_layers = 1;
+  int64_t tokens = 32;
+  std::string device = "cpu";
+  std::string dtype = "float32";
+  double sim_bandwidth_gbps = 0;
+  bool no_pin = false;
+  std::optional<int> threads;
+  std::string text = "What do you hear and see?";
+};
 
-std::vector<std::string> split(const std::string& list) {
-  std::vector<std::string> out;
-  std::stringstream in(list);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
+void add_options(CLI::App& app, Options& o) {
+  using omni::bench::at_least;
+  using omni::bench::parsed_by;
+  app.option_defaults()->always_capture_default();
+  app.add_option("--model", o.model, "a Qwen3-Omni checkpoint directory (default: a synthetic one)")
+      ->type_name("DIR");
+  app.add_option("--synthetic", o.synthetic,
+                 "size of the random checkpoint written to --work-dir when --model is absent")
+      ->type_name("tiny|small|medium")
+      ->check(parsed_by(omni::models::synthetic_thinker_config));
+  app.add_option("--work-dir", o.work_dir,
+                 "where the synthetic checkpoint goes (default: omni_thinker_<size> in the temp "
+                 "dir)")
+      ->type_name("DIR");
+  app.add_option("--assets", o.assets,
+                 "tokenizer.json, preprocessor_config.json, audio.wav, image.png (default: "
+                 "tests/fixtures/qwen3_omni_tiny of the source tree)")
+      ->type_name("DIR");
+  app.add_option("--strategies", o.strategies,
+                 "comma-separated: none, alternating, sequential, layerwise (decoder + encoder "
+                 "layers), layerwise-decoder (decoder layers only), budget (alternating under "
+                 "--budget-bytes)")
+      ->type_name("LIST")
+      ->check(CLI::Validator(
+          [](std::string& list) -> std::string {
+            const std::vector<std::string> known = {"none",      "alternating",       "sequential",
+                                                    "layerwise", "layerwise-decoder", "budget"};
+            std::stringstream in(list);
+            for (std::string name; std::getline(in, name, ',');) {
+              if (!name.empty() && std::find(known.begin(), known.end(), name) == known.end()) {
+                return "unknown strategy '" + name +
+                       "' (none, alternating, sequential, layerwise, layerwise-decoder, budget)";
+              }
+            }
+            return "";
+          },
+          ""));
+  app.add_option_function<double>(
+         "--budget-bytes", [&o](const double& v) { o.budget_bytes = v; },
+         "device budget for the 'budget' strategy")
+      ->type_name("B")
+      ->check(at_least(0));
+  app.add_option("--num-gpu-layers", o.num_gpu_layers, "layerwise window")
+      ->type_name("N")
+      ->check(at_least(1));
+  app.add_option("--tokens", o.tokens, "tokens to generate")->type_name("N")->check(at_least(1));
+  app.add_option("--device", o.device, "cpu is the simulated device")
+      ->type_name("cpu|cuda")
+      ->check(parsed_by(omni::offload::parse_device_kind));
+  app.add_option("--dtype", o.dtype, "compute dtype")
+      ->type_name("float32|bfloat16|float16")
+      ->check(parsed_by(omni::bench::parse_dtype));
+  app.add_option("--sim-bandwidth-gbps", o.sim_bandwidth_gbps,
+                 "simulated device: throttle copies to X GB/s (0 = no throttle)")
+      ->type_name("X")
+      ->check(at_least(0));
+  app.add_flag("--no-pin", o.no_pin, "pageable host memory");
+  app.add_option_function<int>(
+         "--threads", [&o](const int& v) { o.threads = v; },
+         "intra-op threads (default: LibTorch's choice)")
+      ->type_name("N")
+      ->check(at_least(1));
+  app.add_option("--text", o.text, "the user's text")->type_name("T");
 }
 
-ThinkerOffloadOptions offload_for(const std::string& strategy, const Args& args) {
+ThinkerOffloadOptions offload_for(const std::string& strategy, const Options& opt) {
   ThinkerOffloadOptions o;
-  o.pin_memory = !args.has("no-pin");
+  o.pin_memory = !opt.no_pin;
   if (strategy == "none") return o;
   if (strategy == "layerwise" || strategy == "layerwise-decoder") {
     o.layerwise = true;
     o.layerwise_encoders = strategy == "layerwise";
-    o.num_gpu_layers = static_cast<int>(args.number("num-gpu-layers", 1));
+    o.num_gpu_layers = opt.num_gpu_layers;
     return o;
   }
   o.cpu_offload_enabled = true;
@@ -71,46 +123,28 @@ ThinkerOffloadOptions offload_for(const std::string& strategy, const Args& args)
     return o;
   }
   if (strategy == "budget") {
-    OMNI_CHECK(args.has("budget-bytes"), "strategy 'budget' needs --budget-bytes");
+    OMNI_CHECK(opt.budget_bytes.has_value(), "strategy 'budget' needs --budget-bytes");
     o.strategy = "alternating";
-    o.device_budget_bytes = static_cast<size_t>(args.number("budget-bytes", 0));
+    o.device_budget_bytes = static_cast<size_t>(*opt.budget_bytes);
     return o;
   }
   OMNI_THROW("--strategies: unknown strategy '", strategy,
              "' (none, alternating, sequential, layerwise, layerwise-decoder, budget)");
 }
 
-int run(int argc, char** argv) {
-  const Args args = omni::bench::parse_args(argc, argv,
-                                            {{"model", true},
-                                             {"synthetic", true},
-                                             {"work-dir", true},
-                                             {"assets", true},
-                                             {"strategies", true},
-                                             {"budget-bytes", true},
-                                             {"num-gpu-layers", true},
-                                             {"tokens", true},
-                                             {"device", true},
-                                             {"dtype", true},
-                                             {"sim-bandwidth-gbps", true},
-                                             {"no-pin", false},
-                                             {"threads", true},
-                                             {"text", true},
-                                             {"help", false}});
-  if (args.has("help")) {
-    std::cout << kUsage;
-    return 0;
-  }
-  if (args.has("threads")) at::set_num_threads(static_cast<int>(args.number("threads", 1)));
-  const auto strategies = split(args.get("strategies", "none,alternating,sequential,layerwise"));
+int run(const Options& o) {
+  if (o.threads) at::set_num_threads(*o.threads);
+  const auto strategies = omni::bench::split_list(o.strategies);
   OMNI_CHECK(!strategies.empty(), "--strategies is empty");
-  for (const auto& strategy : strategies) offload_for(strategy, args);  // reject typos up front
-  const std::string assets = args.get("assets", OMNI_DEFAULT_ASSETS);
-  std::string model_dir = args.get("model", "");
+  for (const auto& strategy : strategies) offload_for(strategy, o);  // reject typos up front
+  const std::string& assets = o.assets;
+  std::string model_dir = o.model;
   if (model_dir.empty()) {
-    const std::string preset = args.get("synthetic", "small");
-    model_dir = args.get(
-        "work-dir", (std::filesystem::temp_directory_path() / ("omni_thinker_" + preset)).string());
+    const std::string& preset = o.synthetic;
+    model_dir =
+        !o.work_dir.empty()
+            ? o.work_dir
+            : (std::filesystem::temp_directory_path() / ("omni_thinker_" + preset)).string();
     const auto start = Clock::now();
     const int64_t bytes = omni::models::write_synthetic_checkpoint(
         model_dir, omni::models::synthetic_thinker_config(preset), assets);
@@ -118,14 +152,13 @@ int run(int argc, char** argv) {
               << model_dir << " in " << std::chrono::duration<double>(Clock::now() - start).count()
               << " s\n";
   }
-  const int64_t tokens = static_cast<int64_t>(args.number("tokens", 32));
-  OMNI_CHECK(tokens >= 1, "--tokens must be >= 1");
+  const int64_t tokens = o.tokens;
   omni::offload::TransferEngineOptions engine_options;
-  engine_options.sim_bandwidth_bytes_per_s = args.number("sim-bandwidth-gbps", 0) * 1e9;
-  const auto device = omni::offload::parse_device_kind(args.get("device", "cpu"));
+  engine_options.sim_bandwidth_bytes_per_s = o.sim_bandwidth_gbps * 1e9;
+  const auto device = omni::offload::parse_device_kind(o.device);
 
   omni::models::ChatRequest request;
-  request.text = args.get("text", "What do you hear and see?");
+  request.text = o.text;
   request.audio_files = {assets + "/audio.wav"};
   request.image_files = {assets + "/image.png"};
 
@@ -133,8 +166,8 @@ int run(int argc, char** argv) {
   for (const auto& strategy : strategies) {
     omni::models::ThinkerRunnerOptions options;
     options.model_dir = model_dir;
-    options.dtype = omni::bench::parse_dtype(args.get("dtype", "float32"));
-    options.offload = offload_for(strategy, args);
+    options.dtype = omni::bench::parse_dtype(o.dtype);
+    options.offload = offload_for(strategy, o);
     auto engine = omni::offload::make_transfer_engine(device, engine_options);
     auto runner = omni::models::ThinkerRunner::load(options, engine);
     const auto inputs = runner->prepare(request);
@@ -182,5 +215,11 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return omni::bench::guarded_main("thinker-bench", [&] { return run(argc, argv); });
+  CLI::App app(
+      "Loads a Qwen3-Omni checkpoint (or writes a random one), runs one text + audio + "
+      "image request under each offload strategy and prints one JSON line per strategy.",
+      "thinker-bench");
+  Options options;
+  add_options(app, options);
+  return omni::bench::bench_main(app, argc, argv, [&] { return run(options); });
 }

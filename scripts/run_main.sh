@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# The main job: set up, build, and run offload-bench on the tiny embedded diffusion pipeline
-# under each strategy (simulated device on the CPU; pass --device cuda on a GPU machine), then
-# thinker-bench on the tiny Qwen3-Omni checkpoint. Each line printed is one JSON object;
-# outputs_equal_to_resident / tokens_equal_to_none must be true everywhere.
+# The main job: set up, build, answer a prompt in text and speech with `vllm-omni generate` on
+# the tiny embedded Qwen3-Omni checkpoint (writes build/tiny_answer.wav), then run offload-bench
+# on the tiny embedded diffusion pipeline under each strategy (simulated device on the CPU; pass
+# --device cuda on a GPU machine), thinker-bench and speech-bench on the tiny Qwen3-Omni
+# checkpoint. Each bench line printed is one JSON object; outputs_equal_to_resident /
+# tokens_equal_to_none / codes_equal_to_none / wav_equal_to_none must be true everywhere.
 #   scripts/run_main.sh [extra offload-bench options...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-OMNI_BUILD_TARGETS="offload-bench thinker-bench" scripts/build.sh build
+OMNI_BUILD_TARGETS="vllm-omni offload-bench thinker-bench speech-bench" scripts/build.sh build
+
+status=0
+# The answer: its text streams to stdout, its speech goes to build/tiny_answer.wav.
+tiny=tests/fixtures/qwen3_omni_tiny
+build/worker/vllm-omni generate --model "$tiny" --prompt "Say something nice." \
+    --audio "$tiny/audio.wav" --greedy --max-tokens 16 --max-audio-frames 24 \
+    --output-wav build/tiny_answer.wav || status=1
+echo "wrote build/tiny_answer.wav"
 
 bench=build/bench/offload-bench
-status=0
 for args in "--strategy none" "--strategy model" "--strategy model --strict-vae" \
             "--strategy layerwise" "--strategy layerwise --num-gpu-layers 2" \
             "--strategy layerwise --granularity phase" "--strategy layerwise --offload-ratio 0.5"; do
@@ -28,4 +37,11 @@ while IFS= read -r line; do
   echo "$line"
   case "$line" in *'"tokens_equal_to_none": false'*) status=1 ;; esac
 done < <($thinker --model tests/fixtures/qwen3_omni_tiny --tokens 32 || echo '{"error": true, "tokens_equal_to_none": false}')
+
+# Speech: talker frames/s, code predictor, code2wav real-time factor and time to first audio
+# without offload and under each strategy; codes and waveform must equal the no-offload run.
+while IFS= read -r line; do
+  echo "$line"
+  case "$line" in *'_equal_to_none": false'*) status=1 ;; esac
+done < <(build/bench/speech-bench --model "$tiny" || echo '{"error": true, "codes_equal_to_none": false}')
 exit $status

@@ -12,7 +12,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libyaml-cpp-dev nlohmann-json3-dev libabsl-dev libpcre2-dev
-  libsndfile1-dev libpng-dev libjpeg62-turbo-dev libsoxr-dev
+  libsndfile1-dev libpng-dev libjpeg62-turbo-dev libsoxr-dev libcli11-dev
 )
 
 log() { echo "[setup] $*"; }

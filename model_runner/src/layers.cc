@@ -32,6 +32,21 @@ Linear::Linear(int64_t in, int64_t out, at::Generator& gen, at::ScalarType dtype
 
 at::Tensor Linear::forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
 
+HookableLinear::HookableLinear(int64_t in, int64_t out, at::ScalarType dtype, bool has_bias)
+    : offload::HookableModule("HookableLinear") {
+  weight = register_parameter("weight", uninitialized({out, in}, dtype), false);
+  if (has_bias) bias = register_parameter("bias", uninitialized({out}, dtype), false);
+}
+
+at::Tensor HookableLinear::forward(const at::Tensor& x) {
+  // The parameters are read inside the hooked call: an offload hook may rebind them.
+  return invoke("forward", {x},
+                [this](offload::HookArgs& a) -> c10::IValue {
+                  return at::linear(a[0].toTensor(), weight, bias);
+                })
+      .toTensor();
+}
+
 LayerNorm::LayerNorm(int64_t dim, at::Generator& gen, at::ScalarType dtype, double eps_)
     : torch::nn::Module("LayerNorm"), eps(eps_) {
   weight = register_parameter("weight", (1.0 + init_normal({dim}, 0.02, gen, at::kFloat)).to(dtype),

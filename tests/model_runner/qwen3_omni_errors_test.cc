@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -14,6 +15,7 @@
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/transfer_engine.h"
+#include "model_runner/runner/omni_runner.h"
 #include "model_runner/runner/thinker_runner.h"
 #include "model_runner/weights/safetensors.h"
 
@@ -61,10 +63,25 @@ class BrokenCheckpoint : public ::testing::Test {
     write_safetensors((dir_ / "model.safetensors").string(), tensors);
   }
 
-  void edit_config(const std::string& from, const std::string& to) {
+  // The whole model (thinker, talker, code2wav): load error message ("" when it loads).
+  std::string omni_load_error() {
+    OmniRunnerOptions options;
+    options.model_dir = dir_.string();
+    try {
+      OmniRunner::load(options, offload::make_cpu_sim_engine({}));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  // Replaces the first `from` after the first `anchor` in config.json.
+  void edit_config(const std::string& from, const std::string& to, const std::string& anchor = "") {
     std::ifstream in(dir_ / "config.json");
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const auto pos = text.find(from);
+    const auto start = anchor.empty() ? 0 : text.find(anchor);
+    ASSERT_NE(start, std::string::npos) << anchor;
+    const auto pos = text.find(from, start);
     ASSERT_NE(pos, std::string::npos) << from;
     text.replace(pos, from.size(), to);
     std::ofstream(dir_ / "config.json", std::ios::trunc) << text;
@@ -199,8 +216,61 @@ TEST_F(BrokenCheckpoint, UnknownArchitecture) {
 }
 
 TEST_F(BrokenCheckpoint, InconsistentRopeSection) {
-  edit_config("\"mrope_section\": [\n          2,", "\"mrope_section\": [\n          3,");
+  edit_config("\"mrope_section\": [\n          2,", "\"mrope_section\": [\n          3,",
+              "\"thinker_config\"");
   EXPECT_ERROR_HAS(load_error(), "config.json", "thinker_config.text_config", "mrope_section");
+}
+
+TEST_F(BrokenCheckpoint, TalkerConfigErrorsNameTheField) {
+  EXPECT_EQ(omni_load_error(), "");
+  edit_config("\"mrope_section\": [\n          2,", "\"mrope_section\": [\n          3,",
+              "\"talker_config\"");
+  EXPECT_ERROR_HAS(omni_load_error(), "config.json", "talker_config.text_config", "mrope_section");
+  // The thinker alone does not read the talker's config.
+  EXPECT_EQ(load_error(), "");
+}
+
+TEST_F(BrokenCheckpoint, SpeakersAndCodecSizesAreChecked) {
+  edit_config("\"speaker_id\": {", "\"speakers\": {");
+  EXPECT_ERROR_HAS(omni_load_error(), "config.json", "talker_config.speaker_id");
+  fs::copy_file(fs::path(kDir) / "config.json", dir_ / "config.json",
+                fs::copy_options::overwrite_existing);
+  edit_config("\"num_quantizers\": 16", "\"num_quantizers\": 8");
+  EXPECT_ERROR_HAS(omni_load_error(), "config.json", "num_quantizers");
+}
+
+TEST_F(BrokenCheckpoint, MissingTalkerTensorIsNamed) {
+  rewrite_weights([](auto& tensors) {
+    tensors.erase(std::remove_if(tensors.begin(), tensors.end(),
+                                 [](const auto& t) {
+                                   return t.first ==
+                                          "talker.model.layers.1.mlp.shared_expert_gate.weight";
+                                 }),
+                  tensors.end());
+  });
+  EXPECT_ERROR_HAS(omni_load_error(), "talker.model.layers.1.mlp.shared_expert_gate.weight");
+  // Text-only use of the same checkpoint still works: the thinker's tensors are intact.
+  EXPECT_EQ(load_error(), "");
+}
+
+TEST_F(BrokenCheckpoint, WithoutAudioOutputTheModelLoadsForTextOnly) {
+  edit_config("\"enable_audio_output\": true", "\"enable_audio_output\": false");
+  OmniRunnerOptions options;
+  options.model_dir = dir_.string();
+  auto runner = OmniRunner::load(options, offload::make_cpu_sim_engine({}));
+  EXPECT_FALSE(runner->has_talker());
+  OmniRequest request;
+  request.chat.text = "Hello";
+  request.sampling.set_greedy(true);
+  request.sampling.thinker.max_new_tokens = 3;
+  try {
+    runner->generate(request);
+    FAIL() << "audio from a text-only model must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no talker"), std::string::npos) << e.what();
+  }
+  request.audio_output = false;
+  EXPECT_EQ(runner->generate(request).tokens.size(), 3u);
 }
 
 TEST_F(BrokenCheckpoint, MissingConfigField) {

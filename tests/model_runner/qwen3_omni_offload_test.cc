@@ -208,6 +208,31 @@ TEST_P(Qwen3OmniOffload, EnsureOnDeviceForAHandOff) {
   EXPECT_EQ(after.current_device_bytes, after.resident_bytes + unit_bytes(after, "audio_tower"));
 }
 
+// Every name the README documents for the thinker works as a component (these failed with "not
+// a HookableModule" before the text decoder and lm_head became hookable components).
+TEST_P(Qwen3OmniOffload, EveryDocumentedComponentNameKeepsTheTokens) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  const auto& b = baseline(GetParam());
+  const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> cases = {
+      {{"language_model"}, {"model"}},
+      {{"lm_head"}, {"lm_head"}},
+      {{"thinker.*"}, {"audio_tower", "visual", "model", "lm_head"}},
+      {{"thinker.visual", "thinker.audio_tower"}, {"visual", "audio_tower"}},
+      {{"language_model.layers.*"}, {"model.layers.0", "model.layers.2"}},
+  };
+  for (const auto& [names, units] : cases) {
+    for (const char* strategy : {"alternating", "sequential"}) {
+      SCOPED_TRACE(names.front() + std::string(" ") + strategy);
+      ThinkerOffloadOptions o = components(strategy);
+      o.components = names;
+      auto runner = load(GetParam(), o);
+      EXPECT_EQ(runner->generate(runner->prepare(multimodal_request()), greedy()).tokens, b.tokens);
+      const auto s = runner->offload().stats();
+      for (const auto& unit : units) EXPECT_GE(unit_loads(s, unit), 1u) << unit;
+    }
+  }
+}
+
 TEST(Qwen3OmniOffloadNames, StageConfigNamesMapOntoThinkerModules) {
   EXPECT_EQ(thinker_component_paths({"visual", "thinker.audio_tower", "language_model",
                                      "language_model.layers.*", "thinker.*"}),

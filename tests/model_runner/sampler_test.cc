@@ -151,6 +151,58 @@ TEST(SamplerTest, WarpersComposeInHfOrder) {
   }
 }
 
+// HF RepetitionPenaltyLogitsProcessor: a seen token's logit is divided by the penalty when
+// positive and multiplied when negative, once however often it was seen; greedy decoding
+// takes the argmax after it.
+TEST(SamplerTest, RepetitionPenaltyAppliesBeforeGreedyArgmax) {
+  SamplingParams p;
+  p.greedy = true;
+  p.repetition_penalty = 2.0;
+  Sampler sampler(p);
+  // 0: 3.0 (seen -> 1.5), 1: 2.0 (unseen), 2: -1.0 (seen -> -2.0), 3: 1.9
+  const auto logits = logits_of({3.0f, 2.0f, -1.0f, 1.9f});
+  EXPECT_EQ(sampler.sample(logits), 0);             // no context: plain argmax
+  EXPECT_EQ(sampler.sample(logits, {0, 0, 2}), 1);  // 3.0 / 2 < 2.0
+  // The caller's logits are left alone.
+  EXPECT_TRUE(at::equal(logits, logits_of({3.0f, 2.0f, -1.0f, 1.9f})));
+  // A penalty of 1 changes nothing; ids outside the vocabulary are ignored.
+  p.repetition_penalty = 1.0;
+  EXPECT_EQ(Sampler(p).sample(logits, {0, 7, -3}), 0);
+  // A negative logit gets more negative: token 2 (-1 -> -2) loses against token 3 (-1.5).
+  p.repetition_penalty = 2.0;
+  EXPECT_EQ(Sampler(p).sample(logits_of({-1.0f, -5.0f, -1.0f, -1.5f}), {0, 2}), 3);
+}
+
+TEST(SamplerTest, SuppressedTokensAreNeverDrawn) {
+  SamplingParams p;
+  p.greedy = true;
+  p.suppress_tokens = {0, 3, 99};
+  EXPECT_EQ(Sampler(p).sample(logits_of({5.0f, 1.0f, 2.0f, 4.0f})), 2);
+  p.greedy = false;
+  p.temperature = 1.0;
+  Sampler sampler(p);
+  for (int i = 0; i < 200; ++i) {
+    const int64_t t = sampler.sample(logits_of({5.0f, 1.0f, 2.0f, 4.0f}));
+    ASSERT_TRUE(t == 1 || t == 2) << t;
+  }
+  p.suppress_tokens = {0, 1, 2, 3};
+  EXPECT_THROW(Sampler(p).sample(logits_of({5.0f, 1.0f, 2.0f, 4.0f})), Error);
+}
+
+TEST(GenerateTokensTest, RepetitionPenaltySeesThePromptAndTheAnswer) {
+  SamplingParams p;
+  p.greedy = true;
+  p.repetition_penalty = 10.0;
+  p.max_new_tokens = 3;
+  // Every step the same logits: token 0 is best, then 1, then 2, then 3.
+  const auto next = [](int64_t, const std::vector<int64_t>&) {
+    return logits_of({4.0f, 3.0f, 2.0f, 1.0f});
+  };
+  // The prompt holds 0: the penalty rules it out, then each answer token rules itself out.
+  EXPECT_EQ(generate_tokens(next, p, nullptr, {0}).tokens, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(generate_tokens(next, p).tokens, (std::vector<int64_t>{0, 1, 2}));
+}
+
 TEST(SamplerTest, SameSeedSameSequenceDifferentSeedDifferent) {
   const at::Tensor x = at::zeros({16});
   const std::vector<int64_t> a = draws(sampling(1.0, 0, 1.0, /*seed=*/7), x, 64);
@@ -222,6 +274,14 @@ void expect_param_error(const SamplingParams& p, const std::string& field,
               generate_tokens([](int64_t, auto&) { return at::zeros({2}); }, p);
             }).find(field),
             std::string::npos);
+}
+
+TEST(SamplingParamsTest, RepetitionPenaltyMustBePositive) {
+  SamplingParams p;
+  p.repetition_penalty = 0.0;
+  EXPECT_NE(error_of([&] { p.validate(); }).find("repetition_penalty"), std::string::npos);
+  p.repetition_penalty = std::numeric_limits<double>::infinity();
+  EXPECT_THROW(p.validate(), Error);
 }
 
 TEST(SamplingParamsTest, InvalidParamsNameTheField) {

@@ -1,6 +1,6 @@
-// Image decoding and Qwen vision patches against Pillow and Hugging Face's
-// Qwen2VLImageProcessorPil: tests/fixtures/qwen3_omni_tiny (make_qwen3_omni_fixture.py) and
-// tests/fixtures/vision (make_vision_fixture.py).
+// Image decoding and Qwen vision patches against Hugging Face's chat-template path
+// (transformers' load_image, then Qwen2VLImageProcessorPil): tests/fixtures/qwen3_omni_tiny
+// (make_qwen3_omni_fixture.py) and tests/fixtures/vision (make_vision_fixture.py).
 #include <ATen/ops/abs.h>
 #include <ATen/ops/from_blob.h>
 #include <gtest/gtest.h>
@@ -69,21 +69,34 @@ TEST(VisionPatches, MatchesQwen3OmniTinyReference) {
   EXPECT_EQ(patches.grid_thw, (std::array<int64_t, 3>{1, 4, 6}));
 }
 
-// Each case of tests/fixtures/vision: the decoded RGB equals Pillow's (through transformers'
-// convert_to_rgb) exactly, and the patches equal the processor's; the resize paths (bicubic up,
-// antialiased down, one axis each way) reproduce Pillow bit for bit.
-TEST(VisionPatches, MatchesPillowAndHfOnVisionFixture) {
+// Each case of tests/fixtures/vision: the decoded RGB equals transformers' load_image(path)
+// (Image.open, exif_transpose, convert("RGB")) exactly, and the patches equal the processor's;
+// the resize paths (bicubic up, antialiased down, one axis each way) reproduce Pillow bit for
+// bit. Files load_image refuses are refused with the reason.
+TEST(VisionPatches, MatchesHfLoadImageOnVisionFixture) {
   const auto expected = SafetensorsFile::open(kVision + "/expected.safetensors");
   const auto cases = nlohmann::json::parse(expected.metadata().at("cases"));
-  ASSERT_EQ(cases.size(), 8u);
+  ASSERT_EQ(cases.size(), 25u);
+  int with_patches = 0, refused = 0;
   for (const auto& [name, spec] : cases.items()) {
     SCOPED_TRACE(name);
-    const RgbImage image = read_image_file(kVision + "/" + spec.at("file").get<std::string>());
+    const std::string path = kVision + "/" + spec.at("file").get<std::string>();
+    if (spec.contains("error")) {
+      ++refused;
+      const std::string error = error_of([&] { read_image_file(path); });
+      EXPECT_CONTAINS(error, path);
+      EXPECT_CONTAINS(error, spec.at("error").get<std::string>());
+      continue;
+    }
+    const RgbImage image = read_image_file(path);
     const at::Tensor rgb = expected.tensor(name + ".rgb");
     ASSERT_EQ(rgb.sizes(), (std::vector<int64_t>{image.height, image.width, 3}));
     const double decode_diff = max_abs_diff(as_tensor(image), rgb);
-    EXPECT_EQ(decode_diff, 0.0) << "decoded pixels differ from Pillow's";
+    EXPECT_EQ(decode_diff, 0.0) << "decoded pixels differ from load_image's";
+    RecordProperty(name + "_decode_max_abs_diff", std::to_string(decode_diff));
+    if (spec.at("options").is_null()) continue;
 
+    ++with_patches;
     const VisionPatches patches = image_to_patches(image, options_from_json(spec.at("options")));
     const at::Tensor pixel_values = expected.tensor(name + ".pixel_values");
     ASSERT_EQ(patches.pixel_values.sizes(), pixel_values.sizes());
@@ -92,9 +105,48 @@ TEST(VisionPatches, MatchesPillowAndHfOnVisionFixture) {
     EXPECT_TRUE(patches.pixel_values.equal(pixel_values)) << "not bit-identical";
     const at::Tensor grid = expected.tensor(name + ".image_grid_thw").view({-1});
     for (int i = 0; i < 3; ++i) EXPECT_EQ(patches.grid_thw[i], grid[i].item<int64_t>());
-    RecordProperty(name + "_decode_max_abs_diff", std::to_string(decode_diff));
     RecordProperty(name + "_patches_max_abs_diff", std::to_string(patch_diff));
   }
+  EXPECT_EQ(with_patches, 9);
+  EXPECT_EQ(refused, 2);
+}
+
+// The bug this guards against: an RGBA file given by path was composited onto white (what the
+// processor's convert_to_rgb does to an in-memory RGBA image), where Hugging Face's chat
+// template loads it with convert("RGB"), which drops alpha. Checked against the file's own
+// samples, independently of the Python reference: the RGB is the stored colour channels,
+// including under fully and partly transparent pixels.
+TEST(VisionPatches, RgbaFileKeepsColourChannelsUnderTransparency) {
+  const auto expected = SafetensorsFile::open(kVision + "/expected.safetensors");
+  const at::Tensor rgba = expected.tensor("rgba_alpha_png.rgba");
+  const RgbImage image = read_image_file(kVision + "/rgba_alpha.png");
+  ASSERT_EQ(rgba.sizes(), (std::vector<int64_t>{image.height, image.width, 4}));
+  const at::Tensor alpha = rgba.select(2, 3).to(at::kInt);
+  const at::Tensor colour = rgba.narrow(2, 0, 3);
+  ASSERT_GT(alpha.eq(0).sum().item<int64_t>(), 0);
+  ASSERT_GT((alpha.gt(0) & alpha.lt(255)).sum().item<int64_t>(), 0) << "no partial alpha";
+  ASSERT_GT(alpha.eq(255).sum().item<int64_t>(), 0);
+  // Some transparent pixels are not white, so compositing onto white would change them.
+  ASSERT_TRUE((colour.ne(255).any(2) & alpha.lt(255)).any().item<bool>());
+  EXPECT_TRUE(as_tensor(image).equal(colour)) << "alpha was not simply dropped";
+}
+
+// exif_transpose: orientations 5..8 swap width and height, and the rotated photo goes through
+// smart_resize as a portrait image (the fixture's grid is 4 x 2 merge groups of patches).
+TEST(VisionPatches, ExifOrientationIsApplied) {
+  const RgbImage upright = read_image_file(kVision + "/photo.jpg");
+  const RgbImage rotated = read_image_file(kVision + "/photo_o6.jpg");
+  EXPECT_EQ(rotated.height, upright.width);
+  EXPECT_EQ(rotated.width, upright.height);
+  for (int orientation = 2; orientation <= 8; ++orientation) {
+    SCOPED_TRACE(orientation);
+    const RgbImage image =
+        read_image_file(kVision + "/orient_" + std::to_string(orientation) + ".jpg");
+    EXPECT_EQ(image.height, orientation >= 5 ? 6 : 4);
+    EXPECT_EQ(image.width, orientation >= 5 ? 4 : 6);
+  }
+  const VisionPatchOptions options{8, 2, 2, 16 * 16, 32 * 32, {0.5, 0.5, 0.5}, {0.5, 0.5, 0.5}};
+  EXPECT_EQ(image_to_patches(rotated, options).grid_thw, (std::array<int64_t, 3>{1, 4, 2}));
 }
 
 TEST(VisionPatches, SmartResizeMatchesHf) {
@@ -187,12 +239,29 @@ TEST_F(ImageFileTest, TruncatedJpeg) {
   }
 }
 
-TEST_F(ImageFileTest, CorruptPngCrc) {
+// A corrupt byte in the image data. Pillow does not check IDAT checksums and neither does the
+// reader; both fail on the deflate stream (Pillow: "broken data stream").
+TEST_F(ImageFileTest, CorruptPngData) {
   std::string bytes = read_bytes(kVision + "/rgba.png");
-  bytes[bytes.size() / 2] ^= 0x55;  // inside IDAT: the chunk's CRC no longer matches
+  bytes[bytes.size() / 2] ^= 0x55;  // inside IDAT
   const std::string path = this->path("corrupt.png");
   write_bytes(path, bytes);
   EXPECT_CONTAINS(error_of([&] { read_image_file(path); }), "corrupt PNG");
+}
+
+// After the image data, Pillow's load() reads the remaining chunks: one cut short by the end of
+// the file makes it raise, a missing IEND does not.
+TEST_F(ImageFileTest, TruncatedChunkAfterPngImageData) {
+  const std::string bytes = read_bytes(kVision + "/idat_crc.png");
+  ASSERT_EQ(bytes.substr(bytes.size() - 8, 4), "IEND");
+  const std::string no_iend = this->path("no_iend.png");
+  write_bytes(no_iend, bytes.substr(0, bytes.size() - 12));
+  EXPECT_EQ(read_image_file(no_iend).pixels, read_image_file(kVision + "/idat_crc.png").pixels);
+  const std::string cut = this->path("cut.png");
+  write_bytes(cut, bytes.substr(0, bytes.size() - 12) + std::string("\0\0\0\x20tEXtabc", 11));
+  const std::string error = error_of([&] { read_image_file(cut); });
+  EXPECT_CONTAINS(error, "truncated PNG");
+  EXPECT_CONTAINS(error, "tEXt");
 }
 
 TEST_F(ImageFileTest, NotAnImage) {

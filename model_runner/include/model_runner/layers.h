@@ -7,6 +7,8 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
+#include "cpu_offload/hooks.h"
+
 namespace omni::models {
 
 // N(0, std) on the CPU from `gen`, as `dtype`.
@@ -22,6 +24,15 @@ class Linear : public torch::nn::Module {
   // Uninitialized, for checkpoint loading.
   Linear(int64_t in, int64_t out, at::ScalarType dtype, bool bias);
   at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight, bias;
+};
+
+// A Linear the offload engine can hook: for heads that are components of their own (lm_head,
+// codec_head), whose weights must be on the device exactly while forward runs.
+class HookableLinear : public offload::HookableModule {
+ public:
+  HookableLinear(int64_t in, int64_t out, at::ScalarType dtype, bool bias);  // uninitialized
+  at::Tensor forward(const at::Tensor& x);
   at::Tensor weight, bias;
 };
 

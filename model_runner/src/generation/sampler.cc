@@ -53,6 +53,8 @@ void SamplingParams::validate() const {
   OMNI_CHECK(top_p > 0.0 && top_p <= 1.0, "SamplingParams.top_p must be in (0, 1], got ", top_p);
   OMNI_CHECK(max_new_tokens >= 0, "SamplingParams.max_new_tokens must be >= 0, got ",
              max_new_tokens);
+  OMNI_CHECK(std::isfinite(repetition_penalty) && repetition_penalty > 0.0,
+             "SamplingParams.repetition_penalty must be finite and > 0, got ", repetition_penalty);
 }
 
 Sampler::Sampler(SamplingParams params)
@@ -60,7 +62,7 @@ Sampler::Sampler(SamplingParams params)
   params_.validate();
 }
 
-int64_t Sampler::sample(const at::Tensor& logits) {
+int64_t Sampler::sample(const at::Tensor& logits, const std::vector<int64_t>& context) {
   OMNI_CHECK(logits.defined(), "Sampler::sample: logits are undefined");
   OMNI_CHECK(at::isFloatingType(logits.scalar_type()),
              "Sampler::sample: logits must be floating point, got ", logits.scalar_type());
@@ -71,6 +73,28 @@ int64_t Sampler::sample(const at::Tensor& logits) {
   // One copy to the CPU in float32: the same numbers, and the same draws, on any device.
   at::Tensor x = logits.reshape({-1}).to(at::kCPU, at::kFloat).contiguous();
   OMNI_CHECK(!x.isnan().any().item<bool>(), "Sampler::sample: logits contain NaN");
+  const int64_t vocab = x.size(0);
+
+  // Logits processors, in HF's order; they apply to greedy decoding too. They write in place,
+  // and x may alias the caller's tensor (to() returns it unchanged when it is CPU float32).
+  const bool penalize = params_.repetition_penalty != 1.0 && !context.empty();
+  if (penalize || !params_.suppress_tokens.empty()) x = x.clone();
+  if (penalize) {
+    float* data = x.data_ptr<float>();
+    std::vector<bool> seen(static_cast<size_t>(vocab), false);
+    const auto penalty = static_cast<float>(params_.repetition_penalty);
+    for (int64_t id : context) {
+      if (id < 0 || id >= vocab || seen[id]) continue;
+      seen[id] = true;
+      data[id] = data[id] < 0 ? data[id] * penalty : data[id] / penalty;
+    }
+  }
+  if (!params_.suppress_tokens.empty()) {
+    float* data = x.data_ptr<float>();
+    for (int64_t id : params_.suppress_tokens) {
+      if (id >= 0 && id < vocab) data[id] = kNegInf;
+    }
+  }
 
   if (params_.is_greedy()) return first_argmax(x);
 

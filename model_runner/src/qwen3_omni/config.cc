@@ -1,9 +1,13 @@
 #include "model_runner/qwen3_omni/config.h"
 
+#include <algorithm>
+#include <cctype>
 #include <numeric>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
 #include "cpu_offload/check.h"
+
 #include "model_runner/weights/hf_config.h"
 
 namespace omni::models::qwen3_omni {
@@ -64,12 +68,14 @@ TextConfig parse_text(const HfConfig& c) {
   t.rms_norm_eps = c.get_double("rms_norm_eps", t.rms_norm_eps);
   t.attention_bias = c.get_bool("attention_bias", false);
   parse_text_rope(c, t);
-  t.num_experts = c.get_int("num_experts", 0);
+  // The talker's text config names it num_local_experts (transformers' attribute_map).
+  t.num_experts = c.get_int("num_experts", c.get_int("num_local_experts", 0));
   t.num_experts_per_tok = c.get_int("num_experts_per_tok", 0);
   t.moe_intermediate_size = c.get_int("moe_intermediate_size", 0);
   t.decoder_sparse_step = c.get_int("decoder_sparse_step", 1);
   t.norm_topk_prob = c.get_bool("norm_topk_prob", true);
   t.mlp_only_layers = c.get_int_list("mlp_only_layers", std::vector<int64_t>{});
+  t.shared_expert_intermediate_size = c.get_int("shared_expert_intermediate_size", 0);
 
   require(t.num_attention_heads % t.num_key_value_heads == 0, c, "num_key_value_heads",
           "must divide num_attention_heads (" + std::to_string(t.num_attention_heads) + ")");
@@ -150,6 +156,35 @@ VisionEncoderConfig parse_vision(const HfConfig& c) {
   return v;
 }
 
+CodePredictorConfig parse_code_predictor(const HfConfig& c) {
+  CodePredictorConfig p;
+  p.vocab_size = positive(c, "vocab_size");
+  p.hidden_size = positive(c, "hidden_size");
+  p.intermediate_size = positive(c, "intermediate_size");
+  p.num_hidden_layers = positive(c, "num_hidden_layers");
+  p.num_attention_heads = positive(c, "num_attention_heads");
+  p.num_key_value_heads = positive(c, "num_key_value_heads");
+  p.head_dim = c.get_int("head_dim", p.hidden_size / p.num_attention_heads);
+  p.rms_norm_eps = c.get_double("rms_norm_eps", p.rms_norm_eps);
+  p.attention_bias = c.get_bool("attention_bias", false);
+  p.rope_theta = c.has("rope_parameters") ? c.get_double("rope_parameters.rope_theta", p.rope_theta)
+                                          : c.get_double("rope_theta", p.rope_theta);
+  p.num_code_groups = positive(c, "num_code_groups");
+  const std::string act = c.get_string("hidden_act", "silu");
+  require(act == "silu", c, "hidden_act", "only silu is supported, got " + act);
+  require(p.num_attention_heads % p.num_key_value_heads == 0, c, "num_key_value_heads",
+          "must divide num_attention_heads (" + std::to_string(p.num_attention_heads) + ")");
+  require(p.head_dim % 2 == 0, c, "head_dim", "must be even");
+  // The reference masks sliding layers to a window; the released checkpoint has none.
+  if (c.has("layer_types")) {
+    for (const auto& type : c.raw().at("layer_types")) {
+      require(type == "full_attention", c, "layer_types",
+              "only full_attention layers are supported, got " + type.dump());
+    }
+  }
+  return p;
+}
+
 }  // namespace
 
 bool TextConfig::is_sparse_layer(int64_t layer) const {
@@ -214,6 +249,123 @@ ThinkerConfig parse_thinker_config(const HfConfig& root) {
           t, "vision_config.deepstack_visual_indexes",
           "has more entries than the decoder has layers");
   return cfg;
+}
+
+}  // namespace omni::models::qwen3_omni
+
+namespace omni::models::qwen3_omni {
+
+RopeIndexIds rope_index_ids(const ThinkerConfig& cfg) {
+  RopeIndexIds ids;
+  ids.image_token_id = cfg.image_token_id;
+  ids.video_token_id = cfg.video_token_id;
+  ids.spatial_merge_size = cfg.vision.spatial_merge_size;
+  ids.position_id_per_seconds = cfg.position_id_per_seconds;
+  return ids;
+}
+
+bool has_speech_output(const HfConfig& config) {
+  const auto archs = config.architectures();
+  const bool full =
+      std::find(archs.begin(), archs.end(), "Qwen3OmniMoeForConditionalGeneration") != archs.end();
+  return full && config.get_bool("enable_audio_output", true) && config.has("talker_config");
+}
+
+TalkerConfig parse_talker_config(const HfConfig& root, const ThinkerConfig& thinker) {
+  const HfConfig c = root.sub("talker_config");
+  TalkerConfig t;
+  t.text = parse_text(c.sub("text_config"));
+  // The reference builds every talker layer as a sparse MoE block with a shared expert
+  // (Qwen3OmniMoeTalkerDecoderLayer replaces the MLP unconditionally).
+  t.text.mlp_only_layers.clear();
+  t.text.decoder_sparse_step = 1;
+  const HfConfig text = c.sub("text_config");
+  require(t.text.num_experts > 0, text, "num_experts",
+          "the talker needs experts (num_experts / num_local_experts > 0)");
+  require(t.text.shared_expert_intermediate_size > 0, text, "shared_expert_intermediate_size",
+          "must be > 0");
+  t.code_predictor = parse_code_predictor(c.sub("code_predictor_config"));
+  t.num_code_groups = positive(c, "num_code_groups");
+  t.thinker_hidden_size = positive(c, "thinker_hidden_size");
+  t.accept_hidden_layer = c.get_int("accept_hidden_layer", t.accept_hidden_layer);
+  t.codec_eos_token_id = c.get_int("codec_eos_token_id", t.codec_eos_token_id);
+  t.codec_nothink_id = c.get_int("codec_nothink_id", t.codec_nothink_id);
+  t.codec_think_bos_id = c.get_int("codec_think_bos_id", t.codec_think_bos_id);
+  t.codec_think_eos_id = c.get_int("codec_think_eos_id", t.codec_think_eos_id);
+  t.codec_pad_id = c.get_int("codec_pad_id", t.codec_pad_id);
+  t.codec_bos_id = c.get_int("codec_bos_id", t.codec_bos_id);
+  t.rope.image_token_id = c.get_int("image_token_id", thinker.image_token_id);
+  t.rope.video_token_id = c.get_int("video_token_id", thinker.video_token_id);
+  t.rope.spatial_merge_size = c.get_int("spatial_merge_size", thinker.vision.spatial_merge_size);
+  t.rope.position_id_per_seconds = c.get_int("position_id_per_seconds", 25);
+
+  require(c.has("speaker_id") && c.raw().at("speaker_id").is_object() &&
+              !c.raw().at("speaker_id").empty(),
+          c, "speaker_id", "must be a non-empty object of speaker name -> codec id");
+  for (const auto& [name, id] : c.raw().at("speaker_id").items()) {
+    require(id.is_number_integer(), c, "speaker_id." + name, "must be an integer");
+    std::string lower = name;
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+    t.speakers.emplace_back(lower, id.get<int64_t>());
+  }
+  std::sort(t.speakers.begin(), t.speakers.end());
+
+  const int64_t vocab = t.text.vocab_size;
+  for (auto [name, id] :
+       {std::pair<const char*, int64_t>{"codec_eos_token_id", t.codec_eos_token_id},
+        {"codec_nothink_id", t.codec_nothink_id},
+        {"codec_think_bos_id", t.codec_think_bos_id},
+        {"codec_think_eos_id", t.codec_think_eos_id},
+        {"codec_pad_id", t.codec_pad_id},
+        {"codec_bos_id", t.codec_bos_id}}) {
+    require(id >= 0 && id < vocab, c, name,
+            std::to_string(id) + " is not below text_config.vocab_size " + std::to_string(vocab));
+  }
+  for (const auto& [name, id] : t.speakers) {
+    require(id >= 0 && id < vocab, c, "speaker_id." + name,
+            std::to_string(id) + " is not below text_config.vocab_size " + std::to_string(vocab));
+  }
+  require(t.num_code_groups == t.code_predictor.num_code_groups, c,
+          "code_predictor_config.num_code_groups",
+          "must equal num_code_groups " + std::to_string(t.num_code_groups));
+  require(t.code_predictor.hidden_size == t.text.hidden_size, c,
+          "code_predictor_config.hidden_size",
+          "must equal text_config.hidden_size " + std::to_string(t.text.hidden_size));
+  require(t.thinker_hidden_size == thinker.text.hidden_size, c, "thinker_hidden_size",
+          "must equal thinker_config.text_config.hidden_size " +
+              std::to_string(thinker.text.hidden_size));
+  require(
+      t.accept_hidden_layer >= 0 && t.accept_hidden_layer <= thinker.text.num_hidden_layers, c,
+      "accept_hidden_layer",
+      "must be in [0, thinker layers = " + std::to_string(thinker.text.num_hidden_layers) + "]");
+  // Codes 0..codebook-1 are sampled; the reference suppresses the top 1024 ids except EOS.
+  require(vocab > 1024, text, "vocab_size",
+          "must exceed the 1024 special codec ids (got " + std::to_string(vocab) + ")");
+  return t;
+}
+
+OmniTokenIds parse_omni_token_ids(const HfConfig& root, const ThinkerConfig& thinker) {
+  OmniTokenIds ids;
+  ids.im_start = root.get_int("im_start_token_id", ids.im_start);
+  ids.im_end = root.get_int("im_end_token_id", ids.im_end);
+  ids.tts_pad = root.get_int("tts_pad_token_id", ids.tts_pad);
+  ids.tts_bos = root.get_int("tts_bos_token_id", ids.tts_bos);
+  ids.tts_eos = root.get_int("tts_eos_token_id", ids.tts_eos);
+  ids.system = root.get_int("system_token_id", ids.system);
+  ids.user = root.get_int("user_token_id", ids.user);
+  ids.assistant = root.get_int("assistant_token_id", ids.assistant);
+  for (auto [name, id] : {std::pair<const char*, int64_t>{"im_start_token_id", ids.im_start},
+                          {"tts_pad_token_id", ids.tts_pad},
+                          {"tts_bos_token_id", ids.tts_bos},
+                          {"tts_eos_token_id", ids.tts_eos},
+                          {"user_token_id", ids.user},
+                          {"assistant_token_id", ids.assistant}}) {
+    require(id >= 0 && id < thinker.text.vocab_size, root, name,
+            std::to_string(id) + " is not below thinker_config.text_config.vocab_size " +
+                std::to_string(thinker.text.vocab_size));
+  }
+  return ids;
 }
 
 }  // namespace omni::models::qwen3_omni

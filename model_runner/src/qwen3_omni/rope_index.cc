@@ -10,9 +10,14 @@ namespace omni::models::qwen3_omni {
 
 RopePositions rope_positions(const ThinkerConfig& cfg, const std::vector<int64_t>& ids,
                              const std::vector<std::array<int64_t, 3>>& image_grids) {
+  return rope_positions(rope_index_ids(cfg), ids, image_grids);
+}
+
+RopePositions rope_positions(const RopeIndexIds& cfg, const std::vector<int64_t>& ids,
+                             const std::vector<std::array<int64_t, 3>>& image_grids) {
   const int64_t n = static_cast<int64_t>(ids.size());
   std::vector<int64_t> t(n), h(n), w(n);
-  const int64_t merge = cfg.vision.spatial_merge_size;
+  const int64_t merge = cfg.spatial_merge_size;
   int64_t next = 0;  // position of the next sequential token
   size_t image = 0;
   for (int64_t i = 0; i < n;) {

@@ -7,8 +7,8 @@
 #include <limits>
 #include <string>
 
+#include "attention_ops.h"
 #include "cpu_offload/check.h"
-#include "rotate_half.h"
 
 namespace omni::models::qwen3_omni {
 
@@ -72,18 +72,17 @@ std::pair<at::Tensor, at::Tensor> mrope_cos_sin(const TextConfig& cfg,
   return {recompose(freqs.cos()).to(dtype), recompose(freqs.sin()).to(dtype)};
 }
 
-namespace {
-
-// [1, kv_heads, L, d] -> [1, kv_heads * n_rep, L, d], each kv head repeated n_rep times.
-at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
-  if (n_rep == 1) return x;
-  const auto s = x.sizes();
-  return x.unsqueeze(2)
-      .expand({s[0], s[1], n_rep, s[2], s[3]})
-      .reshape({s[0], s[1] * n_rep, s[2], s[3]});
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(double theta, int64_t head_dim,
+                                               const at::Tensor& positions, at::ScalarType dtype) {
+  auto opts = at::TensorOptions(at::kFloat).device(positions.device());
+  // As the reference: inv_freq = 1 / theta ** (arange(0, dim, 2) / dim) in float32.
+  auto exponents = at::arange(0, head_dim, 2, at::TensorOptions(at::kLong)).to(at::kFloat) /
+                   static_cast<double>(head_dim);
+  auto inv_freq = (1.0 / at::pow(theta, exponents)).to(opts);
+  auto freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;  // [L, dim/2]
+  auto emb = at::cat({freqs, freqs}, -1);
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
-
-}  // namespace
 
 // ---------------------------------------------------------------------------- attention
 
@@ -166,6 +165,13 @@ SparseMoe::SparseMoe(const TextConfig& cfg, at::ScalarType dtype)
         std::to_string(e),
         std::make_shared<TextMlp>(cfg.hidden_size, cfg.moe_intermediate_size, dtype)));
   }
+  if (cfg.shared_expert_intermediate_size > 0) {
+    shared_expert_ = register_module(
+        "shared_expert",
+        std::make_shared<TextMlp>(cfg.hidden_size, cfg.shared_expert_intermediate_size, dtype));
+    shared_expert_gate_ = register_module(
+        "shared_expert_gate", std::make_shared<Linear>(cfg.hidden_size, 1, dtype, false));
+  }
 }
 
 at::Tensor SparseMoe::forward(const at::Tensor& x) {
@@ -192,6 +198,9 @@ at::Tensor SparseMoe::forward(const at::Tensor& x) {
     auto weights =
         top_values.flatten().index_select(0, token_idx * top_k_ + slot_idx).unsqueeze(-1);
     out.index_add_(0, token_idx, (y * weights).to(out.scalar_type()));
+  }
+  if (shared_expert_) {
+    out = out + at::sigmoid(shared_expert_gate_->forward(flat)) * shared_expert_->forward(flat);
   }
   return out.view(shape);
 }
@@ -227,10 +236,10 @@ at::Tensor DecoderLayer::forward(const at::Tensor& hidden, const at::Tensor& cos
       .toTensor();
 }
 
-TextModel::TextModel(const TextConfig& cfg, at::ScalarType dtype)
-    : torch::nn::Module("TextModel"), cfg_(cfg) {
+TextModel::TextModel(const TextConfig& cfg, at::ScalarType dtype, const std::string& embedding_name)
+    : offload::HookableModule("TextModel", {"forward", "embed", "logits"}), cfg_(cfg) {
   embed_tokens_ = register_module(
-      "embed_tokens", std::make_shared<Embedding>(cfg.vocab_size, cfg.hidden_size, dtype));
+      embedding_name, std::make_shared<Embedding>(cfg.vocab_size, cfg.hidden_size, dtype));
   layers_holder_ = register_module("layers", std::make_shared<torch::nn::Module>("Layers"));
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     layers_.push_back(layers_holder_->register_module(
@@ -240,21 +249,51 @@ TextModel::TextModel(const TextConfig& cfg, at::ScalarType dtype)
       register_module("norm", std::make_shared<RMSNorm>(cfg.hidden_size, dtype, cfg.rms_norm_eps));
 }
 
+at::Tensor TextModel::embed(const at::Tensor& ids) {
+  return invoke(
+             "embed", {ids},
+             [this](HookArgs& a) -> c10::IValue { return embed_tokens_->forward(a[0].toTensor()); })
+      .toTensor();
+}
+
+at::Tensor TextModel::tied_logits(const at::Tensor& hidden) {
+  return invoke("logits", {hidden},
+                [this](HookArgs& a) -> c10::IValue {
+                  return at::linear(a[0].toTensor(), embed_tokens_->weight);
+                })
+      .toTensor();
+}
+
 at::Tensor TextModel::forward(const at::Tensor& embeds, const at::Tensor& position_ids,
-                              KvCache* cache, const DeepStackInput* deepstack) {
-  auto [cos, sin] = mrope_cos_sin(cfg_, position_ids, embeds.scalar_type());
-  at::Tensor hidden = embeds;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    hidden = layers_[i]->forward(hidden, cos, sin, cache);
-    if (deepstack && i < deepstack->features.size()) {
-      hidden = hidden.clone();
-      auto rows = hidden[0];
-      auto idx = at::nonzero(deepstack->visual_mask).squeeze(1);
-      rows.index_copy_(0, idx,
-                       rows.index_select(0, idx) + deepstack->features[i].to(hidden.scalar_type()));
-    }
-  }
-  return norm_->forward(hidden);
+                              KvCache* cache, const DeepStackInput* deepstack,
+                              HiddenCapture* capture) {
+  return invoke("forward", {embeds, position_ids},
+                [&](HookArgs& a) -> c10::IValue {
+                  const auto& input = a[0].toTensor();
+                  auto [cos, sin] = mrope_cos_sin(cfg_, a[1].toTensor(), input.scalar_type());
+                  const int64_t want = capture ? capture->layer : -1;
+                  if (want == 0) capture->hidden = input;
+                  at::Tensor hidden = input;
+                  for (size_t i = 0; i < layers_.size(); ++i) {
+                    hidden = layers_[i]->forward(hidden, cos, sin, cache);
+                    if (want == static_cast<int64_t>(i) + 1 && want < cfg_.num_hidden_layers) {
+                      capture->hidden = hidden;
+                    }
+                    if (deepstack && i < deepstack->features.size()) {
+                      hidden = hidden.clone();
+                      auto rows = hidden[0];
+                      auto idx = at::nonzero(deepstack->visual_mask).squeeze(1);
+                      rows.index_copy_(0, idx,
+                                       rows.index_select(0, idx) +
+                                           deepstack->features[i].to(hidden.scalar_type()));
+                    }
+                  }
+                  auto out = norm_->forward(hidden);
+                  // HF replaces the last recorded hidden state by the normalized output.
+                  if (want == cfg_.num_hidden_layers) capture->hidden = out;
+                  return out;
+                })
+      .toTensor();
 }
 
 }  // namespace omni::models::qwen3_omni

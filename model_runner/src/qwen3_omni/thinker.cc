@@ -7,23 +7,47 @@
 namespace omni::models::qwen3_omni {
 
 Thinker::Thinker(const ThinkerConfig& cfg, at::ScalarType dtype)
-    : torch::nn::Module("Thinker"), cfg_(cfg), dtype_(dtype) {
+    : offload::HookableModule("Thinker", {"prefill", "decode", "embed"}), cfg_(cfg), dtype_(dtype) {
   audio_tower_ = register_module("audio_tower", std::make_shared<AudioEncoder>(cfg.audio, dtype));
   visual_ = register_module("visual", std::make_shared<VisionEncoder>(cfg.vision, dtype));
   model_ = register_module("model", std::make_shared<TextModel>(cfg.text, dtype));
   if (!cfg.tie_word_embeddings) {
     lm_head_ = register_module(
         "lm_head",
-        std::make_shared<Linear>(cfg.text.hidden_size, cfg.text.vocab_size, dtype, false));
+        std::make_shared<HookableLinear>(cfg.text.hidden_size, cfg.text.vocab_size, dtype, false));
   }
 }
 
 at::Tensor Thinker::logits(const at::Tensor& hidden) {
-  const auto& weight = lm_head_ ? lm_head_->weight : model_->embedding_weight();
-  return at::linear(hidden, weight).to(at::kFloat).cpu();
+  // Through the modules' hooked methods, so that lm_head and model can be offload components.
+  const auto out = lm_head_ ? lm_head_->forward(hidden) : model_->tied_logits(hidden);
+  return out.to(at::kFloat).cpu();
 }
 
 at::Tensor Thinker::prefill(const ThinkerInputs& in, ThinkerState& state, bool all_logits) {
+  return invoke(
+             "prefill", {},
+             [&](offload::HookArgs&) -> c10::IValue { return prefill_impl(in, state, all_logits); })
+      .toTensor();
+}
+
+at::Tensor Thinker::decode(int64_t token, ThinkerState& state) {
+  return invoke("decode", {},
+                [&](offload::HookArgs&) -> c10::IValue { return decode_impl(token, state); })
+      .toTensor();
+}
+
+at::Tensor Thinker::embed(const std::vector<int64_t>& ids) {
+  for (int64_t id : ids) {
+    OMNI_CHECK(id >= 0 && id < cfg_.text.vocab_size, "token ", id,
+               " is outside the vocabulary [0, ", cfg_.text.vocab_size, ")");
+  }
+  const auto t = at::tensor(ids, at::kLong).to(device_);
+  return invoke("embed", {}, [&](offload::HookArgs&) -> c10::IValue { return model_->embed(t); })
+      .toTensor();
+}
+
+at::Tensor Thinker::prefill_impl(const ThinkerInputs& in, ThinkerState& state, bool all_logits) {
   OMNI_CHECK(state.cache.length() == 0, "prefill needs a fresh ThinkerState");
   OMNI_CHECK(!in.input_ids.empty(), "the prompt is empty");
   const int64_t n = static_cast<int64_t>(in.input_ids.size());
@@ -64,19 +88,32 @@ at::Tensor Thinker::prefill(const ThinkerInputs& in, ThinkerState& state, bool a
 
   const auto rope = rope_positions(cfg_, in.input_ids, in.image_grids);
   state.rope_delta = rope.rope_delta;
+  HiddenCapture capture{state.capture_layer, {}};
   auto hidden = model_->forward(embeds.unsqueeze(0), rope.position_ids.to(device_), &state.cache,
-                                deepstack.features.empty() ? nullptr : &deepstack)[0];
+                                deepstack.features.empty() ? nullptr : &deepstack,
+                                state.capture_layer >= 0 ? &capture : nullptr)[0];
+  if (state.capture_layer >= 0) {
+    state.embeds.push_back(embeds);
+    state.hidden.push_back(capture.hidden[0]);
+  }
   return logits(all_logits ? hidden : hidden.narrow(0, n - 1, 1));
 }
 
-at::Tensor Thinker::decode(int64_t token, ThinkerState& state) {
+at::Tensor Thinker::decode_impl(int64_t token, ThinkerState& state) {
   OMNI_CHECK(state.cache.length() > 0, "decode needs a prefilled ThinkerState");
   OMNI_CHECK(token >= 0 && token < cfg_.text.vocab_size, "token ", token,
              " is outside the vocabulary [0, ", cfg_.text.vocab_size, ")");
   auto ids = at::full({1}, token, at::TensorOptions(at::kLong).device(device_));
   const int64_t pos = state.cache.length() + state.rope_delta;
   auto position_ids = at::full({3, 1}, pos, at::TensorOptions(at::kLong).device(device_));
-  auto hidden = model_->forward(model_->embed(ids).unsqueeze(0), position_ids, &state.cache)[0];
+  const auto embeds = model_->embed(ids);
+  HiddenCapture capture{state.capture_layer, {}};
+  auto hidden = model_->forward(embeds.unsqueeze(0), position_ids, &state.cache, nullptr,
+                                state.capture_layer >= 0 ? &capture : nullptr)[0];
+  if (state.capture_layer >= 0) {
+    state.embeds.push_back(embeds);
+    state.hidden.push_back(capture.hidden[0]);
+  }
   return logits(hidden)[0];
 }
 

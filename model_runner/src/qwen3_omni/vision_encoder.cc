@@ -7,9 +7,9 @@
 #include <cmath>
 #include <string>
 
+#include "attention_ops.h"
 #include "cpu_offload/check.h"
 #include "model_runner/qwen3_omni/audio_encoder.h"  // hf_activation
-#include "rotate_half.h"
 
 namespace omni::models::qwen3_omni {
 

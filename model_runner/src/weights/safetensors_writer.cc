@@ -63,49 +63,67 @@ class TempFile {
   bool committed_ = false;
 };
 
-struct Entry {
-  std::string name;
-  at::Tensor data;  // contiguous, on the CPU
-  const char* dtype;
-};
-
 }  // namespace
 
 void write_safetensors(const std::string& path,
                        const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  for (const auto& [name, t] : tensors) {
+    if (!t.defined()) {
+      OMNI_THROW("write_safetensors('", path, "'): tensor '", name, "' is undefined");
+    }
+    if (t.layout() != at::kStrided) {
+      OMNI_THROW("write_safetensors('", path, "'): tensor '", name, "' is not dense");
+    }
+    specs.push_back({name, t.sizes().vec(), t.scalar_type()});
+  }
+  write_safetensors(
+      path, specs, [&](size_t i) { return tensors[i].second; }, metadata);
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorSpec>& specs,
+                       const std::function<at::Tensor(size_t)>& make,
+                       const std::map<std::string, std::string>& metadata) {
   const std::string where = "write_safetensors('" + path + "'): ";
+  struct Entry {
+    size_t index;
+    const char* dtype;
+    size_t element_size;
+    size_t nbytes;
+  };
   std::vector<Entry> entries;
   std::set<std::string> seen;
-  for (const auto& [name, t] : tensors) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto& spec = specs[i];
+    const auto& name = spec.name;
     if (name.empty() || name == "__metadata__")
       OMNI_THROW(where, "invalid tensor name '", name, "'");
     if (!seen.insert(name).second) OMNI_THROW(where, "duplicate tensor name '", name, "'");
-    if (!t.defined()) OMNI_THROW(where, "tensor '", name, "' is undefined");
-    if (t.layout() != at::kStrided) OMNI_THROW(where, "tensor '", name, "' is not dense");
-    const char* dtype = detail::dtype_to_safetensors(t.scalar_type());
+    const char* dtype = detail::dtype_to_safetensors(spec.dtype);
     if (!dtype) {
-      OMNI_THROW(where, "tensor '", name, "' has dtype ", t.scalar_type(),
+      OMNI_THROW(where, "tensor '", name, "' has dtype ", spec.dtype,
                  ", which safetensors cannot store (supported: ",
                  detail::supported_safetensors_dtypes(), ")");
     }
-    entries.push_back({name, t.to(at::kCPU).contiguous(), dtype});
+    size_t numel = 1;
+    for (int64_t d : spec.shape) numel *= static_cast<size_t>(d);
+    const size_t element = c10::elementSize(spec.dtype);
+    entries.push_back({i, dtype, element, numel * element});
   }
   // Larger elements first: with the data section 8-byte aligned, every tensor then starts at
   // a multiple of its element size, which SafetensorsFile::tensor() needs to avoid a copy.
-  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-    return a.data.element_size() > b.data.element_size();
-  });
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const Entry& a, const Entry& b) { return a.element_size > b.element_size; });
 
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
   for (const Entry& e : entries) {
-    const size_t nbytes = e.data.nbytes();
-    header[e.name] = {{"dtype", e.dtype},
-                      {"shape", e.data.sizes().vec()},
-                      {"data_offsets", {offset, offset + nbytes}}};
-    offset += nbytes;
+    header[specs[e.index].name] = {{"dtype", e.dtype},
+                                   {"shape", specs[e.index].shape},
+                                   {"data_offsets", {offset, offset + e.nbytes}}};
+    offset += e.nbytes;
   }
   std::string text;
   try {
@@ -121,7 +139,15 @@ void write_safetensors(const std::string& path,
   TempFile out(path + ".tmp");
   out.write(length, sizeof(length));
   out.write(text.data(), text.size());
-  for (const Entry& e : entries) out.write(e.data.data_ptr(), e.data.nbytes());
+  for (const Entry& e : entries) {
+    const auto& spec = specs[e.index];
+    const at::Tensor t = make(e.index).to(at::kCPU).contiguous();
+    if (t.sizes().vec() != spec.shape || t.scalar_type() != spec.dtype) {
+      OMNI_THROW(where, "tensor '", spec.name, "' was declared ", spec.dtype, " ",
+                 at::IntArrayRef(spec.shape), " but made as ", t.scalar_type(), " ", t.sizes());
+    }
+    out.write(t.data_ptr(), t.nbytes());
+  }
   out.commit(path);
 }
 

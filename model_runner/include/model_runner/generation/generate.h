@@ -26,8 +26,10 @@ using NextLogitsFn = std::function<at::Tensor(int64_t step, const std::vector<in
 using OnTokenFn = std::function<bool(int64_t token)>;
 
 // Validates `params` first (throws omni::Error). A stop token ends the run as "stop" even if
-// on_token also asks to cancel: the sequence is complete either way.
+// on_token also asks to cancel: the sequence is complete either way. The repetition penalty sees
+// `prompt` followed by the tokens generated so far.
 GenerationResult generate_tokens(const NextLogitsFn& next_logits, const SamplingParams& params,
-                                 const OnTokenFn& on_token = nullptr);
+                                 const OnTokenFn& on_token = nullptr,
+                                 const std::vector<int64_t>& prompt = {});
 
 }  // namespace omni::models

@@ -1,7 +1,8 @@
-// Picks the next token from a step's logits with Hugging Face `generate` semantics: the
-// temperature, top-k and top-p warpers in HF's order, then a multinomial draw, or argmax when
-// greedy. Everything runs in float32 on the CPU so that a seed gives the same tokens on every
-// machine, whatever the logits' dtype or device.
+// Picks the next token from a step's logits with Hugging Face `generate` semantics: the logits
+// processors (repetition penalty, then suppressed tokens), then the temperature, top-k and top-p
+// warpers in HF's order and a multinomial draw, or argmax after the processors when greedy.
+// Everything runs in float32 on the CPU so that a seed gives the same tokens on every machine,
+// whatever the logits' dtype or device.
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -21,8 +22,13 @@ struct SamplingParams {
   double top_p = 1.0;
   // Seeds the Sampler's own CPU generator: a run is reproducible from it.
   uint64_t seed = 0;
-  // Argmax (first index on ties); no randomness.
+  // Argmax (first index on ties) after the processors; no randomness.
   bool greedy = false;
+  // HF RepetitionPenaltyLogitsProcessor over the context given to sample(): a logit of a token
+  // seen there is divided by the penalty when positive, multiplied when negative. 1 = off.
+  double repetition_penalty = 1.0;
+  // Ids that can never be drawn (HF SuppressTokensLogitsProcessor: their logits become -inf).
+  std::vector<int64_t> suppress_tokens;
   int64_t max_new_tokens = 16;
   // Generation ends after any of these (the stop token is part of the output, as in HF).
   std::vector<int64_t> stop_token_ids;
@@ -38,9 +44,11 @@ class Sampler {
   // Validates `params`.
   explicit Sampler(SamplingParams params);
 
-  // `logits`: [vocab] (or [1, vocab]), any floating dtype, any device. Advances the generator
-  // by one draw unless greedy.
-  int64_t sample(const at::Tensor& logits);
+  // `logits`: [vocab] (or [1, vocab]), any floating dtype, any device. `context`: the token ids
+  // the repetition penalty looks at (HF's input_ids: the prompt and what was generated for a
+  // text model, only the generated codes for the talker). Advances the generator by one draw
+  // unless greedy.
+  int64_t sample(const at::Tensor& logits, const std::vector<int64_t>& context = {});
 
   const SamplingParams& params() const { return params_; }
 

@@ -1,7 +1,8 @@
 // Image inputs for the Qwen3-Omni thinker: decode a file (PNG through libpng, JPEG through
-// libjpeg-turbo, the decoders Pillow uses) into 8-bit RGB the way Hugging Face's
-// Qwen2VLImageProcessorPil sees `Image.open(path)`, then turn it into the vision encoder's
-// flattened patches exactly as that processor does (smart_resize, Pillow's bicubic resampling,
+// libjpeg-turbo, the decoders Pillow uses) into the 8-bit RGB image Hugging Face's chat template
+// hands the image processor for an image given by path (transformers' load_image: Image.open,
+// ImageOps.exif_transpose, convert("RGB")), then turn it into the vision encoder's flattened
+// patches exactly as Qwen2VLImageProcessorPil does (smart_resize, Pillow's bicubic resampling,
 // rescale 1/255, normalize, temporal repeat, merge-ordered patch layout).
 #pragma once
 
@@ -23,15 +24,24 @@ struct RgbImage {
 };
 
 // Decodes a PNG or JPEG image held in memory (the format is taken from the magic bytes, not the
-// name). `name` only labels error messages. The result equals what the Hugging Face processor
-// gets from a PIL image (transformers' convert_to_rgb): grayscale is replicated into the three
-// channels, palettes are expanded, and transparency (an alpha channel or a tRNS chunk) is
-// composited onto white with Pillow's alpha_composite arithmetic, as transformers, vLLM and
-// qwen_omni_utils do. 16-bit PNG samples become 8-bit as Pillow makes them: the high byte, except
-// 16-bit grayscale without alpha, which Pillow opens as "I;16" and clamps to 255. EXIF
-// orientation is not applied (Pillow's Image.open does not either). Throws omni::Error naming
-// `name` and the problem: not an image, an unsupported format (GIF, WebP, BMP, CMYK JPEG, ...),
-// truncated or corrupt data, or more pixels than Pillow's decompression-bomb limit.
+// name). `name` only labels error messages. The result equals transformers' load_image() of
+// that file (what the chat template does with a path, URL or base64 image), with Pillow 13:
+//  - the EXIF orientation is applied as ImageOps.exif_transpose applies it: the Orientation
+//    tag of a JPEG's APP1 EXIF, a PNG's eXIf chunk or its "Raw profile type exif" text, or,
+//    when the EXIF has no such tag, tiff:Orientation in the XMP packet; values 2..8 flip or
+//    rotate the image (5..8 swap width and height);
+//  - then convert("RGB"): grayscale is replicated into the three channels, palettes are
+//    expanded, and alpha (an alpha channel, or a tRNS chunk) is dropped: a transparent pixel
+//    keeps its stored colour, nothing is composited. (The processor's own convert_to_rgb, which
+//    composites transparency onto white, then has nothing to do: it matters only for PIL
+//    images handed to the processor directly, which this API does not take.) 16-bit PNG
+//    samples become 8-bit as Pillow makes them: the high byte, except 16-bit grayscale without
+//    alpha, which Pillow opens as "I;16" and clamps to 255.
+// Throws omni::Error naming `name` and the problem: not an image, an unsupported format (GIF,
+// WebP, BMP, CMYK JPEG, ...), truncated or corrupt data, more pixels than Pillow's
+// decompression-bomb limit, or metadata load_image fails on too (EXIF that is not a TIFF
+// structure, a PNG chunk with a bad CRC before the image data, ...). A refusal Python does not
+// share: an orientation that depends on a compressed PNG text chunk libpng cannot decompress.
 RgbImage decode_image(const uint8_t* data, size_t size, const std::string& name);
 
 // Reads and decodes `path` (see decode_image); a missing or unreadable file throws naming it.

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace omni::models {
@@ -67,6 +68,8 @@ struct TextConfig {
   int64_t decoder_sparse_step = 1;
   bool norm_topk_prob = true;
   std::vector<int64_t> mlp_only_layers;
+  // The talker's MoE adds a shared expert gated by sigmoid(shared_expert_gate(x)); 0 = none.
+  int64_t shared_expert_intermediate_size = 0;
 
   bool is_sparse_layer(int64_t layer) const;
 };
@@ -89,6 +92,61 @@ struct ThinkerConfig {
   std::string weight_prefix = "thinker.";
 };
 
+// The talker's code predictor: a small dense Qwen3 decoder (q/k norm, 1-D rope) with one codec
+// embedding table and one head per residual code group.
+struct CodePredictorConfig {
+  int64_t vocab_size = 2048;  // codes per group
+  int64_t hidden_size = 1024;
+  int64_t intermediate_size = 3072;
+  int64_t num_hidden_layers = 5;
+  int64_t num_attention_heads = 16;
+  int64_t num_key_value_heads = 8;
+  int64_t head_dim = 128;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 1000000.0;
+  bool attention_bias = false;
+  int64_t num_code_groups = 16;
+};
+
+// Ids the multimodal rope index reads (the thinker's and the talker's configs each have theirs).
+struct RopeIndexIds {
+  int64_t image_token_id = 151655;
+  int64_t video_token_id = 151656;
+  int64_t spatial_merge_size = 2;
+  int64_t position_id_per_seconds = 25;
+};
+
+// talker_config of config.json.
+struct TalkerConfig {
+  TextConfig text;  // every layer is sparse with a shared expert, whatever mlp_only_layers says
+  CodePredictorConfig code_predictor;
+  int64_t num_code_groups = 16;
+  int64_t thinker_hidden_size = 2048;
+  int64_t accept_hidden_layer = 24;  // thinker hidden_states index the talker reads
+  int64_t codec_eos_token_id = 2150;
+  int64_t codec_nothink_id = 2155;
+  int64_t codec_think_bos_id = 2156;
+  int64_t codec_think_eos_id = 2157;
+  int64_t codec_pad_id = 2148;
+  int64_t codec_bos_id = 2149;
+  std::vector<std::pair<std::string, int64_t>> speakers;  // lower-case name -> codec id, sorted
+  RopeIndexIds rope;
+};
+
+// The whole Qwen3OmniMoeForConditionalGeneration config: the thinker and, when
+// enable_audio_output, the talker and code2wav (code2wav's own struct lives with its model), plus
+// the chat-template token ids the thinker -> talker hand-off reads.
+struct OmniTokenIds {
+  int64_t im_start = 151644;
+  int64_t im_end = 151645;
+  int64_t tts_pad = 151671;
+  int64_t tts_bos = 151672;
+  int64_t tts_eos = 151673;
+  int64_t system = 8948;
+  int64_t user = 872;
+  int64_t assistant = 77091;
+};
+
 // The architectures this runner implements, as named in config.json "architectures".
 const std::vector<std::string>& supported_architectures();
 
@@ -96,5 +154,16 @@ const std::vector<std::string>& supported_architectures();
 // config.json. Throws omni::Error naming the file and field on a missing or inconsistent value,
 // and on an unknown architecture (listing the supported ones).
 ThinkerConfig parse_thinker_config(const HfConfig& config);
+
+// The thinker's ids for the rope index.
+RopeIndexIds rope_index_ids(const ThinkerConfig& cfg);
+
+// True when config.json describes a model with speech output (a full
+// Qwen3OmniMoeForConditionalGeneration with enable_audio_output, the default).
+bool has_speech_output(const HfConfig& config);
+// talker_config (throws naming config.json and the field); `thinker` is checked against it.
+TalkerConfig parse_talker_config(const HfConfig& config, const ThinkerConfig& thinker);
+// The top-level token ids.
+OmniTokenIds parse_omni_token_ids(const HfConfig& config, const ThinkerConfig& thinker);
 
 }  // namespace omni::models::qwen3_omni

@@ -23,6 +23,9 @@ struct RopePositions {
 
 // `image_grids` (t, h, w in patches) in the order the images appear. Throws when the image
 // tokens do not match the grids, or for video tokens (not supported yet).
+RopePositions rope_positions(const RopeIndexIds& ids, const std::vector<int64_t>& input_ids,
+                             const std::vector<std::array<int64_t, 3>>& image_grids);
+// With the thinker's ids.
 RopePositions rope_positions(const ThinkerConfig& cfg, const std::vector<int64_t>& input_ids,
                              const std::vector<std::array<int64_t, 3>>& image_grids);
 

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cpu_offload/hooks.h"
@@ -39,6 +40,10 @@ std::pair<at::Tensor, at::Tensor> mrope_cos_sin(const TextConfig& cfg,
                                                 const at::Tensor& position_ids,
                                                 at::ScalarType dtype);
 
+// cos / sin [L, head_dim] of standard (1-D) rope for positions [L]: the code predictor's.
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(double theta, int64_t head_dim,
+                                               const at::Tensor& positions, at::ScalarType dtype);
+
 class TextAttention : public torch::nn::Module {
  public:
   TextAttention(const TextConfig& cfg, at::ScalarType dtype);
@@ -61,7 +66,8 @@ class TextMlp : public torch::nn::Module {
 };
 
 // Router ("gate") + experts stored one module per expert, as on disk
-// (mlp.experts.{e}.{gate,up,down}_proj).
+// (mlp.experts.{e}.{gate,up,down}_proj). The talker's adds a shared expert that every token
+// uses, scaled by sigmoid(shared_expert_gate(x)).
 class SparseMoe : public torch::nn::Module {
  public:
   SparseMoe(const TextConfig& cfg, at::ScalarType dtype);
@@ -72,6 +78,8 @@ class SparseMoe : public torch::nn::Module {
   bool norm_topk_prob_;
   std::shared_ptr<Linear> gate_;
   std::vector<std::shared_ptr<TextMlp>> experts_;
+  std::shared_ptr<TextMlp> shared_expert_;  // null without one
+  std::shared_ptr<Linear> shared_expert_gate_;
 };
 
 class DecoderLayer : public offload::HookableModule {
@@ -96,15 +104,28 @@ struct DeepStackInput {
   std::vector<at::Tensor> features;  // features[i] [n_visual, hidden] joins after layer i
 };
 
-class TextModel : public torch::nn::Module {
+// Hugging Face's hidden_states[layer] of a forward: 0 is the input embeddings, k the output of
+// decoder layer k - 1 (before any DeepStack features are added, as HF records them), the last
+// (layer == num_hidden_layers) the normalized output.
+struct HiddenCapture {
+  int64_t layer = -1;  // -1: capture nothing
+  at::Tensor hidden;   // [1, L, hidden] after forward
+};
+
+// A Qwen3-Omni text decoder: the thinker's ("thinker.model": embed_tokens) and the talker's
+// ("talker.model": codec_embedding). A HookableModule with three hooked methods (forward, embed,
+// logits) so that it can be a component of its own: every use of its weights goes through them.
+class TextModel : public offload::HookableModule {
  public:
-  TextModel(const TextConfig& cfg, at::ScalarType dtype);
+  TextModel(const TextConfig& cfg, at::ScalarType dtype,
+            const std::string& embedding_name = "embed_tokens");
   // embeds [1, L, hidden], position_ids [3, L] -> normalized hidden states [1, L, hidden].
   at::Tensor forward(const at::Tensor& embeds, const at::Tensor& position_ids, KvCache* cache,
-                     const DeepStackInput* deepstack = nullptr);
-  at::Tensor embed(const at::Tensor& ids) { return embed_tokens_->forward(ids); }
-  // The token embedding table (the lm_head when tie_word_embeddings).
-  const at::Tensor& embedding_weight() const { return embed_tokens_->weight; }
+                     const DeepStackInput* deepstack = nullptr, HiddenCapture* capture = nullptr);
+  // Rows of the embedding table.
+  at::Tensor embed(const at::Tensor& ids);
+  // hidden @ embedding^T: the lm_head of a model with tied word embeddings.
+  at::Tensor tied_logits(const at::Tensor& hidden);
   const TextConfig& config() const { return cfg_; }
 
  private:

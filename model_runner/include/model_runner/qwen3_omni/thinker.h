@@ -36,9 +36,17 @@ struct ThinkerState {
   explicit ThinkerState(int64_t num_layers) : cache(num_layers) {}
   KvCache cache;
   int64_t rope_delta = 0;
+  // What the talker reads (Hugging Face's hidden_states over a generate): when capture_layer
+  // >= 0, every prefill / decode appends its rows (on the compute device) of
+  // hidden_states[0] (the input embeddings, multimodal features merged in) to `embeds` and of
+  // hidden_states[capture_layer] to `hidden`.
+  int64_t capture_layer = -1;
+  std::vector<at::Tensor> embeds, hidden;
 };
 
-class Thinker : public torch::nn::Module {
+// A HookableModule whose hooked methods (prefill, decode, embed) cover every use of its weights,
+// so that the whole thinker can be one offload component ("thinker").
+class Thinker : public offload::HookableModule {
  public:
   Thinker(const ThinkerConfig& cfg, at::ScalarType dtype);
 
@@ -47,6 +55,9 @@ class Thinker : public torch::nn::Module {
   at::Tensor prefill(const ThinkerInputs& inputs, ThinkerState& state, bool all_logits = false);
   // One generated token -> logits [vocab] for the next one (float32, CPU).
   at::Tensor decode(int64_t token, ThinkerState& state);
+  // Rows of the token embedding table for `ids` (on the compute device): what the talker's
+  // hand-off reads for its special tokens.
+  at::Tensor embed(const std::vector<int64_t>& ids);
 
   // Where compute happens (the offload engine's compute device); inputs are moved there.
   void set_device(c10::Device device) { device_ = device; }
@@ -55,10 +66,16 @@ class Thinker : public torch::nn::Module {
   AudioEncoder& audio_tower() { return *audio_tower_; }
   VisionEncoder& visual() { return *visual_; }
   TextModel& language_model() { return *model_; }
-  ThinkerState new_state() const { return ThinkerState(cfg_.text.num_hidden_layers); }
+  ThinkerState new_state(int64_t capture_layer = -1) const {
+    ThinkerState state(cfg_.text.num_hidden_layers);
+    state.capture_layer = capture_layer;
+    return state;
+  }
 
  private:
   at::Tensor logits(const at::Tensor& hidden);
+  at::Tensor prefill_impl(const ThinkerInputs& inputs, ThinkerState& state, bool all_logits);
+  at::Tensor decode_impl(int64_t token, ThinkerState& state);
 
   ThinkerConfig cfg_;
   at::ScalarType dtype_;
@@ -66,7 +83,7 @@ class Thinker : public torch::nn::Module {
   std::shared_ptr<AudioEncoder> audio_tower_;
   std::shared_ptr<VisionEncoder> visual_;
   std::shared_ptr<TextModel> model_;
-  std::shared_ptr<Linear> lm_head_;  // null when tied to the embedding
+  std::shared_ptr<HookableLinear> lm_head_;  // null when tied to the embedding
 };
 
 }  // namespace omni::models::qwen3_omni

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -95,6 +96,18 @@ class SafetensorsCheckpoint {
 // `path + ".tmp"` and renames it: a failure never leaves a half-written `path`.
 void write_safetensors(const std::string& path,
                        const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// The same file, with each tensor made by `make(i)` only when it is written: one tensor in
+// memory at a time (for checkpoints larger than RAM). `make(i)` must return a tensor of
+// specs[i]'s shape and dtype.
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  at::ScalarType dtype;
+};
+void write_safetensors(const std::string& path, const std::vector<TensorSpec>& specs,
+                       const std::function<at::Tensor(size_t)>& make,
                        const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace omni::models

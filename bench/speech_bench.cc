@@ -1,0 +1,232 @@
+// speech-bench: runs one spoken answer through a whole Qwen3-Omni checkpoint (thinker -> talker
+// -> code predictor -> code2wav) under each offload strategy and prints one JSON line per
+// strategy: talker frames/s, the code predictor's share, code2wav real-time factor, time to first
+// audio, peak device bytes of weights, bytes moved, and whether codes and waveform equal the
+// no-offload run. Without --model it writes a random checkpoint: the fixture's shapes (tiny) or
+// the released checkpoint's talker and code2wav shapes behind a cheap thinker (real).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench_args.h"
+#include "cpu_offload/check.h"
+#include "model_runner/runner/omni_runner.h"
+#include "model_runner/runner/synthetic_checkpoint.h"
+
+namespace {
+
+using namespace omni;
+using models::OmniOffloadOptions;
+
+struct Options {
+  std::string model;
+  std::string synthetic = "tiny";
+  int64_t talker_layers = 0;
+  std::string work_dir;
+  std::string assets = OMNI_DEFAULT_ASSETS;
+  std::string strategies =
+      "none,thinker-talker,talker-code2wav,talker-code2wav-sequential,layerwise";
+  int64_t tokens = 12;
+  int64_t frames = 16;
+  int repeats = 3;
+  std::string device = "cpu";
+  std::string dtype = "float32";
+  double sim_bandwidth_gbps = 0;
+  int threads = 0;
+  bool no_pin = false;
+  std::string text = "Say something nice.";
+};
+
+OmniOffloadOptions offload_for(const std::string& strategy, const Options& o) {
+  OmniOffloadOptions off;
+  off.pin_memory = !o.no_pin;
+  const auto components = [&](std::vector<std::string> names, const char* policy) {
+    off.cpu_offload_enabled = true;
+    off.components = std::move(names);
+    off.strategy = policy;
+  };
+  if (strategy == "none") return off;
+  if (strategy == "thinker-talker")
+    components({"thinker", "talker"}, "alternating");
+  else if (strategy == "talker-code2wav")
+    components({"talker", "code2wav"}, "alternating");
+  else if (strategy == "talker-code2wav-sequential")
+    components({"talker", "code2wav"}, "sequential");
+  else if (strategy == "talker-layers")
+    components({"talker.model.layers.*"}, "sequential");
+  else if (strategy == "layerwise")
+    off.layerwise = true;
+  else {
+    OMNI_THROW("--strategies: unknown strategy '", strategy,
+               "' (none, thinker-talker, talker-code2wav, talker-code2wav-sequential, "
+               "talker-layers, layerwise)");
+  }
+  return off;
+}
+
+std::string json_number(double v) {
+  std::ostringstream out;
+  out.precision(6);
+  out << v;
+  return out.str();
+}
+
+int run(const Options& o) {
+  namespace fs = std::filesystem;
+  if (o.threads > 0) at::set_num_threads(o.threads);
+  const auto dtype = bench::parse_dtype(o.dtype);
+  std::string model_dir = o.model;
+  std::string model_name = o.model;
+  if (model_dir.empty()) {
+    const std::string work = o.work_dir.empty()
+                                 ? (fs::temp_directory_path() / "omni_speech_bench").string()
+                                 : o.work_dir;
+    model_dir = work + "/" + o.synthetic;
+    const auto thinker =
+        models::synthetic_thinker_config(o.synthetic == "real" ? "speech-real" : "tiny");
+    const auto speech = models::synthetic_speech_config(o.synthetic, thinker, o.talker_layers);
+    std::cerr << "speech-bench: writing a synthetic '" << o.synthetic << "' checkpoint to "
+              << model_dir << "\n";
+    const auto bytes = models::write_synthetic_checkpoint(
+        model_dir, thinker, o.assets, dtype == at::kFloat ? at::kFloat : at::kBFloat16, 0, &speech);
+    model_name = "synthetic-" + o.synthetic + " (" + std::to_string(bytes) + " bytes)";
+  }
+
+  offload::TransferEngineOptions engine_options;
+  engine_options.sim_bandwidth_bytes_per_s = o.sim_bandwidth_gbps * 1e9;
+  models::OmniRequest request;
+  request.chat.text = o.text;
+  request.sampling.set_greedy(true);
+  request.sampling.thinker.max_new_tokens = o.tokens;
+  request.max_audio_frames = o.frames;
+
+  models::OmniResult baseline;
+  bool have_baseline = false;
+  for (const auto& strategy : bench::split_list(o.strategies)) {
+    models::OmniRunnerOptions options;
+    options.model_dir = model_dir;
+    options.dtype = dtype;
+    options.offload = offload_for(strategy, o);
+    auto engine =
+        offload::make_transfer_engine(offload::parse_device_kind(o.device), engine_options);
+    auto runner = models::OmniRunner::load(options, engine);
+    runner->generate(request);  // warm-up
+    runner->offload().reset_stats();
+    // Timings are the median over the measured requests (the codes are the same every time).
+    std::vector<models::OmniResult> runs;
+    for (int i = 0; i < o.repeats; ++i) runs.push_back(runner->generate(request));
+    const auto stats = runner->offload().stats();
+    auto result = runs.front();
+    const auto median = [&](auto field) {
+      std::vector<double> v;
+      for (const auto& r : runs) v.push_back(r.timings.*field);
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    using T = models::OmniTimings;
+    for (auto field : {&T::thinker_prefill_ms, &T::thinker_decode_tokens_per_s, &T::talker_ms,
+                       &T::talker_frames_per_s, &T::code_predictor_ms, &T::code2wav_ms,
+                       &T::code2wav_real_time_factor, &T::time_to_first_audio_ms, &T::total_ms}) {
+      result.timings.*field = median(field);
+    }
+    if (!have_baseline && strategy == "none") {
+      baseline = result;
+      have_baseline = true;
+    }
+    const auto& t = result.timings;
+    const int64_t frames = result.codes.defined() ? result.codes.size(1) : 0;
+    std::ostringstream line;
+    line << "{\"model\": \"" << model_name << "\", \"strategy\": \"" << strategy
+         << "\", \"device\": \"" << engine->describe() << "\", \"dtype\": \"" << o.dtype
+         << "\", \"thinker_tokens\": " << result.tokens.size() << ", \"frames\": " << frames
+         << ", \"audio_seconds\": "
+         << json_number(static_cast<double>(result.waveform.numel()) / 24000.0)
+         << ", \"thinker_prefill_ms\": " << json_number(t.thinker_prefill_ms)
+         << ", \"thinker_decode_tokens_per_s\": " << json_number(t.thinker_decode_tokens_per_s)
+         << ", \"talker_frames_per_s\": " << json_number(t.talker_frames_per_s)
+         << ", \"talker_ms\": " << json_number(t.talker_ms)
+         << ", \"code_predictor_ms\": " << json_number(t.code_predictor_ms)
+         << ", \"code_predictor_ms_per_frame\": "
+         << json_number(frames ? t.code_predictor_ms / static_cast<double>(frames) : 0)
+         << ", \"code2wav_ms\": " << json_number(t.code2wav_ms)
+         << ", \"code2wav_real_time_factor\": " << json_number(t.code2wav_real_time_factor)
+         << ", \"time_to_first_audio_ms\": " << json_number(t.time_to_first_audio_ms)
+         << ", \"total_ms\": " << json_number(t.total_ms)
+         << ", \"peak_device_bytes\": " << stats.peak_device_bytes
+         << ", \"resident_bytes\": " << stats.resident_bytes
+         << ", \"param_bytes\": " << stats.param_bytes << ", \"bytes_h2d\": " << stats.bytes_h2d
+         << ", \"repeats\": " << o.repeats << ", \"loads\": " << stats.loads
+         << ", \"stall_ms\": " << json_number(stats.stall_ms);
+    if (have_baseline && strategy != "none") {
+      const bool codes_equal = at::equal(result.codes, baseline.codes);
+      const bool wav_equal = at::equal(result.waveform, baseline.waveform);
+      line << ", \"codes_equal_to_none\": " << (codes_equal ? "true" : "false")
+           << ", \"wav_equal_to_none\": " << (wav_equal ? "true" : "false");
+    } else {
+      line << ", \"codes_equal_to_none\": null, \"wav_equal_to_none\": null";
+    }
+    line << "}";
+    std::cout << line.str() << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{
+      "speech-bench: the talker, code predictor and code2wav under each offload "
+      "strategy; one JSON line per strategy"};
+  app.add_option("--model", o.model, "a Qwen3-Omni checkpoint directory (default: synthetic)");
+  app.add_option("--synthetic", o.synthetic,
+                 "shapes of the random checkpoint written when --model is absent: tiny (the "
+                 "test fixture's) or real (Qwen3-Omni-30B-A3B's talker and code2wav)")
+      ->check(CLI::IsMember({"tiny", "real"}))
+      ->capture_default_str();
+  app.add_option("--talker-layers", o.talker_layers,
+                 "synthetic: talker decoder layers (0 = the preset's: 20 for real)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--work-dir", o.work_dir, "where the synthetic checkpoint goes (default: temp)");
+  app.add_option("--assets", o.assets, "tokenizer.json and preprocessor_config.json")
+      ->capture_default_str();
+  app.add_option("--strategies", o.strategies,
+                 "comma-separated: none, thinker-talker, talker-code2wav, "
+                 "talker-code2wav-sequential, talker-layers, layerwise")
+      ->capture_default_str();
+  app.add_option("--tokens", o.tokens, "thinker tokens (its text is what the talker speaks)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--frames", o.frames, "talker frames cap (80 ms each)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--device", o.device, "cpu (the simulated device) or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--dtype", o.dtype, "compute dtype (and the synthetic checkpoint's)")
+      ->check(CLI::IsMember({"float32", "bfloat16", "float16"}))
+      ->capture_default_str();
+  app.add_option("--sim-bandwidth-gbps", o.sim_bandwidth_gbps,
+                 "simulated device: throttle copies to X GB/s (0 = unthrottled)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--threads", o.threads, "intra-op threads (0 = LibTorch's default)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--repeats", o.repeats,
+                 "measured requests per strategy after a warm-up; timings are their median")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("--no-pin", o.no_pin, "pageable host memory");
+  app.add_option("--text", o.text, "the user's text")->capture_default_str();
+  return bench::bench_main(app, argc, argv, [&] { return run(o); });
+}

@@ -1,0 +1,51 @@
+// Offload of a Qwen3-Omni runner, with the names of the stage config (vLLM-Omni's keys), and
+// how they become the engine's OffloadConfig and ModelSpec. Shared by ThinkerRunner (the thinker
+// alone is the root) and OmniRunner (thinker, talker and code2wav under one root).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cpu_offload/model_spec.h"
+#include "cpu_offload/offload_config.h"
+
+namespace omni::models {
+
+struct RunnerOffloadOptions {
+  // cpu_offload_enabled: component offload of `components`.
+  bool cpu_offload_enabled = false;
+  // cpu_offload_components: module names or globs as the checkpoint names them (each runner
+  // documents its names: thinker_component_paths, omni_component_paths).
+  std::vector<std::string> components = {"visual", "audio_tower"};
+  // cpu_offload_strategy: "alternating" (the component about to run comes on, others leave as
+  // the budget requires) or "sequential" (each leaves right after its forward).
+  std::string strategy = "alternating";
+  // cpu_offload_pin_memory.
+  bool pin_memory = true;
+  // Device bytes the offloaded components may hold together (alternating); 0 = no budget
+  // (a component leaves when another comes on). Or a fraction of device memory.
+  size_t device_budget_bytes = 0;
+  double device_budget_fraction = 0;
+  // Layerwise streaming of the decoder layers (the thinker's, and the talker's when loaded),
+  // for language models that do not fit; window of num_gpu_layers layers ahead. Replaces
+  // component offload when set.
+  bool layerwise = false;
+  int num_gpu_layers = 1;
+  // With layerwise: the audio tower's layers and the vision encoder's blocks stream through the
+  // same slots (their convolutions, position tables and mergers stay resident), so the encoders
+  // leave the device too. They run once per request, so this costs one copy of each.
+  bool layerwise_encoders = true;
+};
+
+// The engine's view of `options` for a root holding the thinker at `thinker_prefix` ("" or
+// "thinker.") and, with `talker`, "talker.model.layers". `component_paths` maps the user's
+// component names onto module paths. Validates the config (throws naming the bad value).
+std::pair<offload::OffloadConfig, offload::ModelSpec> offload_setup(
+    const RunnerOffloadOptions& options, const std::string& thinker_prefix, bool talker,
+    const std::function<std::vector<std::string>(const std::vector<std::string>&)>&
+        component_paths);
+
+}  // namespace omni::models

@@ -1,0 +1,292 @@
+#include "model_runner/qwen3_omni/talker.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <sstream>
+
+#include "cpu_offload/check.h"
+#include "model_runner/qwen3_omni/rope_index.h"
+
+namespace omni::models::qwen3_omni {
+
+using offload::HookArgs;
+
+// ---------------------------------------------------------------------------- projections
+
+ResizeMlp::ResizeMlp(int64_t in, int64_t intermediate, int64_t out, at::ScalarType dtype)
+    : offload::HookableModule("ResizeMlp") {
+  linear_fc1_ =
+      register_module("linear_fc1", std::make_shared<Linear>(in, intermediate, dtype, true));
+  linear_fc2_ =
+      register_module("linear_fc2", std::make_shared<Linear>(intermediate, out, dtype, true));
+}
+
+at::Tensor ResizeMlp::forward(const at::Tensor& x) {
+  return invoke("forward", {x},
+                [this](HookArgs& a) -> c10::IValue {
+                  return linear_fc2_->forward(at::silu(linear_fc1_->forward(a[0].toTensor())));
+                })
+      .toTensor();
+}
+
+// ---------------------------------------------------------------------------- code predictor
+
+namespace {
+
+// The code predictor's layers are the thinker's dense decoder layers with its sizes.
+TextConfig code_predictor_layer_config(const CodePredictorConfig& c) {
+  TextConfig t;
+  t.vocab_size = c.vocab_size;
+  t.hidden_size = c.hidden_size;
+  t.intermediate_size = c.intermediate_size;
+  t.num_hidden_layers = c.num_hidden_layers;
+  t.num_attention_heads = c.num_attention_heads;
+  t.num_key_value_heads = c.num_key_value_heads;
+  t.head_dim = c.head_dim;
+  t.rms_norm_eps = c.rms_norm_eps;
+  t.attention_bias = c.attention_bias;
+  t.num_experts = 0;  // dense MLPs
+  return t;
+}
+
+}  // namespace
+
+CodePredictorModel::CodePredictorModel(const CodePredictorConfig& cfg, at::ScalarType dtype)
+    : torch::nn::Module("CodePredictorModel"), cfg_(cfg) {
+  const TextConfig layer_cfg = code_predictor_layer_config(cfg);
+  auto layers = register_module("layers", std::make_shared<torch::nn::Module>("Layers"));
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    layers_.push_back(layers->register_module(std::to_string(i),
+                                              std::make_shared<DecoderLayer>(layer_cfg, i, dtype)));
+  }
+  norm_ =
+      register_module("norm", std::make_shared<RMSNorm>(cfg.hidden_size, dtype, cfg.rms_norm_eps));
+  auto tables = register_module("codec_embedding", std::make_shared<torch::nn::Module>("Tables"));
+  for (int64_t k = 0; k + 1 < cfg.num_code_groups; ++k) {
+    codec_embedding_.push_back(tables->register_module(
+        std::to_string(k), std::make_shared<Embedding>(cfg.vocab_size, cfg.hidden_size, dtype)));
+  }
+}
+
+at::Tensor CodePredictorModel::forward(const at::Tensor& embeds, KvCache* cache) {
+  const int64_t past = cache->length();
+  const auto positions =
+      at::arange(past, past + embeds.size(1), at::TensorOptions(at::kLong).device(embeds.device()));
+  auto [cos, sin] = rope_cos_sin(cfg_.rope_theta, cfg_.head_dim, positions, embeds.scalar_type());
+  at::Tensor hidden = embeds;
+  for (auto& layer : layers_) hidden = layer->forward(hidden, cos, sin, cache);
+  return norm_->forward(hidden);
+}
+
+at::Tensor CodePredictorModel::embed(int64_t table, const at::Tensor& ids) {
+  return codec_embedding_.at(static_cast<size_t>(table))->forward(ids);
+}
+
+CodePredictor::CodePredictor(const CodePredictorConfig& cfg, at::ScalarType dtype)
+    : offload::HookableModule("CodePredictor"), cfg_(cfg) {
+  model_ = register_module("model", std::make_shared<CodePredictorModel>(cfg, dtype));
+  auto heads = register_module("lm_head", std::make_shared<torch::nn::Module>("Heads"));
+  for (int64_t k = 0; k + 1 < cfg.num_code_groups; ++k) {
+    lm_head_.push_back(heads->register_module(
+        std::to_string(k),
+        std::make_shared<Linear>(cfg.hidden_size, cfg.vocab_size, dtype, false)));
+  }
+}
+
+CodePredictor::Frame CodePredictor::predict(const at::Tensor& talker_hidden,
+                                            const at::Tensor& code0_embed, Sampler& sampler,
+                                            std::vector<at::Tensor>* logits) {
+  Frame frame;
+  invoke("forward", {talker_hidden, code0_embed}, [&](HookArgs& a) -> c10::IValue {
+    const int64_t hidden = cfg_.hidden_size;
+    const auto& h = a[0].toTensor();
+    const auto& e0 = a[1].toTensor();
+    KvCache cache(cfg_.num_hidden_layers);  // fresh per frame, as each generate call starts one
+    // Step 0 reads [talker hidden, code 0 embedding] with head 0; step k embeds code k with
+    // table k - 1 and reads head k.
+    at::Tensor input = at::stack({h.reshape({hidden}), e0.reshape({hidden})}).unsqueeze(0);
+    std::vector<at::Tensor> embeds;
+    const auto ids_opts = at::TensorOptions(at::kLong).device(h.device());
+    for (int64_t k = 0; k + 1 < cfg_.num_code_groups; ++k) {
+      const auto out = model_->forward(input, &cache);
+      const auto step_logits = lm_head_[k]->forward(out[0][-1]).to(at::kFloat).cpu();
+      if (logits) logits->push_back(step_logits);
+      const int64_t code = sampler.sample(step_logits);
+      frame.codes.push_back(code);
+      const auto embed = model_->embed(k, at::full({1}, code, ids_opts));  // [1, hidden]
+      embeds.push_back(embed);
+      input = embed.unsqueeze(0);
+    }
+    frame.embeds = at::cat(embeds, 0);
+    return c10::IValue();
+  });
+  return frame;
+}
+
+// ---------------------------------------------------------------------------- talker
+
+Talker::Talker(const TalkerConfig& cfg, at::ScalarType dtype)
+    : offload::HookableModule("Talker", {"prefill", "step"}), cfg_(cfg), dtype_(dtype) {
+  const int64_t hidden = cfg.text.hidden_size;
+  // Both projections are ResizeMlp(thinker hidden -> text intermediate -> talker hidden).
+  model_ =
+      register_module("model", std::make_shared<TextModel>(cfg.text, dtype, "codec_embedding"));
+  text_projection_ = register_module(
+      "text_projection", std::make_shared<ResizeMlp>(cfg.thinker_hidden_size,
+                                                     cfg.text.intermediate_size, hidden, dtype));
+  hidden_projection_ = register_module(
+      "hidden_projection", std::make_shared<ResizeMlp>(cfg.thinker_hidden_size,
+                                                       cfg.text.intermediate_size, hidden, dtype));
+  codec_head_ = register_module(
+      "codec_head", std::make_shared<HookableLinear>(hidden, cfg.text.vocab_size, dtype, false));
+  code_predictor_ =
+      register_module("code_predictor", std::make_shared<CodePredictor>(cfg.code_predictor, dtype));
+}
+
+at::Tensor Talker::logits(const at::Tensor& hidden) {
+  return codec_head_->forward(hidden).to(at::kFloat).cpu();
+}
+
+Talker::ProjectedPrompt Talker::project(const TalkerPrompt& prompt) {
+  const int64_t n = prompt.rows.defined() ? prompt.rows.size(0) : 0;
+  OMNI_CHECK(n > 0 && static_cast<int64_t>(prompt.multimodal.size()) == n &&
+                 static_cast<int64_t>(prompt.codec_ids.size()) == n &&
+                 static_cast<int64_t>(prompt.input_ids.size()) == n,
+             "Talker: the prompt's rows, multimodal flags, codec ids and input ids must have one "
+             "entry per position");
+  OMNI_CHECK(prompt.rows.dim() == 2 && prompt.rows.size(1) == cfg_.thinker_hidden_size &&
+                 prompt.trailing.defined() && prompt.trailing.dim() == 2 &&
+                 prompt.trailing.size(1) == cfg_.thinker_hidden_size && prompt.tts_pad.defined() &&
+                 prompt.tts_pad.numel() == cfg_.thinker_hidden_size,
+             "Talker: the prompt's rows, trailing rows and tts_pad must have ",
+             cfg_.thinker_hidden_size, " columns (thinker_hidden_size)");
+  for (int64_t id : prompt.codec_ids) {
+    OMNI_CHECK(id >= -1 && id < cfg_.text.vocab_size, "Talker: codec id ", id, " outside [0, ",
+               cfg_.text.vocab_size, ")");
+  }
+  ProjectedPrompt out;
+  invoke("prefill", {}, [&](HookArgs&) -> c10::IValue {
+    out = project_impl(prompt);
+    return c10::IValue();
+  });
+  return out;
+}
+
+Talker::ProjectedPrompt Talker::project_impl(const TalkerPrompt& prompt) {
+  const int64_t n = prompt.rows.size(0);
+  const auto rows = prompt.rows.to(device_, dtype_);
+  std::vector<int64_t> text_idx, mm_idx, codec_pos, codec_ids;
+  for (int64_t p = 0; p < n; ++p) {
+    (prompt.multimodal[p] ? mm_idx : text_idx).push_back(p);
+    if (prompt.codec_ids[p] >= 0) {
+      codec_pos.push_back(p);
+      codec_ids.push_back(prompt.codec_ids[p]);
+    }
+  }
+  ProjectedPrompt out;
+  out.embeds = at::empty({n, cfg_.text.hidden_size}, rows.options());
+  const auto project_rows = [&](const std::vector<int64_t>& idx, ResizeMlp& mlp) {
+    if (idx.empty()) return;
+    const auto where = at::tensor(idx, at::kLong).to(device_);
+    out.embeds.index_copy_(0, where, mlp.forward(rows.index_select(0, where)));
+  };
+  project_rows(text_idx, *text_projection_);
+  project_rows(mm_idx, *hidden_projection_);
+  if (!codec_pos.empty()) {
+    const auto where = at::tensor(codec_pos, at::kLong).to(device_);
+    const auto codec = model_->embed(at::tensor(codec_ids, at::kLong).to(device_));
+    out.embeds.index_copy_(0, where, out.embeds.index_select(0, where) + codec);
+  }
+  out.trailing = text_projection_->forward(prompt.trailing.to(device_, dtype_));
+  out.tts_pad = text_projection_->forward(prompt.tts_pad.reshape({1, -1}).to(device_, dtype_))[0];
+  return out;
+}
+
+at::Tensor Talker::prefill(const TalkerPrompt& prompt,
+                           const std::vector<std::array<int64_t, 3>>& image_grids,
+                           TalkerState& state) {
+  return prefill_embeds(project(prompt), prompt.input_ids, image_grids, state);
+}
+
+at::Tensor Talker::prefill_embeds(const ProjectedPrompt& prompt,
+                                  const std::vector<int64_t>& input_ids,
+                                  const std::vector<std::array<int64_t, 3>>& image_grids,
+                                  TalkerState& state) {
+  OMNI_CHECK(state.cache.length() == 0, "Talker::prefill needs a fresh TalkerState");
+  const int64_t n = prompt.embeds.defined() ? prompt.embeds.size(0) : 0;
+  OMNI_CHECK(n > 0 && static_cast<int64_t>(input_ids.size()) == n &&
+                 prompt.embeds.size(1) == cfg_.text.hidden_size,
+             "Talker::prefill: embeds must be [", input_ids.size(), ", ", cfg_.text.hidden_size,
+             "], got ", prompt.embeds.sizes());
+  return invoke("prefill", {},
+                [&](HookArgs&) -> c10::IValue {
+                  state.trailing = prompt.trailing.to(device_, dtype_);
+                  state.tts_pad = prompt.tts_pad.to(device_, dtype_).reshape({-1});
+                  const auto rope = rope_positions(cfg_.rope, input_ids, image_grids);
+                  state.rope_delta = rope.rope_delta;
+                  const auto hidden =
+                      model_->forward(prompt.embeds.to(device_, dtype_).unsqueeze(0),
+                                      rope.position_ids.to(device_), &state.cache)[0];
+                  state.last_hidden = hidden[n - 1];
+                  return logits(state.last_hidden);
+                })
+      .toTensor();
+}
+
+std::vector<int64_t> Talker::step(int64_t code0, TalkerState& state,
+                                  Sampler& code_predictor_sampler, at::Tensor& next_logits,
+                                  std::vector<at::Tensor>* code_predictor_logits) {
+  OMNI_CHECK(state.cache.length() > 0, "Talker::step needs a prefilled TalkerState");
+  OMNI_CHECK(code0 >= 0 && code0 < cfg_.text.vocab_size, "Talker::step: code ", code0,
+             " outside [0, ", cfg_.text.vocab_size, ")");
+  std::vector<int64_t> frame{code0};
+  next_logits =
+      invoke("step", {}, [&](HookArgs&) -> c10::IValue {
+        const auto ids = at::full({1}, code0, at::TensorOptions(at::kLong).device(device_));
+        const auto e0 = model_->embed(ids);  // [1, hidden]
+        const auto cp_start = std::chrono::steady_clock::now();
+        auto predicted = code_predictor_->predict(state.last_hidden, e0, code_predictor_sampler,
+                                                  code_predictor_logits);
+        state.code_predictor_ms +=
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - cp_start)
+                .count();
+        frame.insert(frame.end(), predicted.codes.begin(), predicted.codes.end());
+        // The next input: the sum of the frame's codec embeddings (in the reference's
+        // order) plus this step's text row, or tts_pad once the text is used up.
+        auto input = at::cat({e0, predicted.embeds}, 0).sum(0, /*keepdim=*/true);
+        const auto text =
+            state.step < state.trailing.size(0) ? state.trailing[state.step] : state.tts_pad;
+        input = input + text;
+        ++state.step;
+        const int64_t pos = state.cache.length() + state.rope_delta;
+        const auto position_ids =
+            at::full({3, 1}, pos, at::TensorOptions(at::kLong).device(device_));
+        const auto hidden = model_->forward(input.unsqueeze(0), position_ids, &state.cache)[0];
+        state.last_hidden = hidden[0];
+        return logits(state.last_hidden);
+      }).toTensor();
+  return frame;
+}
+
+std::vector<int64_t> talker_suppressed_tokens(const TalkerConfig& cfg) {
+  std::vector<int64_t> ids;
+  for (int64_t id = std::max<int64_t>(cfg.text.vocab_size - 1024, 0); id < cfg.text.vocab_size;
+       ++id) {
+    if (id != cfg.codec_eos_token_id) ids.push_back(id);
+  }
+  return ids;
+}
+
+int64_t speaker_codec_id(const TalkerConfig& cfg, const std::string& name) {
+  std::string lower = name;
+  for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  std::ostringstream known;
+  for (size_t i = 0; i < cfg.speakers.size(); ++i) {
+    if (cfg.speakers[i].first == lower) return cfg.speakers[i].second;
+    known << (i ? ", " : "") << cfg.speakers[i].first;
+  }
+  OMNI_THROW("unknown speaker '", name, "'; this checkpoint has: ", known.str());
+}
+
+}  // namespace omni::models::qwen3_omni

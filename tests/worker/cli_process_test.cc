@@ -1,0 +1,172 @@
+// The built vllm-omni run as a process: --help, bad command lines (exit 2, one line on stderr,
+// nothing on stdout) and runtime errors (exit 1, one "vllm-omni: error: ..." line).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "process.h"
+
+namespace omni::cli {
+namespace {
+
+using process::count_lines;
+using process::ProcessResult;
+
+const std::string kFixture = std::string(OMNI_FIXTURES_DIR) + "/qwen3_omni_tiny";
+
+ProcessResult vllm_omni(std::vector<std::string> args) {
+  args.insert(args.begin(), OMNI_VLLM_OMNI);
+  return process::run_process(args);
+}
+
+#define EXPECT_CONTAINS(text, part)                          \
+  EXPECT_NE(std::string(text).find(part), std::string::npos) \
+      << "expected to find \"" << (part) << "\" in \"" << (text) << "\""
+
+TEST(VllmOmniProcess, GenerateHelpListsEveryOptionWithItsDefault) {
+  const auto r = vllm_omni({"generate", "--help"});
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.err, "");
+  for (const char* flag : {"--model",
+                           "--prompt",
+                           "--audio",
+                           "--image",
+                           "--system",
+                           "--speaker",
+                           "--modalities",
+                           "--max-tokens",
+                           "--max-audio-frames",
+                           "--greedy",
+                           "--seed",
+                           "--temperature",
+                           "--top-p",
+                           "--top-k",
+                           "--repetition-penalty",
+                           "--talker-temperature",
+                           "--talker-top-k",
+                           "--talker-top-p",
+                           "--talker-repetition-penalty",
+                           "--output-wav",
+                           "--wav-format",
+                           "--stream-first-chunk",
+                           "--stream-chunk",
+                           "--stream-left-context",
+                           "--cpu-offload-components",
+                           "--cpu-offload-strategy",
+                           "--cpu-offload-budget",
+                           "--no-pin-memory",
+                           "--enable-layerwise-offload",
+                           "--layerwise-num-gpu-layers",
+                           "--device",
+                           "--dtype",
+                           "--json"}) {
+    EXPECT_CONTAINS(r.out, std::string("  ") + flag + " ");
+  }
+  // Defaults, from the runner's headers (CLI11 prints them as =value).
+  for (const char* shown : {"--max-tokens N=2048",
+                            "--max-audio-frames N=4096",
+                            "--temperature X=0.4",
+                            "--top-p X=0.9",
+                            "--top-k N=1",
+                            "--repetition-penalty X=1.05",
+                            "--talker-temperature X=0.9",
+                            "--talker-top-k N=50",
+                            "--talker-top-p X=1",
+                            "--talker-repetition-penalty X=1.05",
+                            "--wav-format pcm16|f32=pcm16",
+                            "--stream-first-chunk N=4",
+                            "--stream-chunk N=25",
+                            "--stream-left-context N=25",
+                            "--modalities text|audio|text,audio=text,audio",
+                            "--cpu-offload-strategy alternating|sequential=alternating",
+                            "--cpu-offload-budget BYTES=0",
+                            "--layerwise-num-gpu-layers N=1",
+                            "--device cpu|cuda=cpu",
+                            "--dtype float32|bfloat16|float16=float32"}) {
+    EXPECT_CONTAINS(r.out, shown);
+  }
+}
+
+TEST(VllmOmniProcess, TopLevelHelpListsTheSubcommands) {
+  const auto r = vllm_omni({"--help"});
+  EXPECT_EQ(r.status, 0);
+  EXPECT_CONTAINS(r.out, "generate");
+}
+
+struct BadCommandLine {
+  std::vector<std::string> args;
+  std::string message;  // part of the one line on stderr
+};
+
+// The arguments, as the test's name in ctest (the default would dump the struct's bytes).
+void PrintTo(const BadCommandLine& c, std::ostream* os) {
+  if (c.args.empty()) *os << "(no arguments)";
+  for (size_t i = 0; i < c.args.size(); ++i) *os << (i ? " " : "") << c.args[i];
+}
+
+class VllmOmniBadCommandLine : public ::testing::TestWithParam<BadCommandLine> {};
+
+TEST_P(VllmOmniBadCommandLine, ExitsTwoWithOneLineSayingWhy) {
+  const auto r = vllm_omni(GetParam().args);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(count_lines(r.err), 1u) << r.err;
+  EXPECT_EQ(r.err.rfind("vllm-omni: error: ", 0), 0u) << r.err;
+  EXPECT_CONTAINS(r.err, GetParam().message);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, VllmOmniBadCommandLine,
+    ::testing::Values(
+        BadCommandLine{{}, "a subcommand is required"},
+        BadCommandLine{{"chat"}, "unknown subcommand 'chat'"},
+        BadCommandLine{{"generate", "--model", "m", "--prompt", "p", "--bogus"}, "--bogus"},
+        BadCommandLine{{"generate", "--prompt", "p"}, "--model is required"},
+        BadCommandLine{{"generate", "--model", "m", "--prompt", "p", "--max-tokens", "2.5"},
+                       "--max-tokens: expected an integer >= 1, got '2.5'"},
+        BadCommandLine{{"generate", "--model", "m", "--prompt", "p", "--wav-format", "mp3"},
+                       "--wav-format: expected one of pcm16, f32; got 'mp3'"},
+        BadCommandLine{{"generate", "--model", "m", "--prompt", "p", "--modalities", "video"},
+                       "--modalities: expected one of text, audio; got 'video'"}));
+
+TEST(VllmOmniProcess, AMissingModelDirectoryExitsOneNamingIt) {
+  const auto r = vllm_omni({"generate", "--model", "/nonexistent", "--prompt", "hi"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err, "vllm-omni: error: model directory '/nonexistent' does not exist\n");
+}
+
+TEST(VllmOmniProcess, AMissingInputFileExitsOneBeforeLoading) {
+  const auto r = vllm_omni(
+      {"generate", "--model", kFixture, "--prompt", "hi", "--audio", "/nonexistent/a.wav"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.err, "vllm-omni: error: audio file '/nonexistent/a.wav' does not exist\n");
+}
+
+TEST(VllmOmniProcess, AnOutputWavInAMissingFolderExitsOneBeforeLoading) {
+  const auto r = vllm_omni(
+      {"generate", "--model", kFixture, "--prompt", "hi", "--output-wav", "/nonexistent/o.wav"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(count_lines(r.err), 1u) << r.err;
+  EXPECT_CONTAINS(r.err, "folder '/nonexistent' does not exist");
+}
+
+// The runner refuses the request before generating; its message lists the known speakers.
+TEST(VllmOmniProcess, AnUnknownSpeakerExitsOneListingTheKnownOnes) {
+  const auto r = vllm_omni({"generate", "--model", kFixture, "--prompt", "hi", "--speaker",
+                            "nobody", "--max-tokens", "2", "--json"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.out, "");
+  // stderr: the runner's load log, then exactly one error line, the last.
+  const std::string last = r.err.substr(r.err.rfind("vllm-omni: "));
+  EXPECT_EQ(count_lines(last), 1u) << r.err;
+  EXPECT_EQ(last.rfind("vllm-omni: error: ", 0), 0u) << r.err;
+  EXPECT_CONTAINS(last, "nobody");
+  for (const char* name : {"aiden", "chelsie", "ethan"}) EXPECT_CONTAINS(last, name);
+}
+
+}  // namespace
+}  // namespace omni::cli

@@ -1,0 +1,329 @@
+// `vllm-omni generate` options, parsed in this process: the runner's defaults, every flag on
+// its field of OmniRunnerOptions / OmniRequest, and the bad command lines (status 2, one line).
+#include "worker/cli/generate_options.h"
+
+#include <gtest/gtest.h>
+#include <CLI/CLI.hpp>
+
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "worker/cli/app.h"
+
+namespace omni::cli {
+namespace {
+
+struct Parsed {
+  std::optional<int> status;  // nullopt: parsed, the subcommand would run
+  std::string out, err;
+  CommandLine commands;
+};
+
+Parsed parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "vllm-omni");
+  Parsed p;
+  auto app = make_app(p.commands);
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  p.status = parse_command_line(*app, static_cast<int>(argv.size()), argv.data(), out, err);
+  p.out = out.str();
+  p.err = err.str();
+  return p;
+}
+
+// `generate --model m --prompt p` plus `extra`; fails the test unless it parses.
+GenerateOptions generate(std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"generate", "--model", "m", "--prompt", "p"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  Parsed p = parse(args);
+  EXPECT_FALSE(p.status.has_value()) << p.err;
+  return p.commands.generate;
+}
+
+void expect_same(const models::SamplingParams& a, const models::SamplingParams& b) {
+  EXPECT_EQ(a.temperature, b.temperature);
+  EXPECT_EQ(a.top_k, b.top_k);
+  EXPECT_EQ(a.top_p, b.top_p);
+  EXPECT_EQ(a.seed, b.seed);
+  EXPECT_EQ(a.greedy, b.greedy);
+  EXPECT_EQ(a.repetition_penalty, b.repetition_penalty);
+  EXPECT_EQ(a.max_new_tokens, b.max_new_tokens);
+  EXPECT_EQ(a.stop_token_ids, b.stop_token_ids);
+  EXPECT_EQ(a.suppress_tokens, b.suppress_tokens);
+}
+
+TEST(GenerateOptions, DefaultsAreTheRunners) {
+  const GenerateOptions o = generate();
+  EXPECT_EQ(o.model, "m");
+  EXPECT_EQ(o.prompt, "p");
+  EXPECT_FALSE(o.modalities_given);
+  EXPECT_TRUE(o.wants_text());
+  EXPECT_TRUE(o.wants_audio());
+  EXPECT_EQ(o.max_tokens, 2048);
+
+  const models::OmniRequest request = to_request(o);
+  const models::OmniRequest runner_default;
+  expect_same(request.sampling.thinker, runner_default.sampling.thinker);
+  expect_same(request.sampling.talker, runner_default.sampling.talker);
+  expect_same(request.sampling.code_predictor, runner_default.sampling.code_predictor);
+  EXPECT_EQ(request.chat.text, "p");
+  EXPECT_TRUE(request.chat.audio_files.empty());
+  EXPECT_TRUE(request.chat.image_files.empty());
+  EXPECT_EQ(request.chat.system_prompt, "");
+  EXPECT_TRUE(request.text_output);
+  EXPECT_TRUE(request.audio_output);
+  EXPECT_EQ(request.speaker, "");
+  EXPECT_EQ(request.max_audio_frames, 4096);
+  EXPECT_EQ(request.max_audio_frames, runner_default.max_audio_frames);
+  EXPECT_EQ(request.stream.first_chunk_frames, runner_default.stream.first_chunk_frames);
+  EXPECT_EQ(request.stream.chunk_frames, runner_default.stream.chunk_frames);
+  EXPECT_EQ(request.stream.left_context_frames, runner_default.stream.left_context_frames);
+
+  const models::OmniRunnerOptions runner = to_runner_options(o);
+  const models::OmniOffloadOptions offload_default;
+  EXPECT_EQ(runner.model_dir, "m");
+  EXPECT_EQ(runner.dtype, at::kFloat);
+  EXPECT_FALSE(runner.offload.cpu_offload_enabled);
+  EXPECT_EQ(runner.offload.components, offload_default.components);
+  EXPECT_EQ(runner.offload.strategy, "alternating");
+  EXPECT_TRUE(runner.offload.pin_memory);
+  EXPECT_EQ(runner.offload.device_budget_bytes, 0u);
+  EXPECT_FALSE(runner.offload.layerwise);
+  EXPECT_EQ(runner.offload.num_gpu_layers, 1);
+  EXPECT_EQ(device_kind(o), offload::DeviceKind::kCpuSim);
+  EXPECT_EQ(wav_format(o), models::WavFormat::kPcm16);
+  EXPECT_EQ(o.output_wav, "");
+  EXPECT_FALSE(o.json);
+}
+
+TEST(GenerateOptions, EveryFlagReachesItsField) {
+  const GenerateOptions o = generate({"--audio",
+                                      "a.wav",
+                                      "--audio",
+                                      "b.flac",
+                                      "--image",
+                                      "i.png",
+                                      "--system",
+                                      "be brief",
+                                      "--speaker",
+                                      "Chelsie",
+                                      "--modalities",
+                                      "audio",
+                                      "--max-tokens",
+                                      "7",
+                                      "--max-audio-frames",
+                                      "24",
+                                      "--temperature",
+                                      "0.7",
+                                      "--top-p",
+                                      "0.5",
+                                      "--top-k",
+                                      "3",
+                                      "--repetition-penalty",
+                                      "1.2",
+                                      "--talker-temperature",
+                                      "0.6",
+                                      "--talker-top-k",
+                                      "9",
+                                      "--talker-top-p",
+                                      "0.8",
+                                      "--talker-repetition-penalty",
+                                      "1.3",
+                                      "--output-wav",
+                                      "o.wav",
+                                      "--wav-format",
+                                      "f32",
+                                      "--stream-first-chunk",
+                                      "2",
+                                      "--stream-chunk",
+                                      "5",
+                                      "--stream-left-context",
+                                      "0",
+                                      "--cpu-offload-components",
+                                      "talker,code2wav",
+                                      "--cpu-offload-strategy",
+                                      "sequential",
+                                      "--cpu-offload-budget",
+                                      "8GB",
+                                      "--no-pin-memory",
+                                      "--enable-layerwise-offload",
+                                      "--layerwise-num-gpu-layers",
+                                      "3",
+                                      "--device",
+                                      "cuda",
+                                      "--dtype",
+                                      "bfloat16",
+                                      "--json",
+                                      "--seed",
+                                      "42"});
+  const models::OmniRequest r = to_request(o);
+  EXPECT_EQ(r.chat.audio_files, (std::vector<std::string>{"a.wav", "b.flac"}));
+  EXPECT_EQ(r.chat.image_files, (std::vector<std::string>{"i.png"}));
+  EXPECT_EQ(r.chat.system_prompt, "be brief");
+  EXPECT_EQ(r.speaker, "Chelsie");
+  EXPECT_TRUE(o.modalities_given);
+  EXPECT_FALSE(r.text_output);
+  EXPECT_TRUE(r.audio_output);
+  EXPECT_EQ(r.sampling.thinker.max_new_tokens, 7);
+  EXPECT_EQ(r.max_audio_frames, 24);
+  EXPECT_EQ(r.sampling.thinker.temperature, 0.7);
+  EXPECT_EQ(r.sampling.thinker.top_p, 0.5);
+  EXPECT_EQ(r.sampling.thinker.top_k, 3);
+  EXPECT_EQ(r.sampling.thinker.repetition_penalty, 1.2);
+  EXPECT_EQ(r.sampling.talker.temperature, 0.6);
+  EXPECT_EQ(r.sampling.talker.top_k, 9);
+  EXPECT_EQ(r.sampling.talker.top_p, 0.8);
+  EXPECT_EQ(r.sampling.talker.repetition_penalty, 1.3);
+  EXPECT_FALSE(r.sampling.thinker.greedy);
+  models::OmniSampling seeded;
+  seeded.set_seed(42);
+  EXPECT_EQ(r.sampling.thinker.seed, seeded.thinker.seed);
+  EXPECT_EQ(r.sampling.talker.seed, seeded.talker.seed);
+  EXPECT_EQ(r.sampling.code_predictor.seed, seeded.code_predictor.seed);
+  EXPECT_EQ(r.stream.first_chunk_frames, 2);
+  EXPECT_EQ(r.stream.chunk_frames, 5);
+  EXPECT_EQ(r.stream.left_context_frames, 0);
+  EXPECT_EQ(o.output_wav, "o.wav");
+  EXPECT_EQ(wav_format(o), models::WavFormat::kFloat32);
+  EXPECT_TRUE(o.json);
+
+  const models::OmniRunnerOptions runner = to_runner_options(o);
+  EXPECT_TRUE(runner.offload.cpu_offload_enabled);
+  EXPECT_EQ(runner.offload.components, (std::vector<std::string>{"talker", "code2wav"}));
+  EXPECT_EQ(runner.offload.strategy, "sequential");
+  EXPECT_EQ(runner.offload.device_budget_bytes, 8000000000u);
+  EXPECT_FALSE(runner.offload.pin_memory);
+  EXPECT_TRUE(runner.offload.layerwise);
+  EXPECT_EQ(runner.offload.num_gpu_layers, 3);
+  EXPECT_EQ(runner.dtype, at::kBFloat16);
+  EXPECT_EQ(device_kind(o), offload::DeviceKind::kCuda);
+}
+
+TEST(GenerateOptions, GreedyAndSeedApplyToEveryStage) {
+  const models::OmniRequest r = to_request(generate({"--greedy", "--seed", "7"}));
+  models::OmniSampling expected;
+  expected.set_greedy(true);
+  expected.set_seed(7);
+  expect_same(r.sampling.thinker, expected.thinker);
+  expect_same(r.sampling.talker, expected.talker);
+  expect_same(r.sampling.code_predictor, expected.code_predictor);
+  EXPECT_TRUE(r.sampling.thinker.is_greedy());
+  EXPECT_TRUE(r.sampling.talker.is_greedy());
+  EXPECT_TRUE(r.sampling.code_predictor.is_greedy());
+}
+
+TEST(GenerateOptions, ModalitiesAndOffloadLists) {
+  EXPECT_FALSE(to_request(generate({"--modalities", "text"})).audio_output);
+  EXPECT_TRUE(to_request(generate({"--modalities", "text"})).text_output);
+  const auto both = generate({"--modalities", "audio,text"});
+  EXPECT_TRUE(both.wants_audio() && both.wants_text() && both.modalities_given);
+  const auto star = to_runner_options(generate({"--cpu-offload-components", "thinker.*"}));
+  EXPECT_TRUE(star.offload.cpu_offload_enabled);
+  EXPECT_EQ(star.offload.components, (std::vector<std::string>{"thinker.*"}));
+  // Repeated flags add to the list; binary suffixes are powers of 1024.
+  const auto repeated =
+      to_runner_options(generate({"--cpu-offload-components", "visual", "--cpu-offload-components",
+                                  "talker", "--cpu-offload-budget", "2GiB"}));
+  EXPECT_EQ(repeated.offload.components, (std::vector<std::string>{"visual", "talker"}));
+  EXPECT_EQ(repeated.offload.device_budget_bytes, size_t{2} << 30);
+  EXPECT_EQ(to_runner_options(generate({"--dtype", "float16"})).dtype, at::kHalf);
+}
+
+struct BadCase {
+  std::vector<std::string> args;  // after `generate --model m --prompt p` unless `whole`
+  std::string message;            // the line, after "vllm-omni: error: "
+  bool whole = false;
+};
+
+// The arguments, as the test's name in ctest (the default would dump the struct's bytes).
+void PrintTo(const BadCase& c, std::ostream* os) {
+  if (c.args.empty()) *os << "(no arguments)";
+  for (size_t i = 0; i < c.args.size(); ++i) *os << (i ? " " : "") << c.args[i];
+}
+
+class GenerateBadCommandLine : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(GenerateBadCommandLine, IsStatusTwoWithOneLine) {
+  std::vector<std::string> args = GetParam().args;
+  if (!GetParam().whole) {
+    const std::vector<std::string> base = {"generate", "--model", "m", "--prompt", "p"};
+    args.insert(args.begin(), base.begin(), base.end());
+  }
+  const Parsed p = parse(args);
+  ASSERT_TRUE(p.status.has_value());
+  EXPECT_EQ(*p.status, 2);
+  EXPECT_EQ(p.out, "");
+  EXPECT_EQ(p.err, "vllm-omni: error: " + GetParam().message + "\n");
+}
+
+const std::string kSee = " (see 'vllm-omni generate --help')";
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, GenerateBadCommandLine,
+    ::testing::Values(
+        BadCase{{}, "a subcommand is required (one of: generate) (see 'vllm-omni --help')", true},
+        BadCase{{"serve"},
+                "unknown subcommand 'serve' (one of: generate) (see 'vllm-omni --help')",
+                true},
+        BadCase{{"generate", "--prompt", "p"}, "--model is required" + kSee, true},
+        BadCase{{"generate", "--model", "m"}, "--prompt is required" + kSee, true},
+        BadCase{{"--bogus"}, "The following argument was not expected: --bogus" + kSee},
+        BadCase{{"--audio", "a.wav", "b.wav"},
+                "The following argument was not expected: b.wav" + kSee},
+        BadCase{{"--max-tokens"}, "--max-tokens: 1 required N missing" + kSee},
+        BadCase{{"--max-tokens", "2.5"},
+                "--max-tokens: expected an integer >= 1, got '2.5'" + kSee},
+        BadCase{{"--max-tokens", "0"}, "--max-tokens: expected an integer >= 1, got '0'" + kSee},
+        BadCase{{"--max-audio-frames", "x"},
+                "--max-audio-frames: expected an integer >= 1, got 'x'" + kSee},
+        BadCase{{"--stream-left-context", "-1"},
+                "--stream-left-context: expected an integer >= 0, got '-1'" + kSee},
+        BadCase{{"--top-k", "-2"}, "--top-k: expected an integer >= 0, got '-2'" + kSee},
+        BadCase{{"--wav-format", "mp3"},
+                "--wav-format: expected one of pcm16, f32; got 'mp3'" + kSee},
+        BadCase{{"--modalities", "video"},
+                "--modalities: expected one of text, audio; got 'video'" + kSee},
+        BadCase{{"--modalities", "text,video"},
+                "--modalities: expected one of text, audio; got 'video'" + kSee},
+        BadCase{{"--device", "tpu"}, "--device: expected one of cpu, cuda; got 'tpu'" + kSee},
+        BadCase{{"--dtype", "int8"},
+                "--dtype: expected one of float32, bfloat16, float16; got 'int8'" + kSee},
+        BadCase{{"--seed", "-1"}, "--seed: expected an unsigned 64-bit integer, got '-1'" + kSee},
+        BadCase{{"--seed", "99999999999999999999"},
+                "--seed: expected an unsigned 64-bit integer, got '99999999999999999999'" + kSee},
+        BadCase{{"--temperature", "-0.1"},
+                "--temperature: expected a number >= 0, got '-0.1'" + kSee},
+        BadCase{{"--top-p", "1.5"}, "--top-p: expected a number in (0, 1], got '1.5'" + kSee},
+        BadCase{{"--talker-top-p", "0"},
+                "--talker-top-p: expected a number in (0, 1], got '0'" + kSee},
+        BadCase{{"--repetition-penalty", "0"},
+                "--repetition-penalty: expected a number > 0, got '0'" + kSee},
+        BadCase{{"--talker-temperature", "nan"},
+                "--talker-temperature: expected a number >= 0, got 'nan'" + kSee},
+        BadCase{{"--cpu-offload-strategy", "sequential"},
+                "--cpu-offload-strategy requires --cpu-offload-components" + kSee},
+        BadCase{
+            {"--cpu-offload-components", "talker", "--cpu-offload-strategy", "lru"},
+            "--cpu-offload-strategy: expected one of alternating, sequential; got 'lru'" + kSee},
+        BadCase{{"--cpu-offload-components", "talker", "--cpu-offload-budget", "-5"},
+                "--cpu-offload-budget: expected a byte count (suffixes KB, MB, GB: powers of "
+                "1000; KiB, MiB, GiB: powers of 1024), got '-5'" +
+                    kSee},
+        BadCase{{"--layerwise-num-gpu-layers", "2"},
+                "--layerwise-num-gpu-layers requires --enable-layerwise-offload" + kSee},
+        BadCase{{"--enable-layerwise-offload", "--layerwise-num-gpu-layers", "0"},
+                "--layerwise-num-gpu-layers: expected an integer >= 1, got '0'" + kSee}));
+
+TEST(GenerateOptions, HelpIsStatusZeroOnStdout) {
+  const Parsed p = parse({"generate", "--help"});
+  ASSERT_TRUE(p.status.has_value());
+  EXPECT_EQ(*p.status, 0);
+  EXPECT_EQ(p.err, "");
+  EXPECT_NE(p.out.find("--cpu-offload-components"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace omni::cli

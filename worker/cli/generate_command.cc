@@ -1,0 +1,224 @@
+#include "worker/cli/generate_command.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <filesystem>
+#include <iomanip>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cpu_offload/check.h"
+#include "cpu_offload/logging.h"
+#include "model_runner/output/wav_writer.h"
+#include "model_runner/tokenizer/text_stream.h"
+
+namespace omni::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::json;
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+std::string lower(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return text;
+}
+
+// Mistakes in what the user typed: the reason alone, without the source location OMNI_THROW
+// adds for internal errors.
+template <typename... Parts>
+[[noreturn]] void fail(const Parts&... parts) {
+  throw omni::Error(omni::detail::str_cat(parts...));
+}
+
+void require_file(const std::string& kind, const std::string& path) {
+  std::error_code ec;
+  const auto status = fs::status(path, ec);
+  if (!fs::exists(status)) fail(kind, " file '", path, "' does not exist");
+  if (fs::is_directory(status)) fail(kind, " file '", path, "' is a directory");
+}
+
+// Mistakes found before the model loads, which can take minutes for a real checkpoint.
+void check_paths(const GenerateOptions& o) {
+  std::error_code ec;
+  const auto model = fs::status(o.model, ec);
+  if (!fs::exists(model)) fail("model directory '", o.model, "' does not exist");
+  if (!fs::is_directory(model)) fail("model directory '", o.model, "' is not a directory");
+  for (const auto& f : o.audio) require_file("audio", f);
+  for (const auto& f : o.image) require_file("image", f);
+  if (!o.output_wav.empty() && o.wants_audio()) {
+    const fs::path wav(o.output_wav);
+    const fs::path folder = wav.has_parent_path() ? wav.parent_path() : fs::path(".");
+    if (!fs::is_directory(folder, ec)) {
+      fail("--output-wav '", o.output_wav, "': folder '", folder.string(), "' does not exist");
+    }
+    if (fs::is_directory(wav, ec)) {
+      fail("--output-wav '", o.output_wav, "' is a directory");
+    }
+  }
+}
+
+Json timings_json(const models::OmniTimings& t) {
+  return Json{{"load_ms", t.load_ms},
+              {"thinker_prefill_ms", t.thinker_prefill_ms},
+              {"thinker_decode_tokens_per_s", t.thinker_decode_tokens_per_s},
+              {"talker_ms", t.talker_ms},
+              {"talker_frames_per_s", t.talker_frames_per_s},
+              {"code_predictor_ms", t.code_predictor_ms},
+              {"code2wav_ms", t.code2wav_ms},
+              {"code2wav_real_time_factor", t.code2wav_real_time_factor},
+              {"time_to_first_audio_ms", t.time_to_first_audio_ms},
+              {"total_ms", t.total_ms}};
+}
+
+// codes [num_code_groups, frames] -> a list of frames, each num_code_groups codes.
+Json codes_json(const at::Tensor& codes) {
+  Json frames = Json::array();
+  if (!codes.defined() || codes.numel() == 0) return frames;
+  const at::Tensor by_frame = codes.to(at::kCPU, at::kLong).t().contiguous();
+  const int64_t groups = by_frame.size(1);
+  const int64_t* p = by_frame.data_ptr<int64_t>();
+  for (int64_t f = 0; f < by_frame.size(0); ++f) {
+    frames.push_back(std::vector<int64_t>(p + f * groups, p + (f + 1) * groups));
+  }
+  return frames;
+}
+
+int64_t num_samples(const at::Tensor& waveform) {
+  return waveform.defined() ? waveform.numel() : 0;
+}
+
+}  // namespace
+
+std::string one_line(std::string message) {
+  while (!message.empty() && (message.back() == '\n' || message.back() == ' ')) {
+    message.pop_back();
+  }
+  for (char& c : message) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return message;
+}
+
+int run_generate(const GenerateOptions& o, const CommandIo& io) {
+  bool line_open = false;  // streamed text not yet ended by a newline
+  const auto progress = [&](const std::string& line) {
+    if (io.progress) io.err << "vllm-omni: " << line << std::endl;
+  };
+  const auto note = [&](const std::string& line) {
+    io.err << "vllm-omni: note: " << line << std::endl;
+  };
+  try {
+    check_paths(o);
+    models::OmniRequest request = to_request(o);
+    const models::WavFormat format = wav_format(o);
+
+    progress("loading " + o.model + " (" + o.device + ", " + o.dtype + ")");
+    const auto load_start = Clock::now();
+    auto engine = offload::make_transfer_engine(device_kind(o));
+    auto runner = models::OmniRunner::load(to_runner_options(o), engine);
+    const double load_ms = ms_since(load_start);
+    progress("loaded in " + std::to_string(static_cast<int64_t>(load_ms)) + " ms");
+
+    if (request.audio_output && !runner->has_talker()) {
+      if (o.modalities_given) {
+        fail("'", o.model, "' has no talker: it answers in text only (--modalities text)");
+      }
+      note("'" + o.model + "' has no talker: answering in text only");
+      request.audio_output = false;
+    }
+    const bool write = request.audio_output && !o.output_wav.empty();
+    if (request.audio_output && o.output_wav.empty()) {
+      note("no --output-wav: the audio is not written (its codes and timings are reported)");
+    }
+    if (!request.audio_output && !o.output_wav.empty()) {
+      note("no audio asked for: --output-wav '" + o.output_wav + "' is not written");
+    }
+
+    models::TextStreamDecoder decoder(runner->tokenizer());
+    models::OmniCallbacks callbacks;
+    const bool stream_text = !o.json && request.text_output;
+    if (stream_text) {
+      callbacks.on_token = [&](int64_t token) {
+        const std::string text = decoder.push(token);
+        if (!text.empty()) {
+          io.out << text << std::flush;
+          line_open = true;
+        }
+        return true;
+      };
+    }
+    progress("generating");
+    const models::OmniResult result = runner->generate(request, callbacks);
+    if (stream_text) {
+      io.out << decoder.finish() << "\n" << std::flush;
+      line_open = false;
+    }
+
+    const int64_t samples = num_samples(result.waveform);
+    const double audio_seconds =
+        result.sample_rate > 0 ? static_cast<double>(samples) / result.sample_rate : 0.0;
+    if (write) {
+      const at::Tensor waveform =
+          result.waveform.defined() ? result.waveform : at::empty({0}, at::kFloat);
+      models::write_wav(o.output_wav, waveform, result.sample_rate, format);
+      std::ostringstream line;
+      line << "wrote " << o.output_wav << " (" << std::fixed << std::setprecision(2)
+           << audio_seconds << " s, " << result.sample_rate << " Hz, " << o.wav_format << ")";
+      progress(line.str());
+    }
+
+    if (o.json) {
+      std::vector<int32_t> ids(result.tokens.begin(), result.tokens.end());
+      Json j;
+      j["text"] = runner->tokenizer().decode(ids, /*skip_special=*/true);
+      j["token_ids"] = result.tokens;
+      j["finish_reason"] = result.finish_reason;
+      j["audio_finish_reason"] = result.audio_finish_reason;
+      j["codes"] = codes_json(result.codes);
+      j["wav"] = write ? Json(o.output_wav) : Json(nullptr);
+      j["audio_seconds"] = audio_seconds;
+      j["sample_rate"] = result.sample_rate;
+      j["speaker"] = request.audio_output
+                         ? Json(o.speaker.empty() ? runner->default_speaker() : lower(o.speaker))
+                         : Json(nullptr);
+      j["timings"] = timings_json(result.timings);
+      j["offload"] = Json::parse(runner->offload().stats().to_json());
+      // replace: text from the tokenizer is valid UTF-8, but a user path need not be.
+      io.out << j.dump(-1, ' ', false, Json::error_handler_t::replace) << std::endl;
+    }
+    return 0;
+  } catch (const c10::Error& e) {
+    if (line_open) io.out << std::endl;
+    io.err << "vllm-omni: error: " << one_line(e.what_without_backtrace()) << std::endl;
+  } catch (const omni::Error& e) {
+    if (line_open) io.out << std::endl;
+    // The reason only: where in the source it was thrown is for developers (OMNI_LOG_LEVEL=debug
+    // keeps it).
+    std::string why = e.what();
+    const auto at = why.rfind(" [");
+    if (log_level() > LogLevel::kDebug && at != std::string::npos && !why.empty() &&
+        why.back() == ']') {
+      why.resize(at);
+    }
+    io.err << "vllm-omni: error: " << one_line(why) << std::endl;
+  } catch (const std::exception& e) {
+    if (line_open) io.out << std::endl;
+    io.err << "vllm-omni: error: " << one_line(e.what()) << std::endl;
+  }
+  return 1;
+}
+
+}  // namespace omni::cli

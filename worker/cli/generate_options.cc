@@ -1,0 +1,352 @@
+#include "worker/cli/generate_options.h"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cpu_offload/check.h"
+
+namespace omni::cli {
+namespace {
+
+// Validators. Each returns "" or the reason, which CLI11 turns into "--flag: reason"; their
+// descriptions are empty so that --help shows the type names set below (N, X, ...) and not
+// CLI11's generic ones. CLI11 checks the text before converting it, so the integer checks also
+// catch "2.5", which would otherwise fail as "Could not convert".
+
+bool parse_integer(const std::string& text, long long* value) {
+  if (text.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  *value = std::strtoll(text.c_str(), &end, 10);
+  return errno == 0 && end == text.c_str() + text.size();
+}
+
+bool parse_number(const std::string& text, double* value) {
+  if (text.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  *value = std::strtod(text.c_str(), &end);
+  return errno == 0 && end == text.c_str() + text.size() && std::isfinite(*value);
+}
+
+CLI::Validator integer_at_least(long long min) {
+  return CLI::Validator(
+      [min](std::string& text) -> std::string {
+        long long v;
+        if (!parse_integer(text, &v) || v < min) {
+          return "expected an integer >= " + std::to_string(min) + ", got '" + text + "'";
+        }
+        return "";
+      },
+      "");
+}
+
+CLI::Validator unsigned_integer() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        // Digits only: strtoull would accept "-1" (and wrap it around).
+        const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+          return c >= '0' && c <= '9';
+        });
+        errno = 0;
+        if (!digits || (std::strtoull(text.c_str(), nullptr, 10) == ULLONG_MAX && errno != 0)) {
+          return "expected an unsigned 64-bit integer, got '" + text + "'";
+        }
+        return "";
+      },
+      "");
+}
+
+// A number in [min, max] (or (min, max] with `min_open`).
+CLI::Validator number_in(double min, double max, bool min_open = false) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double v;
+        const bool ok = parse_number(text, &v) && (min_open ? v > min : v >= min) && v <= max;
+        if (ok) return "";
+        std::ostringstream why;
+        why << "expected a number ";
+        if (max == HUGE_VAL) {
+          why << (min_open ? "> " : ">= ") << min;
+        } else {
+          why << "in " << (min_open ? "(" : "[") << min << ", " << max << "]";
+        }
+        why << ", got '" << text << "'";
+        return why.str();
+      },
+      "");
+}
+
+CLI::Validator one_of(std::vector<std::string> names) {
+  return CLI::Validator(
+      [names](std::string& text) -> std::string {
+        if (std::find(names.begin(), names.end(), text) != names.end()) return "";
+        std::string list;
+        for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+        return "expected one of " + list + "; got '" + text + "'";
+      },
+      "");
+}
+
+// Bytes, with an optional SI or binary suffix: 8000000000, 8GB (10^9), 8GiB (2^30).
+CLI::Validator byte_size() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const std::string original = text;
+        const std::string bad =
+            "expected a byte count (suffixes KB, MB, GB: powers of 1000; KiB, "
+            "MiB, GiB: powers of 1024), got '" +
+            original + "'";
+        if (text.empty() || text[0] == '-' || text[0] == '+') return bad;
+        // AsSizeValue rewrites `text` to the plain number of bytes.
+        if (!CLI::AsSizeValue(/*kb_is_1000=*/true)(text).empty()) return bad;
+        return "";
+      },
+      "");
+}
+
+}  // namespace
+
+GenerateOptions::GenerateOptions() {
+  const models::SamplingParams thinker = models::OmniSampling::default_thinker();
+  const models::SamplingParams talker = models::OmniSampling::default_talker();
+  const models::OmniRequest request;
+  const models::qwen3_omni::Code2WavStreamOptions stream;
+  max_tokens = thinker.max_new_tokens;
+  temperature = thinker.temperature;
+  top_p = thinker.top_p;
+  top_k = thinker.top_k;
+  repetition_penalty = thinker.repetition_penalty;
+  max_audio_frames = request.max_audio_frames;
+  talker_temperature = talker.temperature;
+  talker_top_k = talker.top_k;
+  talker_top_p = talker.top_p;
+  talker_repetition_penalty = talker.repetition_penalty;
+  stream_first_chunk = stream.first_chunk_frames;
+  stream_chunk = stream.chunk_frames;
+  stream_left_context = stream.left_context_frames;
+  const models::OmniOffloadOptions offload;
+  cpu_offload_strategy = offload.strategy;
+  cpu_offload_budget = offload.device_budget_bytes;
+  no_pin_memory = !offload.pin_memory;
+  enable_layerwise_offload = offload.layerwise;
+  layerwise_num_gpu_layers = offload.num_gpu_layers;
+}
+
+bool GenerateOptions::wants_text() const {
+  return std::find(modalities.begin(), modalities.end(), "text") != modalities.end();
+}
+
+bool GenerateOptions::wants_audio() const {
+  return std::find(modalities.begin(), modalities.end(), "audio") != modalities.end();
+}
+
+void add_generate_options(CLI::App& app, GenerateOptions& o) {
+  app.option_defaults()->always_capture_default();
+
+  app.add_option("--model", o.model, "Qwen3-Omni checkpoint directory (Hugging Face layout)")
+      ->required()
+      ->type_name("DIR");
+  app.add_option("--prompt", o.prompt, "the user's text")->required()->type_name("TEXT");
+  app.add_option("--audio", o.audio, "an audio file (WAV, FLAC, OGG) for the prompt; repeatable")
+      ->type_name("FILE")
+      ->allow_extra_args(false);
+  app.add_option("--image", o.image, "an image file (PNG, JPEG) for the prompt; repeatable")
+      ->type_name("FILE")
+      ->allow_extra_args(false);
+  app.add_option("--system", o.system, "a system turn before the user's (default: none)")
+      ->type_name("TEXT");
+  app.add_option("--speaker", o.speaker,
+                 "voice, a speaker name of the checkpoint, any case (default: its default, "
+                 "Ethan for Qwen3-Omni)")
+      ->type_name("NAME");
+  app.add_option("--modalities", o.modalities,
+                 "what to answer with: text, audio or both (a checkpoint without a talker "
+                 "answers in text when this is left out)")
+      ->type_name("text|audio|text,audio")
+      ->default_str("text,audio")
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->check(one_of({"text", "audio"}))
+      ->each([&o](const std::string&) { o.modalities_given = true; });
+
+  app.add_option("--max-tokens", o.max_tokens, "most tokens the thinker generates")
+      ->type_name("N")
+      ->check(integer_at_least(1));
+  app.add_option("--max-audio-frames", o.max_audio_frames,
+                 "most codec frames the talker generates (80 ms each)")
+      ->type_name("N")
+      ->check(integer_at_least(1));
+  app.add_flag("--greedy", o.greedy,
+               "argmax after the repetition penalty in every stage (thinker, talker, code "
+               "predictor); overrides the temperatures and top-k/top-p");
+  app.add_option_function<uint64_t>(
+         "--seed", [&o](const uint64_t& seed) { o.seed = seed; },
+         "one seed for every stage's sampler (default: their own defaults)")
+      ->type_name("N")
+      ->check(unsigned_integer());
+  app.add_option("--temperature", o.temperature, "thinker: temperature (0 = greedy)")
+      ->type_name("X")
+      ->check(number_in(0, HUGE_VAL));
+  app.add_option("--top-p", o.top_p, "thinker: nucleus sampling mass (1 = off)")
+      ->type_name("X")
+      ->check(number_in(0, 1, /*min_open=*/true));
+  app.add_option("--top-k", o.top_k, "thinker: keep the k most likely tokens (0 = off)")
+      ->type_name("N")
+      ->check(integer_at_least(0));
+  app.add_option("--repetition-penalty", o.repetition_penalty,
+                 "thinker: penalty on tokens of the prompt and the answer (1 = off)")
+      ->type_name("X")
+      ->check(number_in(0, HUGE_VAL, /*min_open=*/true));
+  app.add_option("--talker-temperature", o.talker_temperature, "talker: temperature (0 = greedy)")
+      ->type_name("X")
+      ->check(number_in(0, HUGE_VAL));
+  app.add_option("--talker-top-k", o.talker_top_k, "talker: keep the k most likely codes (0 = off)")
+      ->type_name("N")
+      ->check(integer_at_least(0));
+  app.add_option("--talker-top-p", o.talker_top_p, "talker: nucleus sampling mass (1 = off)")
+      ->type_name("X")
+      ->check(number_in(0, 1, /*min_open=*/true));
+  app.add_option("--talker-repetition-penalty", o.talker_repetition_penalty,
+                 "talker: penalty on the codes generated so far (1 = off)")
+      ->type_name("X")
+      ->check(number_in(0, HUGE_VAL, /*min_open=*/true));
+
+  app.add_option("--output-wav", o.output_wav,
+                 "write the waveform (24 kHz mono) here; replaced only once complete (default: "
+                 "not written)")
+      ->type_name("FILE");
+  app.add_option("--wav-format", o.wav_format,
+                 "pcm16: 16-bit PCM (x * 32767, rounded); f32: 32-bit float, bit for bit")
+      ->type_name("pcm16|f32")
+      ->check(one_of({"pcm16", "f32"}));
+  app.add_flag("--json", o.json,
+               "print one JSON object at the end instead of streaming the text (text, "
+               "token_ids, finish_reason, codes, wav, audio_seconds, sample_rate, speaker, "
+               "timings, offload)");
+
+  app.add_option("--stream-first-chunk", o.stream_first_chunk,
+                 "code2wav: frames of the first chunk (small, so that audio starts early)")
+      ->type_name("N")
+      ->check(integer_at_least(1));
+  app.add_option("--stream-chunk", o.stream_chunk, "code2wav: frames of each later chunk")
+      ->type_name("N")
+      ->check(integer_at_least(1));
+  app.add_option("--stream-left-context", o.stream_left_context,
+                 "code2wav: frames before a chunk decoded with it for continuity")
+      ->type_name("N")
+      ->check(integer_at_least(0));
+
+  auto* components =
+      app.add_option("--cpu-offload-components", o.cpu_offload_components,
+                     "enable component offload of these parts (comma-separated; thinker, talker, "
+                     "code2wav, thinker.*, visual, audio_tower, language_model, lm_head, "
+                     "code_predictor, talker.model.layers.*, ...) (default: none)")
+          ->type_name("PATTERNS")
+          ->delimiter(',')
+          ->allow_extra_args(false);
+  app.add_option("--cpu-offload-strategy", o.cpu_offload_strategy,
+                 "alternating: a component leaves when another needs the room; sequential: "
+                 "right after its forward")
+      ->type_name("alternating|sequential")
+      ->check(one_of({"alternating", "sequential"}))
+      ->needs(components);
+  app.add_option("--cpu-offload-budget", o.cpu_offload_budget,
+                 "alternating: device bytes the offloaded components may hold together before "
+                 "the least recently used leave (0 = one at a time)")
+      ->type_name("BYTES")
+      ->transform(byte_size())
+      ->needs(components);
+  app.add_flag("--no-pin-memory", o.no_pin_memory,
+               "pageable host memory for offloaded weights (default: pinned)");
+  auto* layerwise =
+      app.add_flag("--enable-layerwise-offload", o.enable_layerwise_offload,
+                   "stream the decoder layers of the thinker and the talker through the device");
+  app.add_option("--layerwise-num-gpu-layers", o.layerwise_num_gpu_layers,
+                 "layerwise: layers copied ahead of the one computing")
+      ->type_name("N")
+      ->check(integer_at_least(1))
+      ->needs(layerwise);
+
+  app.add_option("--device", o.device, "cpu (the simulated device) or cuda")
+      ->type_name("cpu|cuda")
+      ->check(one_of({"cpu", "cuda"}));
+  app.add_option("--dtype", o.dtype, "compute dtype; checkpoint weights are converted to it")
+      ->type_name("float32|bfloat16|float16")
+      ->check(one_of({"float32", "bfloat16", "float16"}));
+}
+
+at::ScalarType parse_dtype(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  OMNI_THROW("unknown dtype '", name, "' (float32, bfloat16, float16)");
+}
+
+models::OmniRunnerOptions to_runner_options(const GenerateOptions& o) {
+  models::OmniRunnerOptions r;
+  r.model_dir = o.model;
+  r.dtype = parse_dtype(o.dtype);
+  auto& offload = r.offload;
+  if (!o.cpu_offload_components.empty()) {
+    offload.cpu_offload_enabled = true;
+    offload.components = o.cpu_offload_components;
+  }
+  offload.strategy = o.cpu_offload_strategy;
+  offload.device_budget_bytes = o.cpu_offload_budget;
+  offload.pin_memory = !o.no_pin_memory;
+  offload.layerwise = o.enable_layerwise_offload;
+  offload.num_gpu_layers = o.layerwise_num_gpu_layers;
+  return r;
+}
+
+models::OmniRequest to_request(const GenerateOptions& o) {
+  models::OmniRequest r;
+  r.chat.text = o.prompt;
+  r.chat.audio_files = o.audio;
+  r.chat.image_files = o.image;
+  r.chat.system_prompt = o.system;
+  r.text_output = o.wants_text();
+  r.audio_output = o.wants_audio();
+  r.speaker = o.speaker;
+  r.max_audio_frames = o.max_audio_frames;
+
+  auto& thinker = r.sampling.thinker;
+  thinker.max_new_tokens = o.max_tokens;
+  thinker.temperature = o.temperature;
+  thinker.top_p = o.top_p;
+  thinker.top_k = o.top_k;
+  thinker.repetition_penalty = o.repetition_penalty;
+  // The runner derives the talker's max_new_tokens from max_audio_frames.
+  auto& talker = r.sampling.talker;
+  talker.temperature = o.talker_temperature;
+  talker.top_k = o.talker_top_k;
+  talker.top_p = o.talker_top_p;
+  talker.repetition_penalty = o.talker_repetition_penalty;
+  // After the fields above: greedy and the seed apply to every stage.
+  if (o.greedy) r.sampling.set_greedy(true);
+  if (o.seed) r.sampling.set_seed(*o.seed);
+
+  r.stream.first_chunk_frames = o.stream_first_chunk;
+  r.stream.chunk_frames = o.stream_chunk;
+  r.stream.left_context_frames = o.stream_left_context;
+  return r;
+}
+
+offload::DeviceKind device_kind(const GenerateOptions& o) {
+  return offload::parse_device_kind(o.device);
+}
+
+models::WavFormat wav_format(const GenerateOptions& o) {
+  return models::parse_wav_format(o.wav_format);
+}
+
+}  // namespace omni::cli

@@ -1,0 +1,94 @@
+// Options of `vllm-omni generate`: a plain struct that CLI11 fills, and the functions that turn
+// it into what the in-process runner takes (OmniRunnerOptions, OmniRequest). Defaults are the
+// runner's own (omni_runner.h), so a flag left out changes nothing.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cpu_offload/transfer_engine.h"
+#include "model_runner/output/wav_writer.h"
+#include "model_runner/runner/omni_runner.h"
+
+namespace CLI {
+class App;
+}
+
+namespace omni::cli {
+
+struct GenerateOptions {
+  // The request.
+  std::string model;  // checkpoint directory
+  std::string prompt;
+  std::vector<std::string> audio;  // files, in order
+  std::vector<std::string> image;
+  std::string system;   // empty: no system turn
+  std::string speaker;  // empty: the checkpoint's default speaker
+  // "text" and/or "audio". Left at the default on a checkpoint without a talker, it falls
+  // back to text (with a note); asked for explicitly, audio there is an error.
+  std::vector<std::string> modalities = {"text", "audio"};
+  bool modalities_given = false;  // set by the parser when --modalities appears
+
+  // Thinker sampling.
+  int64_t max_tokens;
+  double temperature;
+  double top_p;
+  int64_t top_k;
+  double repetition_penalty;
+  bool greedy = false;           // OmniSampling::set_greedy(true): every stage
+  std::optional<uint64_t> seed;  // OmniSampling::set_seed: every stage; unset = their defaults
+
+  // Talker sampling.
+  int64_t max_audio_frames;
+  double talker_temperature;
+  int64_t talker_top_k;
+  double talker_top_p;
+  double talker_repetition_penalty;
+
+  // Output.
+  std::string output_wav;  // empty: the waveform is not written
+  std::string wav_format = "pcm16";
+  bool json = false;
+
+  // code2wav chunks (qwen3_omni::Code2WavStreamOptions).
+  int64_t stream_first_chunk;
+  int64_t stream_chunk;
+  int64_t stream_left_context;
+
+  // Offload (OmniOffloadOptions). A component list enables component offload.
+  std::vector<std::string> cpu_offload_components;
+  std::string cpu_offload_strategy = "alternating";
+  size_t cpu_offload_budget = 0;  // bytes
+  bool no_pin_memory = false;
+  bool enable_layerwise_offload = false;
+  int layerwise_num_gpu_layers = 1;
+
+  std::string device = "cpu";  // cpu (the simulated device) | cuda
+  std::string dtype = "float32";
+
+  // Every default from the runner's headers.
+  GenerateOptions();
+
+  bool wants_text() const;
+  bool wants_audio() const;
+};
+
+// Adds every option to `app` (the `generate` subcommand), bound to `options`, with its default
+// shown in --help and validated while parsing: a bad value is a CLI::ParseError naming the flag.
+void add_generate_options(CLI::App& app, GenerateOptions& options);
+
+models::OmniRunnerOptions to_runner_options(const GenerateOptions& options);
+// The request as the options ask for it (audio per --modalities; the command turns it off on
+// a checkpoint without a talker when --modalities was left at its default).
+models::OmniRequest to_request(const GenerateOptions& options);
+offload::DeviceKind device_kind(const GenerateOptions& options);
+models::WavFormat wav_format(const GenerateOptions& options);
+// float32 | bfloat16 | float16.
+at::ScalarType parse_dtype(const std::string& name);
+
+}  // namespace omni::cli
