@@ -260,6 +260,28 @@ TEST(Qwen3OmniSpeech, FrameCapAndCancellation) {
   EXPECT_EQ(result.codes.size(1), 3);
 }
 
+// Sampling (the reference defaults of every stage): a seed reproduces text, codes and waveform;
+// another seed gives other codes. (Hugging Face draws from another generator, so sampled runs
+// are compared with themselves, not with the reference.)
+TEST(Qwen3OmniSpeech, SampledRunsAreReproducibleFromTheSeed) {
+  auto r = request("speech_text");
+  r.sampling = OmniSampling();
+  r.sampling.thinker.max_new_tokens = kThinkerTokens;
+  r.sampling.set_seed(7);
+  const auto a = runner().generate(r);
+  const auto b = runner().generate(r);
+  EXPECT_EQ(a.tokens, b.tokens);
+  ASSERT_GT(a.codes.size(1), 0);
+  EXPECT_TRUE(at::equal(a.codes, b.codes));
+  EXPECT_TRUE(at::equal(a.waveform, b.waveform));
+  r.sampling.set_seed(8);
+  const auto c = runner().generate(r);
+  EXPECT_FALSE(c.codes.sizes() == a.codes.sizes() && at::equal(c.codes, a.codes));
+  // Sampled talker codes are not the greedy ones.
+  const auto greedy = expected("speech_text_codes");
+  EXPECT_FALSE(a.codes.sizes() == greedy.sizes() && at::equal(a.codes, greedy));
+}
+
 TEST(Qwen3OmniSpeech, BadRequestsAreRefused) {
   auto r = request("speech_text");
   r.speaker = "nobody";
