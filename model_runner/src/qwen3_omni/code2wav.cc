@@ -4,11 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <sstream>
 #include <string>
 
-#include "attention_ops.h"
+#include "config_checks.h"
 #include "cpu_offload/check.h"
 #include "model_runner/qwen3_omni/text_model.h"
 #include "model_runner/weights/hf_config.h"
@@ -25,20 +24,6 @@ std::string shape_of(const at::Tensor& t) {
   std::ostringstream out;
   out << t.sizes();
   return out.str();
-}
-
-// Fails with the file and the dotted field when `ok` is false.
-void require(bool ok, const HfConfig& cfg, const std::string& field, const std::string& why) {
-  if (!ok) {
-    const std::string path = cfg.prefix().empty() ? field : cfg.prefix() + "." + field;
-    OMNI_THROW(cfg.source(), ": ", path, ": ", why);
-  }
-}
-
-int64_t positive(const HfConfig& cfg, const std::string& field, int64_t default_value) {
-  const int64_t v = cfg.get_int(field, default_value);
-  require(v > 0, cfg, field, "must be > 0, got " + std::to_string(v));
-  return v;
 }
 
 std::vector<int64_t> positive_list(const HfConfig& cfg, const std::string& field,
@@ -73,7 +58,7 @@ Code2WavConfig parse_code2wav_config(const HfConfig& root) {
   cfg.num_key_value_heads = positive(c, "num_key_value_heads", cfg.num_key_value_heads);
   const bool explicit_head_dim = c.has("head_dim");
   cfg.head_dim =
-      explicit_head_dim ? positive(c, "head_dim", 0) : cfg.hidden_size / cfg.num_attention_heads;
+      explicit_head_dim ? positive(c, "head_dim") : cfg.hidden_size / cfg.num_attention_heads;
   cfg.intermediate_size = positive(c, "intermediate_size", cfg.intermediate_size);
   cfg.num_hidden_layers = positive(c, "num_hidden_layers", cfg.num_hidden_layers);
   cfg.num_quantizers = positive(c, "num_quantizers", cfg.num_quantizers);
@@ -166,48 +151,17 @@ class LayerScale : public torch::nn::Module {
   at::Tensor scale;
 };
 
-class Code2WavAttention : public torch::nn::Module {
- public:
-  Code2WavAttention(const Code2WavConfig& cfg, at::ScalarType dtype)
-      : torch::nn::Module("Code2WavAttention"),
-        heads_(cfg.num_attention_heads),
-        kv_heads_(cfg.num_key_value_heads),
-        head_dim_(cfg.head_dim) {
-    const int64_t h = cfg.hidden_size;
-    const bool bias = cfg.attention_bias;
-    q_proj_ =
-        register_module("q_proj", std::make_shared<Linear>(h, heads_ * head_dim_, dtype, bias));
-    k_proj_ =
-        register_module("k_proj", std::make_shared<Linear>(h, kv_heads_ * head_dim_, dtype, bias));
-    v_proj_ =
-        register_module("v_proj", std::make_shared<Linear>(h, kv_heads_ * head_dim_, dtype, bias));
-    o_proj_ =
-        register_module("o_proj", std::make_shared<Linear>(heads_ * head_dim_, h, dtype, bias));
-  }
-
-  // x [1, L, hidden], cos / sin [L, head_dim], blocked [L, L] (true: key not visible).
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     const at::Tensor& blocked) {
-    const int64_t b = x.size(0), l = x.size(1);
-    auto q = q_proj_->forward(x).view({b, l, heads_, head_dim_}).transpose(1, 2);
-    auto k = k_proj_->forward(x).view({b, l, kv_heads_, head_dim_}).transpose(1, 2);
-    auto v = v_proj_->forward(x).view({b, l, kv_heads_, head_dim_}).transpose(1, 2);
-    q = q * cos + rotate_half(q) * sin;
-    k = k * cos + rotate_half(k) * sin;
-    k = repeat_kv(k, heads_ / kv_heads_);
-    v = repeat_kv(v, heads_ / kv_heads_);
-    const double scaling = std::pow(static_cast<double>(head_dim_), -0.5);
-    auto scores = at::matmul(q, k.transpose(2, 3)) * scaling;  // [b, heads, l, l]
-    scores = scores.masked_fill(blocked, -std::numeric_limits<float>::infinity());
-    auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-    auto out = at::matmul(probs, v).transpose(1, 2).reshape({b, l, heads_ * head_dim_});
-    return o_proj_->forward(out);
-  }
-
- private:
-  int64_t heads_, kv_heads_, head_dim_;
-  std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;
-};
+// code2wav's attention is the decoders' without q/k norm: its sizes as a TextConfig.
+TextConfig attention_config(const Code2WavConfig& c) {
+  TextConfig t;
+  t.hidden_size = c.hidden_size;
+  t.num_attention_heads = c.num_attention_heads;
+  t.num_key_value_heads = c.num_key_value_heads;
+  t.head_dim = c.head_dim;
+  t.attention_bias = c.attention_bias;
+  t.rms_norm_eps = c.rms_norm_eps;
+  return t;
+}
 
 }  // namespace
 
@@ -216,7 +170,8 @@ class Code2WavTransformerLayer : public torch::nn::Module {
  public:
   Code2WavTransformerLayer(const Code2WavConfig& cfg, at::ScalarType dtype)
       : torch::nn::Module("Code2WavTransformerLayer") {
-    self_attn_ = register_module("self_attn", std::make_shared<Code2WavAttention>(cfg, dtype));
+    self_attn_ = register_module("self_attn", std::make_shared<TextAttention>(
+                                                  attention_config(cfg), dtype, /*qk_norm=*/false));
     mlp_ = register_module(
         "mlp", std::make_shared<TextMlp>(cfg.hidden_size, cfg.intermediate_size, dtype));
     input_layernorm_ = register_module(
@@ -232,13 +187,13 @@ class Code2WavTransformerLayer : public torch::nn::Module {
 
   at::Tensor forward(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin,
                      const at::Tensor& blocked) {
-    auto x = h + self_attn_layer_scale_->forward(
-                     self_attn_->forward(input_layernorm_->forward(h), cos, sin, blocked));
+    auto x = h + self_attn_layer_scale_->forward(self_attn_->forward(
+                     input_layernorm_->forward(h), cos, sin, /*cache=*/nullptr, 0, &blocked));
     return x + mlp_layer_scale_->forward(mlp_->forward(post_attention_layernorm_->forward(x)));
   }
 
  private:
-  std::shared_ptr<Code2WavAttention> self_attn_;
+  std::shared_ptr<TextAttention> self_attn_;
   std::shared_ptr<TextMlp> mlp_;  // gate/up/down with SiLU, as the decoders'
   std::shared_ptr<RMSNorm> input_layernorm_, post_attention_layernorm_;
   std::shared_ptr<LayerScale> self_attn_layer_scale_, mlp_layer_scale_;
@@ -447,8 +402,12 @@ Code2Wav::Code2Wav(const Code2WavConfig& cfg, at::ScalarType dtype)
 
 at::Tensor Code2Wav::forward(const at::Tensor& codes) {
   validate_codes(cfg_, codes);
-  OMNI_CHECK(codes.size(1) >= 1, "code2wav: codes must hold at least one frame, got ",
-             shape_of(codes));
+  return forward_validated(codes);
+}
+
+at::Tensor Code2Wav::forward_validated(const at::Tensor& codes) {
+  OMNI_CHECK(codes.dim() == 2 && codes.size(1) >= 1,
+             "code2wav: codes must hold at least one frame, got ", shape_of(codes));
   return invoke("forward", {codes},
                 [this](HookArgs& a) -> c10::IValue { return forward_impl(a[0].toTensor()); })
       .toTensor();
@@ -502,7 +461,8 @@ at::Tensor chunked_decode(Code2Wav& model, const at::Tensor& codes, int64_t chun
   for (int64_t start = 0; start < frames;) {
     const int64_t end = std::min(start + chunk_size, frames);
     const int64_t context = std::min(left_context, start);
-    auto wav = model.forward(codes.narrow(1, start - context, end - start + context));
+    // Checked once above for the whole input.
+    auto wav = model.forward_validated(codes.narrow(1, start - context, end - start + context));
     const int64_t drop = std::min(context * spf, wav.size(-1));
     wavs.push_back(wav.narrow(-1, drop, wav.size(-1) - drop));
     start = end;

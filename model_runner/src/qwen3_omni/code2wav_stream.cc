@@ -46,7 +46,7 @@ int64_t Code2WavStreamer::next_chunk_frames() const {
 }
 
 at::Tensor Code2WavStreamer::decode(const at::Tensor& window, int64_t context) {
-  const auto wav = model_.forward(window);
+  const auto wav = model_.forward_validated(window);  // push() checked the frames
   const int64_t length = wav.size(-1);
   const int64_t drop = std::min(context * model_.samples_per_frame(), length);
   auto samples = wav.narrow(-1, drop, length - drop).reshape({-1}).to(at::kCPU, at::kFloat);

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include <nlohmann/json.hpp>
+#include "config_checks.h"
 #include "cpu_offload/check.h"
 
 #include "model_runner/weights/hf_config.h"
@@ -17,20 +18,6 @@ std::string join(const std::vector<std::string>& items) {
   std::ostringstream out;
   for (size_t i = 0; i < items.size(); ++i) out << (i ? ", " : "") << items[i];
   return out.str();
-}
-
-// Fails with the file and the dotted field when `ok` is false.
-void require(bool ok, const HfConfig& cfg, const std::string& field, const std::string& why) {
-  if (!ok) {
-    const std::string path = cfg.prefix().empty() ? field : cfg.prefix() + "." + field;
-    OMNI_THROW(cfg.source(), ": ", path, ": ", why);
-  }
-}
-
-int64_t positive(const HfConfig& cfg, const std::string& field) {
-  const int64_t v = cfg.get_int(field);
-  require(v > 0, cfg, field, "must be > 0, got " + std::to_string(v));
-  return v;
 }
 
 // Rope settings live in "rope_parameters" (transformers >= 5) or in "rope_theta" +

@@ -148,7 +148,7 @@ at::Tensor Talker::logits(const at::Tensor& hidden) {
   return codec_head_->forward(hidden).to(at::kFloat).cpu();
 }
 
-Talker::ProjectedPrompt Talker::project(const TalkerPrompt& prompt) {
+void Talker::check_prompt(const TalkerPrompt& prompt) const {
   const int64_t n = prompt.rows.defined() ? prompt.rows.size(0) : 0;
   OMNI_CHECK(n > 0 && static_cast<int64_t>(prompt.multimodal.size()) == n &&
                  static_cast<int64_t>(prompt.codec_ids.size()) == n &&
@@ -165,6 +165,10 @@ Talker::ProjectedPrompt Talker::project(const TalkerPrompt& prompt) {
     OMNI_CHECK(id >= -1 && id < cfg_.text.vocab_size, "Talker: codec id ", id, " outside [0, ",
                cfg_.text.vocab_size, ")");
   }
+}
+
+Talker::ProjectedPrompt Talker::project(const TalkerPrompt& prompt) {
+  check_prompt(prompt);
   ProjectedPrompt out;
   invoke("prefill", {}, [&](HookArgs&) -> c10::IValue {
     out = project_impl(prompt);
@@ -206,7 +210,14 @@ Talker::ProjectedPrompt Talker::project_impl(const TalkerPrompt& prompt) {
 at::Tensor Talker::prefill(const TalkerPrompt& prompt,
                            const std::vector<std::array<int64_t, 3>>& image_grids,
                            TalkerState& state) {
-  return prefill_embeds(project(prompt), prompt.input_ids, image_grids, state);
+  check_prompt(prompt);
+  OMNI_CHECK(state.cache.length() == 0, "Talker::prefill needs a fresh TalkerState");
+  // One hooked call for projection and prefill: an offloaded talker comes on once.
+  return invoke("prefill", {},
+                [&](HookArgs&) -> c10::IValue {
+                  return prefill_impl(project_impl(prompt), prompt.input_ids, image_grids, state);
+                })
+      .toTensor();
 }
 
 at::Tensor Talker::prefill_embeds(const ProjectedPrompt& prompt,
@@ -221,17 +232,23 @@ at::Tensor Talker::prefill_embeds(const ProjectedPrompt& prompt,
              "], got ", prompt.embeds.sizes());
   return invoke("prefill", {},
                 [&](HookArgs&) -> c10::IValue {
-                  state.trailing = prompt.trailing.to(device_, dtype_);
-                  state.tts_pad = prompt.tts_pad.to(device_, dtype_).reshape({-1});
-                  const auto rope = rope_positions(cfg_.rope, input_ids, image_grids);
-                  state.rope_delta = rope.rope_delta;
-                  const auto hidden =
-                      model_->forward(prompt.embeds.to(device_, dtype_).unsqueeze(0),
-                                      rope.position_ids.to(device_), &state.cache)[0];
-                  state.last_hidden = hidden[n - 1];
-                  return logits(state.last_hidden);
+                  return prefill_impl(prompt, input_ids, image_grids, state);
                 })
       .toTensor();
+}
+
+at::Tensor Talker::prefill_impl(const ProjectedPrompt& prompt,
+                                const std::vector<int64_t>& input_ids,
+                                const std::vector<std::array<int64_t, 3>>& image_grids,
+                                TalkerState& state) {
+  state.trailing = prompt.trailing.to(device_, dtype_);
+  state.tts_pad = prompt.tts_pad.to(device_, dtype_).reshape({-1});
+  const auto rope = rope_positions(cfg_.rope, input_ids, image_grids);
+  state.rope_delta = rope.rope_delta;
+  const auto hidden = model_->forward(prompt.embeds.to(device_, dtype_).unsqueeze(0),
+                                      rope.position_ids.to(device_), &state.cache)[0];
+  state.last_hidden = hidden[hidden.size(0) - 1];
+  return logits(state.last_hidden);
 }
 
 std::vector<int64_t> Talker::step(int64_t code0, TalkerState& state,

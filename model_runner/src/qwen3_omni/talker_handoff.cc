@@ -68,10 +68,14 @@ TalkerPrompt build_talker_prompt(const ThinkerHandoff& t, const HandoffIds& ids)
   };
   const auto bos = t.tts_embeds[0], eos = t.tts_embeds[1], pad = t.tts_embeds[2];
   // Rows of the user part: the hidden state for multimodal positions, the embedding otherwise.
-  auto user_rows = t.embeds.index_select(0, index(rows));
-  for (size_t i = 0; i < rows.size(); ++i) {
-    if (out.multimodal[i]) user_rows[static_cast<int64_t>(i)].copy_(t.hidden[rows[i]]);
-  }
+  const auto where = index(rows);
+  const auto multimodal =
+      at::tensor(std::vector<int64_t>(out.multimodal.begin(), out.multimodal.end()), at::kLong)
+          .to(device)
+          .to(at::kBool)
+          .unsqueeze(1);
+  const auto user_rows =
+      at::where(multimodal, t.hidden.index_select(0, where), t.embeds.index_select(0, where));
   const auto head = t.embeds.narrow(0, assistant_start, 3);
   const auto first = t.embeds.narrow(0, assistant_start + 3, 1);
   out.rows = at::cat(

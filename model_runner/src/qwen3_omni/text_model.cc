@@ -86,7 +86,7 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin(double theta, int64_t head_dim,
 
 // ---------------------------------------------------------------------------- attention
 
-TextAttention::TextAttention(const TextConfig& cfg, at::ScalarType dtype)
+TextAttention::TextAttention(const TextConfig& cfg, at::ScalarType dtype, bool qk_norm)
     : torch::nn::Module("TextAttention"),
       heads_(cfg.num_attention_heads),
       kv_heads_(cfg.num_key_value_heads),
@@ -100,18 +100,26 @@ TextAttention::TextAttention(const TextConfig& cfg, at::ScalarType dtype)
       "v_proj", std::make_shared<Linear>(h, kv_heads_ * head_dim_, dtype, cfg.attention_bias));
   o_proj_ = register_module(
       "o_proj", std::make_shared<Linear>(heads_ * head_dim_, h, dtype, cfg.attention_bias));
-  q_norm_ =
-      register_module("q_norm", std::make_shared<RMSNorm>(head_dim_, dtype, cfg.rms_norm_eps));
-  k_norm_ =
-      register_module("k_norm", std::make_shared<RMSNorm>(head_dim_, dtype, cfg.rms_norm_eps));
+  if (qk_norm) {
+    q_norm_ =
+        register_module("q_norm", std::make_shared<RMSNorm>(head_dim_, dtype, cfg.rms_norm_eps));
+    k_norm_ =
+        register_module("k_norm", std::make_shared<RMSNorm>(head_dim_, dtype, cfg.rms_norm_eps));
+  }
 }
 
 at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                  KvCache* cache, int64_t layer) {
+                                  KvCache* cache, int64_t layer, const at::Tensor* blocked) {
   const int64_t b = x.size(0), l = x.size(1);
   // q/k norm per head, before rope.
-  auto q = q_norm_->forward(q_proj_->forward(x).view({b, l, heads_, head_dim_})).transpose(1, 2);
-  auto k = k_norm_->forward(k_proj_->forward(x).view({b, l, kv_heads_, head_dim_})).transpose(1, 2);
+  auto q = q_proj_->forward(x).view({b, l, heads_, head_dim_});
+  auto k = k_proj_->forward(x).view({b, l, kv_heads_, head_dim_});
+  if (q_norm_) {
+    q = q_norm_->forward(q);
+    k = k_norm_->forward(k);
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
   auto v = v_proj_->forward(x).view({b, l, kv_heads_, head_dim_}).transpose(1, 2);
   const auto c = cos.unsqueeze(0).unsqueeze(0), s = sin.unsqueeze(0).unsqueeze(0);
   q = q * c + rotate_half(q) * s;
@@ -125,12 +133,14 @@ at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, co
 
   const double scaling = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   auto scores = at::matmul(q, k.transpose(2, 3)) * scaling;  // [b, heads, l, past + l]
-  if (l > 1) {
+  if (blocked) {
+    scores = scores.masked_fill(*blocked, -std::numeric_limits<float>::infinity());
+  } else if (l > 1) {
     // Query i (absolute position past + i) sees keys 0 .. past + i.
     auto qpos = at::arange(past, past + l, at::TensorOptions(at::kLong).device(x.device()));
     auto kpos = at::arange(0, past + l, at::TensorOptions(at::kLong).device(x.device()));
-    auto blocked = kpos.unsqueeze(0) > qpos.unsqueeze(1);
-    scores = scores.masked_fill(blocked, -std::numeric_limits<float>::infinity());
+    auto causal = kpos.unsqueeze(0) > qpos.unsqueeze(1);
+    scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
   }
   auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
   auto out = at::matmul(probs, v).transpose(1, 2).reshape({b, l, heads_ * head_dim_});

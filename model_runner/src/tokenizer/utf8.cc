@@ -103,4 +103,18 @@ std::string to_valid_lossy(std::string_view bytes) {
   return out;
 }
 
+size_t stable_prefix(std::string_view bytes) {
+  size_t pos = 0;
+  while (pos < bytes.size()) {
+    bool complete;
+    const size_t n = scan(bytes, pos, &complete);
+    // An incomplete run that reaches the end after a valid lead byte may still become a
+    // character; any other incomplete run is ill-formed whatever follows.
+    const auto lead = static_cast<unsigned char>(bytes[pos]);
+    if (!complete && pos + n == bytes.size() && lead >= 0xC2 && lead <= 0xF4) break;
+    pos += n;
+  }
+  return pos;
+}
+
 }  // namespace omni::models::utf8

@@ -25,4 +25,9 @@ void append(char32_t cp, std::string* out);
 // decoder) does. A token stream cut in the middle of a character ends in one U+FFFD.
 std::string to_valid_lossy(std::string_view bytes);
 
+// Length of the longest prefix of `bytes` that to_valid_lossy converts the same way whatever
+// bytes come after it: everything but a last character that more bytes could still complete.
+// For streaming: emit to_valid_lossy(prefix), keep the rest for the next bytes.
+size_t stable_prefix(std::string_view bytes);
+
 }  // namespace omni::models::utf8

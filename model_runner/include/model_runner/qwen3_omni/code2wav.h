@@ -77,6 +77,9 @@ class Code2Wav : public offload::HookableModule {
   // parameters' dtype, on their device, clamped to [-1, 1]. Runs through invoke("forward") so the
   // offload engine can hook it; throws omni::Error on a wrong group count or an out-of-range code.
   at::Tensor forward(const at::Tensor& codes);
+  // forward() for codes already checked with validate_codes (the streamer and chunked_decode
+  // check each input once, not each chunk again).
+  at::Tensor forward_validated(const at::Tensor& codes);
 
   int64_t samples_per_frame() const { return cfg_.samples_per_frame(); }
   const Code2WavConfig& config() const { return cfg_; }

@@ -123,7 +123,11 @@ class Talker : public offload::HookableModule {
 
  private:
   at::Tensor logits(const at::Tensor& hidden);
+  void check_prompt(const TalkerPrompt& prompt) const;
   ProjectedPrompt project_impl(const TalkerPrompt& prompt);
+  at::Tensor prefill_impl(const ProjectedPrompt& prompt, const std::vector<int64_t>& input_ids,
+                          const std::vector<std::array<int64_t, 3>>& image_grids,
+                          TalkerState& state);
 
   TalkerConfig cfg_;
   at::ScalarType dtype_;

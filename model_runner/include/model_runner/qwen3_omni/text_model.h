@@ -44,16 +44,19 @@ std::pair<at::Tensor, at::Tensor> mrope_cos_sin(const TextConfig& cfg,
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(double theta, int64_t head_dim,
                                                const at::Tensor& positions, at::ScalarType dtype);
 
+// GQA attention with rope; per-head q/k RMSNorm before rope unless `qk_norm` is false (code2wav).
 class TextAttention : public torch::nn::Module {
  public:
-  TextAttention(const TextConfig& cfg, at::ScalarType dtype);
+  TextAttention(const TextConfig& cfg, at::ScalarType dtype, bool qk_norm = true);
+  // x [1, L, hidden], cos / sin [L, head_dim]. `blocked` [L, past + L] (true: the key is not
+  // visible) replaces the default causal mask, e.g. for a sliding window.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     KvCache* cache, int64_t layer);
+                     KvCache* cache, int64_t layer, const at::Tensor* blocked = nullptr);
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
   std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;
-  std::shared_ptr<RMSNorm> q_norm_, k_norm_;
+  std::shared_ptr<RMSNorm> q_norm_, k_norm_;  // null without qk_norm
 };
 
 class TextMlp : public torch::nn::Module {
