@@ -37,8 +37,21 @@ message(STATUS "LibTorch _GLIBCXX_USE_CXX11_ABI=${OMNI_TORCH_CXX11_ABI}")
 
 add_library(omni_torch INTERFACE)
 add_library(omni::torch ALIAS omni_torch)
+# The wheel's include folder also carries headers of an old protobuf (google/protobuf), which
+# would shadow the system protobuf that gRPC and our generated stage service code need. The
+# include path is therefore a folder of links to every entry of the wheel's but `google`
+# (LibTorch's own headers do not include protobuf).
+set(_omni_torch_include "${CMAKE_BINARY_DIR}/omni_torch_include")
+file(MAKE_DIRECTORY "${_omni_torch_include}")
+file(GLOB _omni_torch_entries RELATIVE "${OMNI_TORCH_DIR}/include" "${OMNI_TORCH_DIR}/include/*")
+foreach(_entry IN LISTS _omni_torch_entries)
+  if(NOT _entry STREQUAL "google" AND NOT EXISTS "${_omni_torch_include}/${_entry}")
+    file(CREATE_LINK "${OMNI_TORCH_DIR}/include/${_entry}" "${_omni_torch_include}/${_entry}"
+         SYMBOLIC)
+  endif()
+endforeach()
 target_include_directories(omni_torch SYSTEM INTERFACE
-  "${OMNI_TORCH_DIR}/include" "${OMNI_TORCH_DIR}/include/torch/csrc/api/include")
+  "${_omni_torch_include}" "${OMNI_TORCH_DIR}/include/torch/csrc/api/include")
 target_compile_definitions(omni_torch INTERFACE _GLIBCXX_USE_CXX11_ABI=${OMNI_TORCH_CXX11_ABI})
 target_link_libraries(omni_torch INTERFACE
   "${OMNI_TORCH_DIR}/lib/libtorch_cpu.so" "${OMNI_TORCH_DIR}/lib/libc10.so" Threads::Threads)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job: set up, build, answer a prompt in text and speech with `vllm-omni generate` on
-# the tiny embedded Qwen3-Omni checkpoint (writes build/tiny_answer.wav), then run offload-bench
+# the tiny embedded Qwen3-Omni checkpoint through three stage workers (writes
+# build/tiny_answer.wav), then run offload-bench
 # on the tiny embedded diffusion pipeline under each strategy (simulated device on the CPU; pass
 # --device cuda on a GPU machine), thinker-bench and speech-bench on the tiny Qwen3-Omni
 # checkpoint. Each bench line printed is one JSON object; outputs_equal_to_resident /
@@ -9,14 +10,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-OMNI_BUILD_TARGETS="vllm-omni offload-bench thinker-bench speech-bench" scripts/build.sh build
+OMNI_BUILD_TARGETS="vllm-omni offload-bench thinker-bench speech-bench pipeline-bench" scripts/build.sh build
 
 status=0
-# The answer: its text streams to stdout, its speech goes to build/tiny_answer.wav.
+# The answer, through the stage pipeline of stage_configs/qwen3_omni_tiny.yaml: three
+# `vllm-omni worker` processes (thinker, talker, code2wav) on loopback, connected by gRPC. Its
+# text streams to stdout, its speech goes to build/tiny_answer.wav.
 tiny=tests/fixtures/qwen3_omni_tiny
-build/worker/vllm-omni generate --model "$tiny" --prompt "Say something nice." \
-    --audio "$tiny/audio.wav" --greedy --max-tokens 16 --max-audio-frames 24 \
-    --output-wav build/tiny_answer.wav || status=1
+build/worker/vllm-omni generate --stage-configs-path stage_configs/qwen3_omni_tiny.yaml \
+    --prompt "Say something nice." --audio "$tiny/audio.wav" --greedy --max-tokens 16 \
+    --max-audio-frames 24 --output-wav build/tiny_answer.wav || status=1
 echo "wrote build/tiny_answer.wav"
 
 bench=build/bench/offload-bench
@@ -44,4 +47,11 @@ while IFS= read -r line; do
   echo "$line"
   case "$line" in *'_equal_to_none": false'*) status=1 ;; esac
 done < <(build/bench/speech-bench --model "$tiny" || echo '{"error": true, "codes_equal_to_none": false}')
+
+# The stage pipeline: in-process stages versus gRPC worker processes (per-stage latency, time to
+# first audio, bytes between stages, gRPC overhead); the outputs must be equal.
+while IFS= read -r line; do
+  echo "$line"
+  case "$line" in *'"outputs_equal_to_in_process": false'*) status=1 ;; esac
+done < <(build/bench/pipeline-bench || echo '{"error": true, "outputs_equal_to_in_process": false}')
 exit $status

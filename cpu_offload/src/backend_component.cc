@@ -64,6 +64,16 @@ class ComponentBackend final : public BackendBase {
     }
   }
 
+  size_t release_device() override {
+    size_t freed = 0;
+    for (size_t c = 0; c < components_.size(); ++c) {
+      if (!components_[c].buffer || components_[c].depth > 0) continue;
+      freed += units_[c]->bytes();
+      evict(c);
+    }
+    return freed;
+  }
+
  protected:
   size_t max_unit_bytes() const override {
     size_t largest = 0;

@@ -249,6 +249,31 @@ TEST_P(ComponentOffload, EnsureOnDeviceBeforeAHandOff) {
   EXPECT_THROW(backend->ensure_on_device("visul"), Error);
 }
 
+// What a stage pipeline's device ledger does to an idle stage: everything offloaded that is on
+// the device goes back to the host (resident weights stay); the next forward loads it again and
+// computes the same tokens.
+TEST_P(ComponentOffload, ReleaseDeviceGivesBackEveryLoadedComponent) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  TinyOmni model;
+  auto engine = make_transfer_engine(GetParam());
+  auto backend = apply_offload(model, {},
+                               component_config({"visual", "audio_tower", "language_model"},
+                                                ComponentPolicy::kAlternating, size_t{1} << 30),
+                               engine);
+  EXPECT_EQ(backend->release_device(), 0u);  // nothing loaded yet
+  EXPECT_EQ(model.generate(8, engine->compute_device()), reference_tokens_prefix(8));
+  const auto loaded = backend->stats();
+  const size_t offloaded = unit_bytes(loaded, "visual") + unit_bytes(loaded, "audio_tower") +
+                           unit_bytes(loaded, "language_model");
+  EXPECT_EQ(loaded.current_device_bytes, loaded.resident_bytes + offloaded);
+  EXPECT_EQ(backend->release_device(), offloaded);
+  const auto released = backend->stats();
+  EXPECT_EQ(released.current_device_bytes, released.resident_bytes);
+  EXPECT_EQ(model.named_parameters()["visual.fc1.weight"].numel(), 0);
+  EXPECT_EQ(model.generate(8, engine->compute_device()), reference_tokens_prefix(8));
+  EXPECT_EQ(backend->stats().loads, loaded.loads + 3);
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, ComponentOffload,
                          ::testing::ValuesIn(omni::testing::all_devices()),
                          omni::testing::device_name);

@@ -56,14 +56,28 @@ TEST(VllmOmniProcess, GenerateHelpListsEveryOptionWithItsDefault) {
                            "--stream-left-context",
                            "--cpu-offload-components",
                            "--cpu-offload-strategy",
-                           "--cpu-offload-budget",
-                           "--no-pin-memory",
+                           "--cpu-offload-budget,--gpu-memory-budget",
+                           "--no-pin-memory,--no-cpu-offload-pin-memory",
+                           "--cpu-offload-pin-memory",
+                           "--cpu-offload-enabled",
+                           "--enable-cpu-offload",
+                           "--stage-configs-path",
+                           "--stage-overrides",
+                           "--stage-init-timeout",
+                           "--request-timeout",
+                           "--auth-token-file",
+                           "--tls-ca-file",
                            "--enable-layerwise-offload",
                            "--layerwise-num-gpu-layers",
                            "--device",
                            "--dtype",
                            "--json"}) {
-    EXPECT_CONTAINS(r.out, std::string("  ") + flag + " ");
+    // The name, then its type or description (a long name's description starts on the next
+    // line).
+    const std::string name = std::string("  ") + flag;
+    EXPECT_TRUE(r.out.find(name + " ") != std::string::npos ||
+                r.out.find(name + "\n") != std::string::npos)
+        << "expected to find \"" << name << "\" in \"" << r.out << "\"";
   }
   // Defaults, from the runner's headers (CLI11 prints them as =value).
   for (const char* shown : {"--max-tokens N=2048",
@@ -82,7 +96,8 @@ TEST(VllmOmniProcess, GenerateHelpListsEveryOptionWithItsDefault) {
                             "--stream-left-context N=25",
                             "--modalities text|audio|text,audio=text,audio",
                             "--cpu-offload-strategy alternating|sequential=alternating",
-                            "--cpu-offload-budget BYTES=0",
+                            "--cpu-offload-budget,--gpu-memory-budget BYTES=0",
+                            "--stage-init-timeout SECONDS=600",
                             "--layerwise-num-gpu-layers N=1",
                             "--device cpu|cuda=cpu",
                             "--dtype float32|bfloat16|float16=float32"}) {
@@ -124,7 +139,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCommandLine{{}, "a subcommand is required"},
         BadCommandLine{{"chat"}, "unknown subcommand 'chat'"},
         BadCommandLine{{"generate", "--model", "m", "--prompt", "p", "--bogus"}, "--bogus"},
-        BadCommandLine{{"generate", "--prompt", "p"}, "--model is required"},
+        BadCommandLine{{"generate", "--prompt", "p"},
+                       "--model or --stage-configs-path is required"},
         BadCommandLine{{"generate", "--model", "m", "--prompt", "p", "--max-tokens", "2.5"},
                        "--max-tokens: expected an integer >= 1, got '2.5'"},
         BadCommandLine{{"generate", "--model", "m", "--prompt", "p", "--wav-format", "mp3"},

@@ -260,15 +260,30 @@ TEST_P(GenerateBadCommandLine, IsStatusTwoWithOneLine) {
 }
 
 const std::string kSee = " (see 'vllm-omni generate --help')";
+#ifdef OMNI_HAVE_SERVER
+const std::string kSubcommands = "generate, worker";
+#else
+const std::string kSubcommands = "generate";
+#endif
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, GenerateBadCommandLine,
     ::testing::Values(
-        BadCase{{}, "a subcommand is required (one of: generate) (see 'vllm-omni --help')", true},
-        BadCase{{"serve"},
-                "unknown subcommand 'serve' (one of: generate) (see 'vllm-omni --help')",
+        BadCase{{},
+                "a subcommand is required (one of: " + kSubcommands + ") (see 'vllm-omni --help')",
                 true},
-        BadCase{{"generate", "--prompt", "p"}, "--model is required" + kSee, true},
+        BadCase{
+            {"serve"},
+            "unknown subcommand 'serve' (one of: " + kSubcommands + ") (see 'vllm-omni --help')",
+            true},
+        BadCase{{"generate", "--prompt", "p"},
+                "--model or --stage-configs-path is required" + kSee,
+                true},
+        BadCase{{"generate", "--model", "m", "--stage-configs-path", "s.yaml", "--prompt", "p"},
+                "--model excludes --stage-configs-path" + kSee,
+                true},
+        BadCase{{"--stage-overrides", "{}"},
+                "--stage-overrides requires --stage-configs-path" + kSee},
         BadCase{{"generate", "--model", "m"}, "--prompt is required" + kSee, true},
         BadCase{{"--bogus"}, "The following argument was not expected: --bogus" + kSee},
         BadCase{{"--audio", "a.wav", "b.wav"},
@@ -312,6 +327,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "--cpu-offload-budget: expected a byte count (suffixes KB, MB, GB: powers of "
                 "1000; KiB, MiB, GiB: powers of 1024), got '-5'" +
                     kSee},
+        BadCase{{"--cpu-offload-budget", "1GB"},
+                "--cpu-offload-budget requires --cpu-offload-components" + kSee},
         BadCase{{"--layerwise-num-gpu-layers", "2"},
                 "--layerwise-num-gpu-layers requires --enable-layerwise-offload" + kSee},
         BadCase{{"--enable-layerwise-offload", "--layerwise-num-gpu-layers", "0"},

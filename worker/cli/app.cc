@@ -45,6 +45,13 @@ std::unique_ptr<CLI::App> make_app(CommandLine& commands) {
       "Answer one prompt (text, audio and image files) in text and speech, in this process: "
       "the text streams to stdout, the waveform goes to --output-wav");
   add_generate_options(*generate, commands.generate);
+#ifdef OMNI_HAVE_SERVER
+  CLI::App* worker = app->add_subcommand(
+      "worker",
+      "Serve one stage of a stage config over gRPC (the orchestrator of generate "
+      "--stage-configs-path starts these itself; start one by hand for runtime.address)");
+  add_worker_options(*worker, commands.worker);
+#endif
   return app;
 }
 
@@ -75,6 +82,14 @@ int main(int argc, const char* const* argv) {
     }
     return run_generate(commands.generate, {std::cout, std::cerr, terminal});
   }
+#ifdef OMNI_HAVE_SERVER
+  if (app->got_subcommand("worker")) {
+    if (std::getenv("OMNI_LOG_LEVEL") == nullptr && ::isatty(2) != 1) {
+      set_log_level(LogLevel::kWarning);
+    }
+    return run_worker(commands.worker, std::cerr);
+  }
+#endif
   return 2;  // unreachable: a subcommand is required
 }
 

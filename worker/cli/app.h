@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "worker/cli/generate_options.h"
+#include "worker/cli/worker_command.h"
 
 namespace CLI {
 class App;
@@ -18,6 +19,7 @@ namespace omni::cli {
 // What the command line asked for, one struct per subcommand.
 struct CommandLine {
   GenerateOptions generate;
+  WorkerOptions worker;  // builds with the server parts only
 };
 
 // The app, its options bound to `commands` (which must outlive it). A subcommand is required.

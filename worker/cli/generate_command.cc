@@ -18,6 +18,7 @@
 #include "cpu_offload/logging.h"
 #include "model_runner/output/wav_writer.h"
 #include "model_runner/tokenizer/text_stream.h"
+#include "worker/cli/generate_pipeline.h"
 
 namespace omni::cli {
 namespace {
@@ -53,9 +54,11 @@ void require_file(const std::string& kind, const std::string& path) {
 // Mistakes found before the model loads, which can take minutes for a real checkpoint.
 void check_paths(const GenerateOptions& o) {
   std::error_code ec;
-  const auto model = fs::status(o.model, ec);
-  if (!fs::exists(model)) fail("model directory '", o.model, "' does not exist");
-  if (!fs::is_directory(model)) fail("model directory '", o.model, "' is not a directory");
+  if (o.stage_configs_path.empty()) {
+    const auto model = fs::status(o.model, ec);
+    if (!fs::exists(model)) fail("model directory '", o.model, "' does not exist");
+    if (!fs::is_directory(model)) fail("model directory '", o.model, "' is not a directory");
+  }
   for (const auto& f : o.audio) require_file("audio", f);
   for (const auto& f : o.image) require_file("image", f);
   if (!o.output_wav.empty() && o.wants_audio()) {
@@ -100,6 +103,35 @@ int64_t num_samples(const at::Tensor& waveform) {
   return waveform.defined() ? waveform.numel() : 0;
 }
 
+// The checkpoint in this process (OmniRunner).
+class InProcessBackend : public GenerateBackend {
+ public:
+  explicit InProcessBackend(const GenerateOptions& o)
+      : runner_(models::OmniRunner::load(to_runner_options(o),
+                                         offload::make_transfer_engine(device_kind(o)))) {}
+  bool has_talker() override { return runner_->has_talker(); }
+  std::string default_speaker() override { return runner_->default_speaker(); }
+  Answer generate(const models::OmniRequest& request,
+                  const std::function<void(const std::string&)>& on_text) override {
+    models::TextStreamDecoder decoder(runner_->tokenizer());
+    models::OmniCallbacks callbacks;
+    callbacks.on_token = [&](int64_t token) {
+      on_text(decoder.push(token));
+      return true;
+    };
+    Answer answer;
+    answer.result = runner_->generate(request, callbacks);
+    on_text(decoder.finish());
+    std::vector<int32_t> ids(answer.result.tokens.begin(), answer.result.tokens.end());
+    answer.text = runner_->tokenizer().decode(ids, /*skip_special=*/true);
+    return answer;
+  }
+  std::string offload_json() override { return runner_->offload().stats().to_json(); }
+
+ private:
+  std::unique_ptr<models::OmniRunner> runner_;
+};
+
 }  // namespace
 
 std::string one_line(std::string message) {
@@ -124,19 +156,24 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
     check_paths(o);
     models::OmniRequest request = to_request(o);
     const models::WavFormat format = wav_format(o);
-
-    progress("loading " + o.model + " (" + o.device + ", " + o.dtype + ")");
     const auto load_start = Clock::now();
-    auto engine = offload::make_transfer_engine(device_kind(o));
-    auto runner = models::OmniRunner::load(to_runner_options(o), engine);
-    const double load_ms = ms_since(load_start);
-    progress("loaded in " + std::to_string(static_cast<int64_t>(load_ms)) + " ms");
 
-    if (request.audio_output && !runner->has_talker()) {
+    std::unique_ptr<GenerateBackend> backend;
+    if (!o.stage_configs_path.empty()) {
+      progress("starting the stages of " + o.stage_configs_path);
+      backend = make_pipeline_backend(o);
+    } else {
+      progress("loading " + o.model + " (" + o.device + ", " + o.dtype + ")");
+      backend = std::make_unique<InProcessBackend>(o);
+    }
+    progress("ready in " + std::to_string(static_cast<int64_t>(ms_since(load_start))) + " ms");
+    const std::string source = o.stage_configs_path.empty() ? o.model : o.stage_configs_path;
+
+    if (request.audio_output && !backend->has_talker()) {
       if (o.modalities_given) {
-        fail("'", o.model, "' has no talker: it answers in text only (--modalities text)");
+        fail("'", source, "' has no talker: it answers in text only (--modalities text)");
       }
-      note("'" + o.model + "' has no talker: answering in text only");
+      note("'" + source + "' has no talker: answering in text only");
       request.audio_output = false;
     }
     const bool write = request.audio_output && !o.output_wav.empty();
@@ -147,23 +184,16 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
       note("no audio asked for: --output-wav '" + o.output_wav + "' is not written");
     }
 
-    models::TextStreamDecoder decoder(runner->tokenizer());
-    models::OmniCallbacks callbacks;
     const bool stream_text = !o.json && request.text_output;
-    if (stream_text) {
-      callbacks.on_token = [&](int64_t token) {
-        const std::string text = decoder.push(token);
-        if (!text.empty()) {
-          io.out << text << std::flush;
-          line_open = true;
-        }
-        return true;
-      };
-    }
     progress("generating");
-    const models::OmniResult result = runner->generate(request, callbacks);
+    const auto answer = backend->generate(request, [&](const std::string& text) {
+      if (!stream_text || text.empty()) return;
+      io.out << text << std::flush;
+      line_open = true;
+    });
+    const models::OmniResult& result = answer.result;
     if (stream_text) {
-      io.out << decoder.finish() << "\n" << std::flush;
+      io.out << "\n" << std::flush;
       line_open = false;
     }
 
@@ -181,9 +211,8 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
     }
 
     if (o.json) {
-      std::vector<int32_t> ids(result.tokens.begin(), result.tokens.end());
       Json j;
-      j["text"] = runner->tokenizer().decode(ids, /*skip_special=*/true);
+      j["text"] = answer.text;
       j["token_ids"] = result.tokens;
       j["finish_reason"] = result.finish_reason;
       j["audio_finish_reason"] = result.audio_finish_reason;
@@ -192,14 +221,18 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
       j["audio_seconds"] = audio_seconds;
       j["sample_rate"] = result.sample_rate;
       j["speaker"] = request.audio_output
-                         ? Json(o.speaker.empty() ? runner->default_speaker() : lower(o.speaker))
+                         ? Json(o.speaker.empty() ? backend->default_speaker() : lower(o.speaker))
                          : Json(nullptr);
       j["timings"] = timings_json(result.timings);
-      j["offload"] = Json::parse(runner->offload().stats().to_json());
+      j["offload"] = Json::parse(backend->offload_json());
       // replace: text from the tokenizer is valid UTF-8, but a user path need not be.
       io.out << j.dump(-1, ' ', false, Json::error_handler_t::replace) << std::endl;
     }
     return 0;
+  } catch (const BadInput& e) {
+    if (line_open) io.out << std::endl;
+    io.err << "vllm-omni: error: " << one_line(e.what()) << std::endl;
+    return 2;
   } catch (const c10::Error& e) {
     if (line_open) io.out << std::endl;
     io.err << "vllm-omni: error: " << one_line(e.what_without_backtrace()) << std::endl;

@@ -1,10 +1,16 @@
-// `vllm-omni generate`: loads the checkpoint into an OmniRunner, runs one request and reports
-// it: the text streamed to stdout as it is generated (or one JSON object at the end with
-// --json), the waveform written to --output-wav.
+// `vllm-omni generate`: runs one request and reports it: the text streamed to stdout as it is
+// generated (or one JSON object at the end with --json), the waveform written to --output-wav.
+// With --model the checkpoint loads into an OmniRunner in this process; with
+// --stage-configs-path the request goes through the stage workers of the config
+// (generate_pipeline.h). Both report through the same code, so their outputs compare.
 #pragma once
 
+#include <functional>
 #include <iosfwd>
+#include <memory>
 #include <string>
+
+#include "model_runner/runner/omni_runner.h"
 
 #include "worker/cli/generate_options.h"
 
@@ -14,6 +20,23 @@ struct CommandIo {
   std::ostream& out;  // the answer: streamed text, or the JSON object
   std::ostream& err;  // notes, progress, errors
   bool progress;      // progress lines (loading, generating, writing) on `err`
+};
+
+// What runs the request: the in-process runner or a stage pipeline.
+class GenerateBackend {
+ public:
+  virtual ~GenerateBackend() = default;
+  virtual bool has_talker() = 0;
+  virtual std::string default_speaker() = 0;
+  struct Answer {
+    models::OmniResult result;
+    std::string text;  // the whole answer's text
+  };
+  // `on_text` gets the text as it is generated (whole UTF-8 characters).
+  virtual Answer generate(const models::OmniRequest& request,
+                          const std::function<void(const std::string&)>& on_text) = 0;
+  // Offload statistics as a JSON value.
+  virtual std::string offload_json() = 0;
 };
 
 // Returns the exit status: 0, or 1 after a runtime error (bad model directory, unknown

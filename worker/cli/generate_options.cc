@@ -152,9 +152,63 @@ bool GenerateOptions::wants_audio() const {
 void add_generate_options(CLI::App& app, GenerateOptions& o) {
   app.option_defaults()->always_capture_default();
 
-  app.add_option("--model", o.model, "Qwen3-Omni checkpoint directory (Hugging Face layout)")
-      ->required()
-      ->type_name("DIR");
+  auto* model =
+      app.add_option("--model", o.model, "Qwen3-Omni checkpoint directory (Hugging Face layout)")
+          ->type_name("DIR");
+  auto* stage_configs =
+      app.add_option("--stage-configs-path", o.stage_configs_path,
+                     "run through stage workers as this stage YAML describes (one gRPC worker "
+                     "process per stage, started on loopback or reached at runtime.address)")
+          ->type_name("FILE")
+          ->excludes(model);
+  app.add_option("--stage-overrides", o.stage_overrides,
+                 "with --stage-configs-path: per-stage settings as JSON, e.g. "
+                 "'{\"1\": {\"cpu_offload_enabled\": true}}' (wins over every other source)")
+      ->type_name("JSON")
+      ->needs(stage_configs);
+  app.add_option("--stage-init-timeout", o.stage_init_timeout_s,
+                 "with --stage-configs-path: seconds a stage worker may take to load and answer")
+      ->type_name("SECONDS")
+      ->check(number_in(0, HUGE_VAL, /*min_open=*/true))
+      ->needs(stage_configs);
+  app.add_option("--request-timeout", o.request_timeout_s,
+                 "seconds the request may take before it fails naming the stages still at work "
+                 "(0 = no limit)")
+      ->type_name("SECONDS")
+      ->check(number_in(0, HUGE_VAL));
+  app.add_option("--auth-token-file", o.auth_token_file,
+                 "with --stage-configs-path: the token the workers at runtime.address expect")
+      ->type_name("FILE")
+      ->check(CLI::ExistingFile)
+      ->needs(stage_configs);
+  app.add_option("--tls-ca-file", o.tls_ca_file,
+                 "with --stage-configs-path: the CA (PEM) that signed the workers' certificates: "
+                 "reach the workers at runtime.address over TLS")
+      ->type_name("FILE")
+      ->check(CLI::ExistingFile)
+      ->needs(stage_configs);
+  // Which options were given: with a stage config, only those override the YAML.
+  app.parse_complete_callback([&app, &o, model, stage_configs] {
+    if (model->count() == 0 && stage_configs->count() == 0) {
+      throw CLI::RequiredError("--model or --stage-configs-path");
+    }
+    // In this process, a strategy or budget without components would do nothing; with a stage
+    // config they apply to the YAML's components.
+    const bool components = app.get_option("--cpu-offload-components")->count() > 0 ||
+                            app.get_option("--cpu-offload-enabled")->count() > 0 ||
+                            app.get_option("--enable-cpu-offload")->count() > 0;
+    if (stage_configs->count() == 0 && !components) {
+      for (const char* flag : {"--cpu-offload-strategy", "--cpu-offload-budget"}) {
+        if (app.get_option(flag)->count() > 0) {
+          throw CLI::RequiresError(flag, "--cpu-offload-components");
+        }
+      }
+    }
+    o.given.clear();
+    for (const CLI::Option* opt : app.get_options()) {
+      if (opt->count() > 0) o.given.insert(opt->get_name());
+    }
+  });
   app.add_option("--prompt", o.prompt, "the user's text")->required()->type_name("TEXT");
   app.add_option("--audio", o.audio, "an audio file (WAV, FLAC, OGG) for the prompt; repeatable")
       ->type_name("FILE")
@@ -257,16 +311,22 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
                  "alternating: a component leaves when another needs the room; sequential: "
                  "right after its forward")
       ->type_name("alternating|sequential")
-      ->check(one_of({"alternating", "sequential"}))
-      ->needs(components);
-  app.add_option("--cpu-offload-budget", o.cpu_offload_budget,
+      ->check(one_of({"alternating", "sequential"}));
+  app.add_flag("--cpu-offload-enabled", o.cpu_offload_enabled,
+               "component offload of --cpu-offload-components, or of visual and audio_tower "
+               "when that is not given");
+  app.add_flag("--enable-cpu-offload", o.enable_cpu_offload,
+               "model-level offload: thinker, talker and code2wav take turns on the device (in a "
+               "stage pipeline: every stage gives its weights back when another needs the room)");
+  app.add_option("--cpu-offload-budget,--gpu-memory-budget", o.cpu_offload_budget,
                  "alternating: device bytes the offloaded components may hold together before "
                  "the least recently used leave (0 = one at a time)")
       ->type_name("BYTES")
-      ->transform(byte_size())
-      ->needs(components);
-  app.add_flag("--no-pin-memory", o.no_pin_memory,
+      ->transform(byte_size());
+  app.add_flag("--no-pin-memory,--no-cpu-offload-pin-memory", o.no_pin_memory,
                "pageable host memory for offloaded weights (default: pinned)");
+  app.add_flag("--cpu-offload-pin-memory", o.pin_memory_flag,
+               "pinned host memory for offloaded weights (the default)");
   auto* layerwise =
       app.add_flag("--enable-layerwise-offload", o.enable_layerwise_offload,
                    "stream the decoder layers of the thinker and the talker through the device");
@@ -296,9 +356,15 @@ models::OmniRunnerOptions to_runner_options(const GenerateOptions& o) {
   r.model_dir = o.model;
   r.dtype = parse_dtype(o.dtype);
   auto& offload = r.offload;
+  if (o.enable_cpu_offload) {
+    offload.cpu_offload_enabled = true;
+    offload.components = {"thinker", "talker", "code2wav"};
+  }
   if (!o.cpu_offload_components.empty()) {
     offload.cpu_offload_enabled = true;
     offload.components = o.cpu_offload_components;
+  } else if (o.cpu_offload_enabled && !o.enable_cpu_offload) {
+    offload.cpu_offload_enabled = true;  // the default components (visual, audio_tower)
   }
   offload.strategy = o.cpu_offload_strategy;
   offload.device_budget_bytes = o.cpu_offload_budget;

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -60,7 +61,21 @@ struct GenerateOptions {
   int64_t stream_chunk;
   int64_t stream_left_context;
 
+  // A stage pipeline instead of the in-process runner (exclusive with `model`).
+  std::string stage_configs_path;
+  std::string stage_overrides;  // JSON: {"<stage id>": {<engine_args key>: value}}
+  double stage_init_timeout_s = 600;
+  double request_timeout_s = 0;  // 0: none
+  std::string auth_token_file;   // the workers' shared token (runtime.address workers)
+  std::string tls_ca_file;       // reach the workers over TLS, trusting this CA
+  // The options given on the command line (CLI11's names, e.g. "--cpu-offload-strategy"): with
+  // a stage config, only these override the YAML.
+  std::set<std::string> given;
+
   // Offload (OmniOffloadOptions). A component list enables component offload.
+  bool cpu_offload_enabled = false;  // component offload (default components when none given)
+  bool enable_cpu_offload = false;   // model-level: thinker, talker, code2wav as components
+  bool pin_memory_flag = false;      // --cpu-offload-pin-memory (the default anyway)
   std::vector<std::string> cpu_offload_components;
   std::string cpu_offload_strategy = "alternating";
   size_t cpu_offload_budget = 0;  // bytes

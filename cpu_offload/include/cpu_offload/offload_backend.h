@@ -40,6 +40,11 @@ class OffloadBackend {
   // them bound until the next forward that needs their room, e.g. before a cross-stage
   // hand-off reads a component's parameters directly. Resident weights need nothing.
   virtual void ensure_on_device(const std::string& path) = 0;
+  // Moves every offloaded unit that is on the device and not running back to the host, e.g.
+  // when a stage pipeline's device ledger asks an idle stage to make room for another stage on
+  // the same device. Returns the device bytes freed. Resident weights stay; a backend without
+  // such units frees nothing. Not concurrent with a forward (callers serialize them).
+  virtual size_t release_device() { return 0; }
 
  protected:
   OffloadBackend(OffloadPlan plan, std::shared_ptr<TransferEngine> engine)

@@ -12,6 +12,7 @@
 #include "model_runner/generation/generate.h"
 #include "model_runner/qwen3_omni/code2wav_stream.h"
 #include "model_runner/qwen3_omni/omni_model.h"
+#include "model_runner/qwen3_omni/talker_generate.h"
 #include "model_runner/qwen3_omni/talker_handoff.h"
 #include "model_runner/runner/chat_inputs.h"
 #include "model_runner/weights/hf_config.h"
@@ -293,28 +294,10 @@ OmniResult OmniRunner::generate(const OmniRequest& request, const OmniCallbacks&
     handoff.embeds = at::cat(state.embeds, 0);
     handoff.hidden = at::cat(state.hidden, 0);
     handoff.tts_embeds = thinker.embed({s.ids.tts_bos, s.ids.tts_eos, s.ids.tts_pad});
-    qwen3_omni::HandoffIds hids;
-    hids.im_start = s.ids.im_start;
-    hids.user = s.ids.user;
-    hids.assistant = s.ids.assistant;
-    hids.tts_pad = s.ids.tts_pad;
-    hids.multimodal = {s.thinker_cfg.audio_token_id, s.thinker_cfg.image_token_id,
-                       s.thinker_cfg.video_token_id};
-    hids.thinker_eos = thinker_params.stop_token_ids;
-    hids.codec_prefix = {tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id, speaker,
-                         tc.codec_pad_id,     tc.codec_bos_id};
+    const auto hids =
+        qwen3_omni::handoff_ids(s.thinker_cfg, tc, s.ids, speaker, thinker_params.stop_token_ids);
     const auto prompt = qwen3_omni::build_talker_prompt(handoff, hids);
     state = thinker.new_state();  // the thinker's rows are no longer needed
-
-    SamplingParams talker_params = request.sampling.talker;
-    talker_params.suppress_tokens = qwen3_omni::talker_suppressed_tokens(tc);
-    talker_params.stop_token_ids = {tc.codec_eos_token_id};
-    talker_params.max_new_tokens = request.max_audio_frames + 1;
-    SamplingParams cp_params = request.sampling.code_predictor;
-    // Since transformers 5.15 the code predictor follows the talker's do_sample.
-    cp_params.greedy = talker_params.is_greedy();
-    Sampler talker_sampler(talker_params);
-    Sampler cp_sampler(cp_params);
 
     std::unique_ptr<qwen3_omni::Code2WavStreamer> streamer;
     if (request.stream_audio) {
@@ -329,34 +312,23 @@ OmniResult OmniRunner::generate(const OmniRequest& request, const OmniCallbacks&
       if (callbacks.on_audio && !callbacks.on_audio(samples)) cancelled = true;
     };
 
-    const auto talker_start = Clock::now();
-    auto talker_state = talker.new_state();
-    at::Tensor logits = talker.prefill(prompt, inputs.image_grids, talker_state);
-    std::vector<std::vector<int64_t>> frames;
-    std::vector<int64_t> codes0;
-    result.audio_finish_reason = "length";
-    while (!cancelled) {
-      const int64_t code = talker_sampler.sample(logits, codes0);
-      codes0.push_back(code);
-      if (code == tc.codec_eos_token_id) {
-        result.audio_finish_reason = "stop";
-        break;
-      }
-      // The last code sampled within the cap is never fed back: it has no frame (as HF).
-      if (static_cast<int64_t>(codes0.size()) >= talker_params.max_new_tokens) break;
-      const auto frame = talker.step(code, talker_state, cp_sampler, logits);
-      frames.push_back(frame);
-      if (callbacks.on_frame && !callbacks.on_frame(frame)) cancelled = true;
-      if (streamer && !cancelled) {
-        const auto c2w_start = Clock::now();
-        const auto samples =
-            streamer->push(qwen3_omni::frames_to_codes({frame}, tc.num_code_groups));
-        code2wav_ms += ms_since(c2w_start);
-        emit_audio(samples);
-      }
-    }
-    if (cancelled) result.audio_finish_reason = "cancelled";
-    const double talker_total_ms = ms_since(talker_start) - code2wav_ms;
+    const auto run = qwen3_omni::run_talker(
+        talker, prompt, inputs.image_grids, request.sampling.talker,
+        request.sampling.code_predictor, request.max_audio_frames,
+        [&](const std::vector<int64_t>& frame) {
+          if (callbacks.on_frame && !callbacks.on_frame(frame)) cancelled = true;
+          if (streamer && !cancelled) {
+            const auto c2w_start = Clock::now();
+            const auto samples =
+                streamer->push(qwen3_omni::frames_to_codes({frame}, tc.num_code_groups));
+            code2wav_ms += ms_since(c2w_start);
+            emit_audio(samples);
+          }
+          return !cancelled;
+        });
+    const auto& frames = run.frames;
+    result.audio_finish_reason = run.finish_reason;
+    const double talker_total_ms = run.talker_ms;
     if (streamer && !cancelled) {
       const auto c2w_start = Clock::now();
       const auto samples = streamer->finish();
@@ -365,7 +337,7 @@ OmniResult OmniRunner::generate(const OmniRequest& request, const OmniCallbacks&
     }
     result.codes = qwen3_omni::frames_to_codes(frames, tc.num_code_groups);
     result.timings.talker_ms = talker_total_ms;
-    result.timings.code_predictor_ms = talker_state.code_predictor_ms;
+    result.timings.code_predictor_ms = run.code_predictor_ms;
     if (!frames.empty() && talker_total_ms > 0) {
       result.timings.talker_frames_per_s =
           static_cast<double>(frames.size()) / (talker_total_ms / 1000.0);

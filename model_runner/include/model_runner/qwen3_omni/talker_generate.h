@@ -1,0 +1,42 @@
+// The talker's generation loop over a built hand-off, shared by the in-process runner
+// (OmniRunner) and the talker stage of the pipeline (TalkerRunner), so that both produce the
+// same frames from the same rows: group 0 from the talker (suppressed special ids, codec EOS
+// stops), groups 1..15 from the code predictor, the last code sampled within the cap never fed
+// back (as the reference).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model_runner/generation/sampler.h"
+#include "model_runner/qwen3_omni/config.h"
+#include "model_runner/qwen3_omni/talker.h"
+#include "model_runner/qwen3_omni/talker_handoff.h"
+
+namespace omni::models::qwen3_omni {
+
+struct TalkerRun {
+  std::vector<std::vector<int64_t>> frames;  // each num_code_groups codes, group 0 first
+  std::string finish_reason;                 // stop (codec EOS) | length | cancelled
+  double talker_ms = 0;                      // prefill + every step (callbacks excluded)
+  double code_predictor_ms = 0;              // of talker_ms
+};
+
+// `talker_params`: the request's talker sampling (suppressed ids, stop token and cap are set
+// here); `code_predictor_params` follow the talker's greedy flag (the reference since
+// transformers 5.15). `on_frame` sees each frame as it is made; false cancels.
+TalkerRun run_talker(Talker& talker, const TalkerPrompt& prompt,
+                     const std::vector<std::array<int64_t, 3>>& image_grids,
+                     SamplingParams talker_params, SamplingParams code_predictor_params,
+                     int64_t max_frames,
+                     const std::function<bool(const std::vector<int64_t>&)>& on_frame);
+
+// The hand-off's ids for `speaker` (a codec id) from the checkpoint's configs.
+HandoffIds handoff_ids(const ThinkerConfig& thinker, const TalkerConfig& talker,
+                       const OmniTokenIds& ids, int64_t speaker,
+                       const std::vector<int64_t>& thinker_stop_tokens);
+
+}  // namespace omni::models::qwen3_omni

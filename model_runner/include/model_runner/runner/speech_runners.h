@@ -1,0 +1,102 @@
+// The talker and code2wav of a Qwen3-Omni checkpoint, each loaded alone: what a talker or a
+// code2wav stage worker holds (the thinker's 60 GB stay with the thinker stage). Each loads only
+// its own tensors ("talker.*", "code2wav.*") and reads the whole config.json (the talker needs the
+// thinker's token ids for the hand-off).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu_offload/offload_backend.h"
+#include "cpu_offload/transfer_engine.h"
+#include "model_runner/generation/sampler.h"
+#include "model_runner/qwen3_omni/code2wav.h"
+#include "model_runner/qwen3_omni/config.h"
+#include "model_runner/qwen3_omni/talker.h"
+#include "model_runner/qwen3_omni/talker_generate.h"
+#include "model_runner/qwen3_omni/talker_handoff.h"
+#include "model_runner/runner/offload_options.h"
+
+namespace omni::models {
+
+struct SpeechRunnerOptions {
+  std::string model_dir;
+  at::ScalarType dtype = at::kFloat;
+  // Component names as the talker stage sees them: talker.* / code_predictor /
+  // talker.model.layers.* (a leading "talker." is optional); names of other parts are ignored,
+  // since a pipeline-wide list names modules of every stage. Layerwise streams the talker's
+  // decoder layers. code2wav has no components of its own.
+  RunnerOffloadOptions offload;
+};
+
+class TalkerRunner {
+ public:
+  // Throws omni::Error naming the file / field / tensor; also when the checkpoint has no talker.
+  static std::unique_ptr<TalkerRunner> load(const SpeechRunnerOptions& options,
+                                            std::shared_ptr<offload::TransferEngine> engine);
+  ~TalkerRunner();
+
+  struct Request {
+    std::string speaker;  // any case; empty = the default
+    SamplingParams talker, code_predictor;
+    int64_t max_frames = 4096;
+  };
+  // Builds the talker's prompt from the thinker's complete hand-off and generates frames.
+  // `thinker_stop_tokens`: the stop tokens the thinker ran with. Throws on an unknown speaker
+  // (listing the known ones) and on a malformed hand-off.
+  qwen3_omni::TalkerRun generate(const qwen3_omni::ThinkerHandoff& handoff,
+                                 const std::vector<int64_t>& thinker_stop_tokens,
+                                 const std::vector<std::array<int64_t, 3>>& image_grids,
+                                 const Request& request,
+                                 const std::function<bool(const std::vector<int64_t>&)>& on_frame);
+
+  // The thinker's token ids the hand-off needs from the thinker stage: tts_bos, tts_eos, tts_pad.
+  std::vector<int64_t> tts_token_ids() const;
+  int64_t accept_hidden_layer() const { return cfg_.accept_hidden_layer; }
+  int64_t num_code_groups() const { return cfg_.num_code_groups; }
+  std::vector<std::string> speakers() const;  // lower case, sorted
+  std::string default_speaker() const;
+  offload::OffloadBackend& offload() { return *backend_; }
+  qwen3_omni::Talker& model() { return *talker_; }
+
+ private:
+  TalkerRunner() = default;
+  qwen3_omni::ThinkerConfig thinker_cfg_;
+  qwen3_omni::TalkerConfig cfg_;
+  qwen3_omni::OmniTokenIds ids_;
+  std::shared_ptr<offload::TransferEngine> engine_;
+  std::shared_ptr<qwen3_omni::Talker> talker_;
+  std::unique_ptr<offload::OffloadBackend> backend_;
+};
+
+class Code2WavRunner {
+ public:
+  static std::unique_ptr<Code2WavRunner> load(const SpeechRunnerOptions& options,
+                                              std::shared_ptr<offload::TransferEngine> engine);
+  ~Code2WavRunner();
+  qwen3_omni::Code2Wav& model() { return *code2wav_; }
+  int64_t num_quantizers() const { return cfg_.num_quantizers; }
+  int64_t sample_rate() const { return 24000; }
+  offload::OffloadBackend& offload() { return *backend_; }
+
+ private:
+  Code2WavRunner() = default;
+  qwen3_omni::Code2WavConfig cfg_;
+  std::shared_ptr<offload::TransferEngine> engine_;
+  std::shared_ptr<qwen3_omni::Code2Wav> code2wav_;
+  std::unique_ptr<offload::OffloadBackend> backend_;
+};
+
+// Names as a pipeline-wide --cpu-offload-components writes them -> module paths under the
+// talker (names that are not the talker's are dropped).
+std::vector<std::string> talker_stage_component_paths(const std::vector<std::string>& names);
+// The thinker stage's share of the same list (thinker parts only, "thinker." optional).
+std::vector<std::string> thinker_stage_component_names(const std::vector<std::string>& names);
+
+}  // namespace omni::models

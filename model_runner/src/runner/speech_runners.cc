@@ -1,0 +1,159 @@
+#include "model_runner/runner/speech_runners.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "cpu_offload/check.h"
+#include "cpu_offload/logging.h"
+#include "model_runner/weights/hf_config.h"
+#include "model_runner/weights/load_weights.h"
+#include "model_runner/weights/safetensors.h"
+
+namespace omni::models {
+
+namespace {
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+
+HfConfig load_speech_config(const std::string& model_dir, const char* part) {
+  namespace fs = std::filesystem;
+  OMNI_CHECK(fs::is_directory(model_dir), "model directory ", model_dir,
+             " does not exist or is not a directory");
+  auto config = HfConfig::load(model_dir);
+  OMNI_CHECK(qwen3_omni::has_speech_output(config), config.source(), " has no ", part,
+             " (enable_audio_output is false or the checkpoint is thinker-only): a ", part,
+             " stage cannot run it");
+  return config;
+}
+
+}  // namespace
+
+std::vector<std::string> talker_stage_component_paths(const std::vector<std::string>& names) {
+  std::vector<std::string> paths;
+  for (const auto& name : names) {
+    OMNI_CHECK(!name.empty(), "cpu_offload_components: an entry is empty");
+    if (starts_with(name, "talker.")) {
+      paths.push_back(name.substr(7));
+    } else if (name == "code_predictor" || starts_with(name, "code_predictor.") ||
+               starts_with(name, "model.layers")) {
+      paths.push_back(name);
+    }
+  }
+  return paths;
+}
+
+std::vector<std::string> thinker_stage_component_names(const std::vector<std::string>& names) {
+  static const std::vector<std::string> kParts = {"visual", "audio_tower", "language_model",
+                                                  "model", "lm_head"};
+  std::vector<std::string> out;
+  for (const auto& name : names) {
+    if (starts_with(name, "thinker.")) {
+      out.push_back(name);
+      continue;
+    }
+    const auto head = name.substr(0, name.find('.'));
+    if (std::find(kParts.begin(), kParts.end(), head) != kParts.end()) out.push_back(name);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------- talker
+
+TalkerRunner::~TalkerRunner() = default;
+
+std::unique_ptr<TalkerRunner> TalkerRunner::load(const SpeechRunnerOptions& options,
+                                                 std::shared_ptr<offload::TransferEngine> engine) {
+  OMNI_CHECK(engine != nullptr, "TalkerRunner::load needs a transfer engine");
+  const auto config = load_speech_config(options.model_dir, "talker");
+  std::unique_ptr<TalkerRunner> r(new TalkerRunner());
+  r->engine_ = engine;
+  r->thinker_cfg_ = qwen3_omni::parse_thinker_config(config);
+  r->cfg_ = qwen3_omni::parse_talker_config(config, r->thinker_cfg_);
+  r->ids_ = qwen3_omni::parse_omni_token_ids(config, r->thinker_cfg_);
+  const auto checkpoint = SafetensorsCheckpoint::open(options.model_dir);
+  r->talker_ = std::make_shared<qwen3_omni::Talker>(r->cfg_, options.dtype);
+  const auto report = load_weights(*r->talker_, checkpoint, "talker.");
+  log_info("loaded ", report.tensors, " talker tensors (", report.bytes, " bytes) from ",
+           options.model_dir);
+
+  offload::OffloadConfig oc;
+  offload::ModelSpec spec;
+  const auto& o = options.offload;
+  oc.pin_memory = o.pin_memory;
+  if (o.layerwise) {
+    oc.layerwise = true;
+    oc.num_gpu_layers = o.num_gpu_layers;
+    spec.dits = {"model"};
+    spec.block_lists = {{"model.layers", {}}};
+  } else if (o.cpu_offload_enabled) {
+    oc.components = talker_stage_component_paths(o.components);
+    if (!oc.components.empty()) {
+      oc.component = true;
+      oc.component_policy = offload::parse_component_policy(o.strategy);
+      oc.device_budget_bytes = o.device_budget_bytes;
+      oc.device_budget_fraction = o.device_budget_fraction;
+    }
+  }
+  oc.validate();
+  r->backend_ = offload::apply_offload(*r->talker_, spec, oc, engine);
+  r->talker_->set_device(engine->compute_device());
+  return r;
+}
+
+std::vector<int64_t> TalkerRunner::tts_token_ids() const {
+  return {ids_.tts_bos, ids_.tts_eos, ids_.tts_pad};
+}
+
+std::vector<std::string> TalkerRunner::speakers() const {
+  std::vector<std::string> names;
+  for (const auto& [name, id] : cfg_.speakers) names.push_back(name);
+  return names;
+}
+
+std::string TalkerRunner::default_speaker() const {
+  const auto names = speakers();
+  if (names.empty()) return "";
+  return std::find(names.begin(), names.end(), "ethan") != names.end() ? "ethan" : names.front();
+}
+
+qwen3_omni::TalkerRun TalkerRunner::generate(
+    const qwen3_omni::ThinkerHandoff& handoff, const std::vector<int64_t>& thinker_stop_tokens,
+    const std::vector<std::array<int64_t, 3>>& image_grids, const Request& request,
+    const std::function<bool(const std::vector<int64_t>&)>& on_frame) {
+  at::NoGradGuard no_grad;
+  const std::string name = request.speaker.empty() ? default_speaker() : request.speaker;
+  const int64_t speaker = qwen3_omni::speaker_codec_id(cfg_, name);
+  const auto hids = qwen3_omni::handoff_ids(thinker_cfg_, cfg_, ids_, speaker, thinker_stop_tokens);
+  const auto prompt = qwen3_omni::build_talker_prompt(handoff, hids);
+  return qwen3_omni::run_talker(*talker_, prompt, image_grids, request.talker,
+                                request.code_predictor, request.max_frames, on_frame);
+}
+
+// ---------------------------------------------------------------------------- code2wav
+
+Code2WavRunner::~Code2WavRunner() = default;
+
+std::unique_ptr<Code2WavRunner> Code2WavRunner::load(
+    const SpeechRunnerOptions& options, std::shared_ptr<offload::TransferEngine> engine) {
+  OMNI_CHECK(engine != nullptr, "Code2WavRunner::load needs a transfer engine");
+  const auto config = load_speech_config(options.model_dir, "code2wav");
+  std::unique_ptr<Code2WavRunner> r(new Code2WavRunner());
+  r->engine_ = engine;
+  r->cfg_ = qwen3_omni::parse_code2wav_config(config);
+  const auto checkpoint = SafetensorsCheckpoint::open(options.model_dir);
+  r->code2wav_ = std::make_shared<qwen3_omni::Code2Wav>(r->cfg_, options.dtype);
+  const auto report = load_weights(*r->code2wav_, checkpoint, "code2wav.");
+  log_info("loaded ", report.tensors, " code2wav tensors (", report.bytes, " bytes) from ",
+           options.model_dir);
+  offload::OffloadConfig oc;
+  oc.pin_memory = options.offload.pin_memory;
+  oc.validate();
+  r->backend_ = offload::apply_offload(*r->code2wav_, offload::ModelSpec{}, oc, engine);
+  return r;
+}
+
+}  // namespace omni::models

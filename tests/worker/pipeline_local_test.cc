@@ -1,0 +1,192 @@
+// The orchestrator over in-process stages (a runner per stage, each loading only its part of
+// the checkpoint) on the tiny Qwen3-Omni fixture: the same text, codes, streamed audio and
+// waveform, bitwise, as the single-process OmniRunner; text-only requests run the thinker alone;
+// a failing stage fails the request naming it, without hanging; callbacks can cancel; the
+// deadline reaches stages that wait on their input.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu_offload/check.h"
+#include "model_runner/runner/omni_runner.h"
+#include "worker/pipeline/local_stages.h"
+#include "worker/pipeline/pipeline.h"
+
+namespace omni::pipeline {
+namespace {
+
+const std::string kDir = std::string(OMNI_FIXTURES_DIR) + "/qwen3_omni_tiny";
+
+models::OmniRequest request(bool media = true) {
+  models::OmniRequest r;
+  r.chat.system_prompt = "You are a helpful voice.";
+  r.chat.text = "What do you hear and see?";
+  if (media) {
+    r.chat.audio_files = {kDir + "/audio.wav"};
+    r.chat.image_files = {kDir + "/image.png"};
+  }
+  r.sampling.set_greedy(true);
+  r.sampling.thinker.max_new_tokens = 12;
+  r.max_audio_frames = 10;
+  return r;
+}
+
+std::shared_ptr<Stage> local(const std::string& model_stage, int id) {
+  LocalStageOptions o;
+  o.name = "stage " + std::to_string(id) + " (" + model_stage + ")";
+  o.model_stage = model_stage;
+  o.model_dir = kDir;
+  return make_local_stage(o);
+}
+
+std::vector<PipelineStage> local_stages() {
+  return {{0, "thinker", {}, local("thinker", 0)},
+          {1, "talker", {0}, local("talker", 1)},
+          {2, "code2wav", {1}, local("code2wav", 2)}};
+}
+
+const models::OmniResult& reference() {
+  static models::OmniResult result = [] {
+    models::OmniRunnerOptions o;
+    o.model_dir = kDir;
+    auto runner =
+        models::OmniRunner::load(o, offload::make_transfer_engine(offload::DeviceKind::kCpuSim));
+    return runner->generate(request());
+  }();
+  return result;
+}
+
+TEST(PipelineLocal, EqualsTheSingleProcessRunner) {
+  const auto& ref = reference();
+  ASSERT_GE(ref.tokens.size(), 2u);
+  ASSERT_GT(ref.codes.size(1), 0);
+  Pipeline pipeline(local_stages());
+  std::vector<at::Tensor> chunks;
+  std::string streamed_text;
+  PipelineCallbacks cb;
+  cb.on_audio = [&](const at::Tensor& s) {
+    chunks.push_back(s.clone());
+    return true;
+  };
+  cb.on_text = [&](const std::string& t) {
+    streamed_text += t;
+    return true;
+  };
+  const auto got = pipeline.generate(request(), cb);
+  EXPECT_EQ(got.omni.tokens, ref.tokens);
+  EXPECT_EQ(got.omni.finish_reason, ref.finish_reason);
+  EXPECT_EQ(got.text, streamed_text);
+  EXPECT_FALSE(got.text.empty());
+  ASSERT_TRUE(got.omni.codes.defined());
+  EXPECT_TRUE(at::equal(got.omni.codes, ref.codes));
+  EXPECT_EQ(got.omni.audio_finish_reason, ref.audio_finish_reason);
+  ASSERT_TRUE(got.omni.waveform.defined());
+  EXPECT_TRUE(at::equal(got.omni.waveform, ref.waveform.to(at::kFloat)));
+  EXPECT_EQ(got.omni.streamed_samples, ref.streamed_samples);
+  EXPECT_GT(got.omni.timings.time_to_first_audio_ms, 0);
+  EXPECT_EQ(got.speaker, "ethan");
+  EXPECT_GT(got.bytes_between_stages, 0u);
+  // The first audio left code2wav before the talker finished (the stages overlap).
+  const auto& talker = got.stage_metrics.at("stage 1 (talker)");
+  const auto& code2wav = got.stage_metrics.at("stage 2 (code2wav)");
+  EXPECT_LT(code2wav.at("first_packet_ms"), talker.at("done_ms"));
+}
+
+TEST(PipelineLocal, TextOnlyRunsTheThinkerAlone) {
+  Pipeline pipeline(local_stages());
+  auto r = request(false);
+  r.audio_output = false;
+  const auto got = pipeline.generate(r);
+  EXPECT_FALSE(got.omni.tokens.empty());
+  EXPECT_EQ(got.stage_metrics.size(), 1u);
+  EXPECT_TRUE(got.stage_metrics.count("stage 0 (thinker)"));
+  EXPECT_FALSE(got.omni.codes.defined());
+}
+
+// A stage that fails, or never finishes, in place of the talker.
+class BrokenStage : public Stage {
+ public:
+  explicit BrokenStage(bool hang) : hang_(hang) {}
+  const std::string& name() const override { return name_; }
+  void run(const StageCall&, PacketQueue& input, const PacketSink&,
+           const CancelToken& cancel) override {
+    if (!hang_) throw std::runtime_error("the talker's weights are on fire");
+    while (!cancel.wait_for(std::chrono::milliseconds(10))) {
+    }
+    saw_cancel = true;
+    (void)input;
+  }
+  std::string stats_json() override { return "{}"; }
+  std::string info_json() override {
+    return R"({"speakers": ["ethan"], "default_speaker": "ethan"})";
+  }
+  uint64_t set_device_released(bool) override { return 0; }
+  uint64_t device_bytes() override { return 0; }
+  bool saw_cancel = false;
+
+ private:
+  bool hang_;
+  std::string name_ = "stage 1 (talker)";
+};
+
+TEST(PipelineLocal, AFailingStageFailsTheRequestNamingIt) {
+  auto stages = local_stages();
+  stages[1].stage = std::make_shared<BrokenStage>(false);
+  Pipeline pipeline(stages);
+  try {
+    pipeline.generate(request(false));
+    FAIL() << "no error";
+  } catch (const StageError& e) {
+    EXPECT_EQ(e.code(), StageError::Code::kInternal);
+    EXPECT_EQ(e.stage(), "stage 1 (talker)");
+    EXPECT_NE(std::string(e.what()).find("on fire"), std::string::npos) << e.what();
+  }
+  // The pipeline still serves.
+  auto r = request(false);
+  r.audio_output = false;
+  EXPECT_FALSE(pipeline.generate(r).omni.tokens.empty());
+}
+
+TEST(PipelineLocal, TheDeadlineCancelsAStageThatDoesNotFinish) {
+  auto stages = local_stages();
+  auto broken = std::make_shared<BrokenStage>(true);
+  stages[1].stage = broken;
+  Pipeline pipeline(stages);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    pipeline.generate(request(false), {}, start + std::chrono::milliseconds(1500));
+    FAIL() << "no error";
+  } catch (const StageError& e) {
+    EXPECT_EQ(e.code(), StageError::Code::kDeadlineExceeded) << e.what();
+    EXPECT_NE(e.stage().find("talker"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_TRUE(broken->saw_cancel);
+}
+
+TEST(PipelineLocal, ACallbackCancelsEveryStage) {
+  Pipeline pipeline(local_stages());
+  PipelineCallbacks cb;
+  int frames = 0;
+  cb.on_frame = [&](const std::vector<int64_t>&) { return ++frames < 2; };
+  const auto got = pipeline.generate(request(false), cb);
+  EXPECT_EQ(frames, 2);
+  EXPECT_EQ(got.omni.audio_finish_reason, "cancelled");
+}
+
+TEST(PipelineLocal, RejectsAGraphItCannotRun) {
+  auto stages = local_stages();
+  stages[2].sources = {0};
+  EXPECT_THROW(Pipeline{stages}, omni::Error);
+  stages = local_stages();
+  stages.erase(stages.begin());
+  EXPECT_THROW(Pipeline{stages}, omni::Error);
+}
+
+}  // namespace
+}  // namespace omni::pipeline

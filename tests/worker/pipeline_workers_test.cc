@@ -1,0 +1,355 @@
+// The stage pipeline with real worker processes on loopback (the tiny Qwen3-Omni checkpoint of
+// stage_configs/qwen3_omni_tiny.yaml):
+//   - `vllm-omni generate --stage-configs-path` writes the same text, codes and WAV bytes as the
+//     in-process `vllm-omni generate`, with and without --cpu-offload-components thinker,talker;
+//   - bad configs and flags exit 2 with a message naming the file:line:col or the flag;
+//   - a worker killed mid-request fails that request naming the stage; it is restarted and the
+//     next request succeeds; a failing stage answers with an error, the others keep serving;
+//   - 32 concurrent requests each equal their own single-request output;
+//   - a worker with a token refuses a client without it and keeps serving.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu_offload/check.h"
+#include "process.h"
+#include "worker/config/stage_config.h"
+#include "worker/config/stage_overrides.h"
+#include "worker/pipeline/stage_launcher.h"
+#include "worker/rpc/stage_client.h"
+
+namespace omni::pipeline {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+const std::string kSource = OMNI_SOURCE_DIR;
+const std::string kTinyYaml = kSource + "/stage_configs/qwen3_omni_tiny.yaml";
+const std::string kFixture = kSource + "/tests/fixtures/qwen3_omni_tiny";
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+fs::path temp_dir() {
+  const auto dir = fs::temp_directory_path() /
+                   ("omni-workers-" + std::to_string(::getpid()) + "-" +
+                    std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+process::ProcessResult vllm_omni(std::vector<std::string> args) {
+  args.insert(args.begin(), OMNI_VLLM_OMNI);
+  return process::run_process(args);
+}
+
+// One greedy answer with speech, from `source` ({"--model", dir} or {"--stage-configs-path", f}).
+struct Answer {
+  Json json;
+  std::string wav;
+};
+
+Answer answer(const std::vector<std::string>& source, const std::vector<std::string>& extra = {}) {
+  const auto wav = temp_dir() / "answer.wav";
+  std::vector<std::string> args = {"generate",
+                                   "--prompt",
+                                   "Describe the sound and the picture.",
+                                   "--audio",
+                                   kFixture + "/audio.wav",
+                                   "--image",
+                                   kFixture + "/image.png",
+                                   "--greedy",
+                                   "--max-tokens",
+                                   "12",
+                                   "--max-audio-frames",
+                                   "10",
+                                   "--output-wav",
+                                   wav.string(),
+                                   "--json"};
+  args.insert(args.end(), source.begin(), source.end());
+  args.insert(args.end(), extra.begin(), extra.end());
+  const auto r = vllm_omni(args);
+  EXPECT_EQ(r.status, 0) << r.err;
+  Answer a;
+  a.json = Json::parse(r.out);
+  a.wav = read_file(wav.string());
+  fs::remove_all(wav.parent_path());
+  return a;
+}
+
+void expect_same(const Answer& got, const Answer& want) {
+  EXPECT_EQ(got.json["text"], want.json["text"]);
+  EXPECT_EQ(got.json["token_ids"], want.json["token_ids"]);
+  EXPECT_EQ(got.json["codes"], want.json["codes"]);
+  EXPECT_EQ(got.json["finish_reason"], want.json["finish_reason"]);
+  EXPECT_EQ(got.json["audio_finish_reason"], want.json["audio_finish_reason"]);
+  EXPECT_EQ(got.json["speaker"], want.json["speaker"]);
+  EXPECT_FALSE(want.wav.empty());
+  EXPECT_TRUE(got.wav == want.wav) << "the WAV files differ";
+}
+
+const Answer& in_process() {
+  static const Answer a = answer({"--model", kFixture});
+  return a;
+}
+
+TEST(PipelineWorkers, GenerateThroughWorkersEqualsInProcess) {
+  const auto got = answer({"--stage-configs-path", kTinyYaml});
+  expect_same(got, in_process());
+  // Three stages reported their offload stats (one worker each).
+  EXPECT_EQ(got.json["offload"].size(), 3u) << got.json["offload"].dump();
+}
+
+TEST(PipelineWorkers, ThinkerTalkerOffloadChangesNothing) {
+  const auto got =
+      answer({"--stage-configs-path", kTinyYaml}, {"--cpu-offload-components", "thinker,talker"});
+  expect_same(got, in_process());
+  const auto in_process_offload =
+      answer({"--model", kFixture}, {"--cpu-offload-components", "thinker,talker"});
+  expect_same(in_process_offload, in_process());
+}
+
+TEST(PipelineWorkers, BadConfigsAndFlagsExit2) {
+  const auto dir = temp_dir();
+  const auto bad = dir / "bad.yaml";
+  std::string yaml = read_file(kTinyYaml);
+  yaml.replace(yaml.find("model_stage: talker"), 19, "model_stage: talkr");
+  // The relative model paths must still resolve: keep the file next to the fixture's config.
+  const auto copy =
+      fs::path(kSource) / "stage_configs" / ("bad-" + std::to_string(::getpid()) + ".yaml");
+  std::ofstream(copy) << yaml;
+  auto r = vllm_omni({"generate", "--stage-configs-path", copy.string(), "--prompt", "hi"});
+  fs::remove(copy);
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find(copy.filename().string() + ":"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("talker"), std::string::npos) << r.err;
+
+  r = vllm_omni({"generate", "--stage-configs-path", kTinyYaml, "--prompt", "hi",
+                 "--stage-overrides", "{\"7\": {\"dtype\": \"float32\"}}"});
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("--stage-overrides"), std::string::npos) << r.err;
+
+  r = vllm_omni(
+      {"generate", "--stage-configs-path", kTinyYaml, "--model", kFixture, "--prompt", "hi"});
+  EXPECT_EQ(r.status, 2) << r.err;
+
+  r = vllm_omni(
+      {"worker", "--stage-configs-path", kTinyYaml, "--stage-id", "1", "--listen", "0.0.0.0:0"});
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("loopback"), std::string::npos) << r.err;
+  fs::remove_all(dir);
+}
+
+// ---- the orchestrator in this process, workers as processes
+
+LauncherOptions launcher_options() {
+  LauncherOptions o;
+  o.config = config::load_pipeline_config(kTinyYaml);
+  o.worker_executable = OMNI_VLLM_OMNI;
+  o.init_timeout = std::chrono::seconds(120);
+  return o;
+}
+
+models::OmniRequest request(const std::string& text) {
+  models::OmniRequest r;
+  r.chat.text = text;
+  r.sampling.set_greedy(true);
+  r.sampling.thinker.max_new_tokens = 10;
+  r.max_audio_frames = 8;
+  return r;
+}
+
+TEST(PipelineWorkers, AKilledWorkerFailsItsRequestAndIsRestarted) {
+  StageLauncher launcher(launcher_options());
+  auto& pipeline = launcher.pipeline();
+  const auto before = pipeline.generate(request("Count to three."));
+  ASSERT_GT(before.omni.codes.size(1), 0);
+  auto* supervisor = launcher.supervisor();
+  ASSERT_NE(supervisor, nullptr);
+  const int talker = launcher.supervisor_index(1);
+  ASSERT_GE(talker, 0);
+  const auto generation = supervisor->generation(talker);
+
+  // SIGKILL the talker's worker at its first frame: the request fails naming it, in time.
+  PipelineCallbacks cb;
+  bool killed = false;
+  cb.on_frame = [&](const std::vector<int64_t>&) {
+    if (!killed) ::kill(supervisor->pid(talker), SIGKILL);
+    killed = true;
+    return true;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    pipeline.generate(request("Count to three."), cb, start + std::chrono::seconds(60));
+    FAIL() << "the request survived its stage's death";
+  } catch (const StageError& e) {
+    EXPECT_EQ(e.stage(), "stage 1 (talker)") << e.what();
+    EXPECT_EQ(e.code(), StageError::Code::kUnavailable) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  supervisor->wait_ready(talker, std::chrono::seconds(120), generation + 1);
+  EXPECT_GT(supervisor->generation(talker), generation);
+  const auto after = pipeline.generate(request("Count to three."));
+  EXPECT_EQ(after.omni.tokens, before.omni.tokens);
+  EXPECT_TRUE(at::equal(after.omni.codes, before.omni.codes));
+  EXPECT_TRUE(at::equal(after.omni.waveform, before.omni.waveform));
+}
+
+TEST(PipelineWorkers, ABadRequestFailsAloneAndTheWorkersKeepServing) {
+  StageLauncher launcher(launcher_options());
+  auto r = request("Hello.");
+  r.speaker = "nobody";
+  try {
+    launcher.pipeline().generate(r);
+    FAIL() << "an unknown speaker was accepted";
+  } catch (const StageError& e) {
+    EXPECT_EQ(e.stage(), "stage 1 (talker)") << e.what();
+    EXPECT_EQ(e.code(), StageError::Code::kInvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nobody"), std::string::npos) << e.what();
+  }
+  EXPECT_GT(launcher.pipeline().generate(request("Hello.")).omni.codes.size(1), 0);
+}
+
+TEST(PipelineWorkers, ConcurrentRequestsEachGetTheirOwnAnswer) {
+  StageLauncher launcher(launcher_options());
+  auto& pipeline = launcher.pipeline();
+  constexpr int kRequests = 32;
+  std::vector<std::string> prompts;
+  for (int i = 0; i < kRequests; ++i) {
+    prompts.push_back("Request " + std::to_string(i) + ": say something about " +
+                      std::to_string(i * 7 % 13) + ".");
+  }
+  // Alone first, one after the other.
+  std::vector<PipelineResult> alone;
+  for (const auto& p : prompts) alone.push_back(pipeline.generate(request(p)));
+  // Then all at once.
+  std::vector<std::future<PipelineResult>> futures;
+  for (const auto& p : prompts) {
+    futures.push_back(
+        std::async(std::launch::async, [&, p] { return pipeline.generate(request(p)); }));
+  }
+  int distinct = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    const auto got = futures[i].get();
+    EXPECT_EQ(got.omni.tokens, alone[i].omni.tokens) << "request " << i;
+    EXPECT_EQ(got.text, alone[i].text) << "request " << i;
+    ASSERT_TRUE(got.omni.codes.defined());
+    EXPECT_TRUE(at::equal(got.omni.codes, alone[i].omni.codes)) << "request " << i;
+    EXPECT_TRUE(at::equal(got.omni.waveform, alone[i].omni.waveform)) << "request " << i;
+    distinct += i > 0 && alone[i].omni.tokens != alone[0].omni.tokens;
+  }
+  EXPECT_GT(distinct, 0) << "the prompts should not all give the same answer";
+}
+
+// The tiny checkpoint's weight bytes per stage (float32): thinker 2,013,312, talker 1,005,056,
+// code2wav 781,732. A budget of 3,000,000 holds code2wav (resident) with the thinker or the
+// talker, not both: they take turns, and the outputs do not change.
+TEST(PipelineWorkers, ASharedDeviceBudgetMakesTheThinkerAndTalkerTakeTurns) {
+  StageLauncher plain(launcher_options());
+  const auto want1 = plain.pipeline().generate(request("Count to three."));
+  const auto want2 = plain.pipeline().generate(request("Name a colour."));
+
+  auto options = launcher_options();
+  config::GlobalStageFlags flags;
+  flags.cpu_offload_components = std::vector<std::string>{"thinker", "talker"};
+  flags.gpu_memory_budget = 3000000;
+  config::apply_stage_flags(options.config, flags, "");
+  StageLauncher shared(options);
+  ASSERT_NE(shared.pipeline().device_ledger(), nullptr);
+  for (int round = 0; round < 2; ++round) {
+    const auto got1 = shared.pipeline().generate(request("Count to three."));
+    const auto got2 = shared.pipeline().generate(request("Name a colour."));
+    EXPECT_EQ(got1.omni.tokens, want1.omni.tokens);
+    EXPECT_TRUE(at::equal(got1.omni.codes, want1.omni.codes));
+    EXPECT_TRUE(at::equal(got1.omni.waveform, want1.omni.waveform));
+    EXPECT_EQ(got2.omni.tokens, want2.omni.tokens);
+    EXPECT_TRUE(at::equal(got2.omni.codes, want2.omni.codes));
+  }
+  const auto stats = Json::parse(shared.stats_json());
+  const auto& device = stats["device_ledger"]["local/cpu"];
+  EXPECT_EQ(device["budget"], 3000000);
+  EXPECT_LE(device["held"].get<uint64_t>(), 3000000u);
+  const auto& stages = device["stages"];
+  // Each request moves the thinker out for the talker and back: 4 requests, 4 turns each way
+  // (the first thinker load needs no eviction).
+  EXPECT_GE(stages["stage 0 (thinker)"]["evictions"].get<int>(), 3) << device.dump();
+  EXPECT_GE(stages["stage 1 (talker)"]["evictions"].get<int>(), 3) << device.dump();
+  EXPECT_EQ(stages["stage 2 (code2wav)"]["evictions"], 0);
+  // A text prompt loads the thinker's decoder and lm_head, not its encoders: an eviction gives
+  // back those, less than the whole stage.
+  const auto released = stages["stage 0 (thinker)"]["bytes_released"].get<uint64_t>();
+  EXPECT_GT(released, 0u);
+  EXPECT_LT(released, stages["stage 0 (thinker)"]["evictions"].get<uint64_t>() * 2013312u);
+  // The workers' own stats: the thinker's two parts were loaded once per turn.
+  EXPECT_GE(stats["stage 0 (thinker)"]["stage"]["loads"].get<int>(), 2 * 4) << stats.dump();
+
+  // A budget that cannot hold code2wav plus the largest stage that moves is refused up front.
+  auto tight = launcher_options();
+  flags.gpu_memory_budget = 2000000;
+  config::apply_stage_flags(tight.config, flags, "");
+  try {
+    StageLauncher refused(tight);
+    FAIL() << "a budget below the largest stage was accepted";
+  } catch (const omni::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot hold"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PipelineWorkers, AWorkerWithATokenRefusesOthersAndKeepsServing) {
+  const auto dir = temp_dir();
+  const auto token_file = dir / "token";
+  std::ofstream(token_file) << "s3cret-token\n";
+  // A worker started by hand, as on another host, with a token.
+  WorkerSpec spec;
+  spec.name = "stage 2 (code2wav)";
+  spec.argv = {
+      OMNI_VLLM_OMNI, "worker",      "--stage-configs-path", kTinyYaml,          "--stage-id", "2",
+      "--listen",     "127.0.0.1:0", "--auth-token-file",    token_file.string()};
+  spec.log_path = (dir / "worker.log").string();
+  WorkerProcess worker(spec);
+  const auto address = worker.start();
+
+  rpc::ClientOptions wrong;
+  wrong.name = "stage 2 (code2wav)";
+  wrong.token = "guess";
+  rpc::RemoteStage intruder(address, wrong);
+  PacketQueue input;
+  input.close();
+  CancelToken cancel;
+  StageCall call;
+  call.params_json = R"({"stream_audio": true, "first_chunk_frames": 4, "chunk_frames": 25,
+                         "left_context_frames": 25, "waveform": true})";
+  EXPECT_THROW(intruder.run(
+                   call, input, [](StagePacket&&) {}, cancel),
+               StageError);
+
+  // The orchestrator with the right token reaches it through runtime.address.
+  auto options = launcher_options();
+  for (auto& s : options.config.stages) {
+    if (s.stage_id == 2) s.runtime.address = address;
+  }
+  options.token = "s3cret-token";
+  StageLauncher launcher(options);
+  const auto got = launcher.pipeline().generate(request("Hello."));
+  EXPECT_GT(got.omni.codes.size(1), 0);
+  worker.stop();
+  const auto log = read_file(spec.log_path);
+  EXPECT_NE(log.find("refused"), std::string::npos) << log;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace omni::pipeline

@@ -1,0 +1,127 @@
+#include "worker/cli/worker_command.h"
+
+#include <c10/util/Exception.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <ostream>
+
+#include "cpu_offload/check.h"
+#include "cpu_offload/logging.h"
+#include "worker/cli/generate_command.h"
+#include "worker/cli/generate_options.h"
+#include "worker/config/stage_config.h"
+#include "worker/config/stage_overrides.h"
+#include "worker/pipeline/local_stages.h"
+#include "worker/pipeline/stage_launcher.h"
+#include "worker/rpc/auth.h"
+#include "worker/rpc/stage_server.h"
+
+namespace omni::cli {
+
+void add_worker_options(CLI::App& app, WorkerOptions& o) {
+  app.add_option("--stage-configs-path", o.stage_configs_path, "the stage YAML")
+      ->required()
+      ->type_name("FILE");
+  app.add_option("--stage-id", o.stage_id, "the stage this worker serves")
+      ->required()
+      ->type_name("N")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--listen", o.listen,
+                 "host:port to serve on (port 0: any free port); beyond loopback it needs "
+                 "--tls-cert/--tls-key or --auth-token-file")
+      ->type_name("HOST:PORT")
+      ->capture_default_str();
+  app.add_option("--stage-overrides", o.stage_overrides,
+                 "per-stage settings as JSON, e.g. '{\"1\": {\"cpu_offload_enabled\": true}}'")
+      ->type_name("JSON");
+  auto* cert = app.add_option("--tls-cert", o.tls_cert, "PEM certificate: serve over TLS")
+                   ->type_name("FILE")
+                   ->check(CLI::ExistingFile);
+  auto* key = app.add_option("--tls-key", o.tls_key, "PEM private key of --tls-cert")
+                  ->type_name("FILE")
+                  ->check(CLI::ExistingFile);
+  cert->needs(key);
+  key->needs(cert);
+  app.add_option("--auth-token-file", o.auth_token_file,
+                 "a file holding the token every request must carry (Bearer)")
+      ->type_name("FILE")
+      ->check(CLI::ExistingFile);
+  app.add_option("--ready-fd", o.ready_fd,
+                 "write 'LISTENING host:port' to this file descriptor once serving (used by the "
+                 "orchestrator)")
+      ->type_name("FD")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--drain-timeout", o.drain_timeout_s,
+                 "seconds running requests get to finish after SIGTERM")
+      ->type_name("SECONDS")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--device", o.device, "instead of runtime.devices: cpu or cuda")
+      ->type_name("cpu|cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+}
+
+int run_worker(const WorkerOptions& o, std::ostream& err) {
+  // SIGTERM / SIGINT are taken by sigwait below: block them before any thread exists (gRPC's,
+  // LibTorch's), so that every thread inherits the mask and none of them dies of the signal.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  config::StageConfig stage;
+  try {
+    auto cfg = config::load_pipeline_config(o.stage_configs_path);
+    config::apply_stage_flags(cfg, {}, o.stage_overrides);
+    stage = cfg.stage(o.stage_id);
+  } catch (const config::ConfigError& e) {
+    err << "vllm-omni worker: error: " << one_line(e.what()) << std::endl;
+    return 2;
+  }
+  const std::string name = pipeline::stage_name(stage);
+  try {
+    rpc::ServerOptions server_options;
+    server_options.listen_address = o.listen;
+    server_options.tls_cert_file = o.tls_cert;
+    server_options.tls_key_file = o.tls_key;
+    if (!o.auth_token_file.empty()) server_options.token = rpc::read_token_file(o.auth_token_file);
+    // Refuse an open, unauthenticated listen address before spending minutes on the weights.
+    if (!rpc::is_loopback_address(o.listen) && o.tls_cert.empty() && server_options.token.empty()) {
+      err << "vllm-omni worker: error: --listen " << o.listen
+          << " is not a loopback address: give --tls-cert/--tls-key or --auth-token-file"
+          << std::endl;
+      return 2;
+    }
+    log_info(name, ": loading ", stage.engine.model);
+    auto local = pipeline::make_local_stage(pipeline::local_stage_options(stage, o.device));
+    rpc::StageServer server(*local, stage.stage_id, stage.engine.model_stage, server_options);
+    server.start();
+    log_info(name, ": serving on ", server.address());
+    if (o.ready_fd >= 0) {
+      const std::string line = "LISTENING " + server.address() + "\n";
+      const ssize_t n = ::write(o.ready_fd, line.data(), line.size());
+      ::close(o.ready_fd);
+      OMNI_CHECK(n == static_cast<ssize_t>(line.size()), "cannot write to --ready-fd ", o.ready_fd);
+    }
+    int sig = 0;
+    sigwait(&signals, &sig);
+    log_info(name, ": signal ", sig, ", draining");
+    server.shutdown(std::chrono::milliseconds(static_cast<int64_t>(o.drain_timeout_s * 1000)));
+    server.wait();
+    return 0;
+  } catch (const c10::Error& e) {
+    err << "vllm-omni worker: " << name << ": error: " << one_line(e.what_without_backtrace())
+        << std::endl;
+  } catch (const std::exception& e) {
+    err << "vllm-omni worker: " << name << ": error: " << one_line(e.what()) << std::endl;
+  }
+  return 1;
+}
+
+}  // namespace omni::cli

@@ -1,0 +1,82 @@
+// The orchestrator: runs a request through the stage graph of a stage config, whatever the
+// stages are (in this process, or workers over gRPC). Each stage runs on its own thread and
+// reads its upstream's packets as they are written, so the stages overlap: code2wav decodes the
+// first small chunk while the talker still speaks, and time to first audio does not wait for the
+// whole answer. A failing stage fails the request with an error naming it (the other stages are
+// cancelled, nothing hangs); cancellation and the deadline reach every stage.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model_runner/runner/omni_runner.h"
+#include "worker/pipeline/device_ledger.h"
+#include "worker/pipeline/stage.h"
+
+namespace omni::pipeline {
+
+struct PipelineStage {
+  int64_t id = 0;
+  std::string model_stage;       // thinker | talker | code2wav
+  std::vector<int64_t> sources;  // engine_input_source (one source per stage today)
+  std::shared_ptr<Stage> stage;
+};
+
+struct PipelineCallbacks {
+  // Text as the thinker writes it (whole UTF-8 characters); false cancels.
+  std::function<bool(const std::string& text)> on_text;
+  std::function<bool(int64_t token)> on_token;
+  std::function<bool(const std::vector<int64_t>& frame)> on_frame;
+  // Samples (float32, CPU) of each streamed chunk.
+  std::function<bool(const at::Tensor& samples)> on_audio;
+};
+
+struct PipelineResult {
+  models::OmniResult omni;  // tokens, codes, waveform, finish reasons, timings
+  std::string text;
+  std::string speaker;  // the speaker that spoke (lower case), empty without audio
+  // Per stage (by name): its final packet's metrics plus the wall time from the request start
+  // to the stage's first and last packet (first_packet_ms, done_ms).
+  std::map<std::string, std::map<std::string, double>> stage_metrics;
+  // Bytes the orchestrator forwarded from a stage to its consumers (tensors, ids, frames).
+  uint64_t bytes_between_stages = 0;
+};
+
+class Pipeline {
+ public:
+  // Checks the graph: known model stages, every source exists, one thinker entry stage.
+  explicit Pipeline(std::vector<PipelineStage> stages);
+
+  // Runs `request` (text: the thinker alone; audio: the talker and code2wav too). Throws
+  // StageError naming the stage that failed (or kDeadlineExceeded / kCancelled), omni::Error
+  // for a request the pipeline cannot run (audio from a pipeline without a talker).
+  PipelineResult generate(const models::OmniRequest& request,
+                          const PipelineCallbacks& callbacks = {},
+                          std::chrono::steady_clock::time_point deadline =
+                              std::chrono::steady_clock::time_point::max());
+
+  bool has_speech() const;
+  // The talker stage's speakers and default (from its info), empty without a talker.
+  std::vector<std::string> speakers();
+  std::string default_speaker();
+  const std::vector<PipelineStage>& stages() const { return stages_; }
+  // Stages that share a device take grants from `ledger` while they compute; on a device whose
+  // stages do not fit its budget together, a stage starts once its upstream has finished (the
+  // stages take turns instead of streaming to each other). Set before the first request.
+  void set_device_ledger(std::shared_ptr<DeviceLedger> ledger) { ledger_ = std::move(ledger); }
+  DeviceLedger* device_ledger() { return ledger_.get(); }
+
+ private:
+  const PipelineStage* find(const std::string& model_stage) const;
+  std::vector<PipelineStage> stages_;  // topological order
+  std::shared_ptr<DeviceLedger> ledger_;
+};
+
+}  // namespace omni::pipeline

@@ -1,0 +1,158 @@
+// One stage of a pipeline (thinker, talker, code2wav, ...), whatever runs it: a runner in this
+// process (LocalStage, worker/pipeline/local_stages.h) or a worker reached over gRPC
+// (RemoteStage, worker/rpc/stage_client.h). The orchestrator (worker/pipeline/pipeline.h) runs
+// the same code over both, so the in-process and the multi-process pipeline give the same
+// outputs by construction; the worker (worker/rpc/stage_server.h) is a gRPC server around a
+// LocalStage.
+//
+// A request is a call of Stage::run: the stage reads its parameters from the call, its
+// upstream's packets from `input` as they arrive (the talker starts while the thinker still
+// writes), and writes its own packets to `sink` as it produces them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace omni::pipeline {
+
+// What a stage emits for a request (and what its downstream receives). Tensors are CPU and
+// contiguous.
+struct StagePacket {
+  std::vector<int64_t> tokens;  // thinker: tokens sampled since the last packet
+  std::string text;             // thinker: their text (whole UTF-8 characters)
+  std::vector<std::pair<std::string, at::Tensor>> tensors;  // named (hand-off rows, ...)
+  std::vector<std::vector<int64_t>> frames;                 // talker: codec frames
+  at::Tensor audio;                       // code2wav: float32 samples of one streamed chunk
+  bool finished = false;                  // the stage's last packet for the request
+  std::string finish_reason;              // with finished
+  std::map<std::string, double> metrics;  // with finished: the stage's timings
+
+  // The tensor called `name`, or an undefined tensor.
+  at::Tensor tensor(const std::string& name) const;
+};
+
+// An input file of the request, carried as bytes (a remote worker has no access to our files).
+struct MediaFile {
+  std::string kind;  // "audio" | "image"
+  std::string name;  // as the user gave it
+  std::string data;
+};
+
+struct StageCall {
+  std::string request_id;
+  std::string params_json;  // the stage's parameters: worker/pipeline/stage_params.h
+  std::vector<MediaFile> media;
+  // The request's deadline (steady clock); max() = none.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+};
+
+// Why a stage failed; the orchestrator turns it into the request's error.
+class StageError : public std::runtime_error {
+ public:
+  enum class Code { kInternal, kInvalidArgument, kCancelled, kDeadlineExceeded, kUnavailable };
+  StageError(Code code, std::string stage, const std::string& message)
+      : std::runtime_error(stage.empty() ? message : stage + ": " + message),
+        code_(code),
+        stage_(std::move(stage)),
+        message_(message) {}
+  Code code() const { return code_; }
+  const std::string& stage() const { return stage_; }
+  const std::string& message() const { return message_; }  // without the stage name
+
+ private:
+  Code code_;
+  std::string stage_, message_;
+};
+
+const char* code_name(StageError::Code code);
+
+// Set once, read by every thread working on a request: cancellation (a client went away, an
+// error elsewhere in the pipeline) and the deadline.
+class CancelToken {
+ public:
+  void cancel() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cancelled_ = true;
+    changed_.notify_all();
+  }
+  bool cancelled() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return cancelled_;
+  }
+  // Waits up to `timeout` for cancel(); true when cancelled.
+  bool wait_for(std::chrono::milliseconds timeout) const {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return changed_.wait_for(lock, timeout, [&] { return cancelled_; });
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable changed_;
+  bool cancelled_ = false;
+};
+
+// Packets from one stage to the next, in order. The producer closes it after its last packet
+// (or with an error, which the consumer's pop rethrows); pop blocks until a packet, the end, or
+// cancellation.
+class PacketQueue {
+ public:
+  void push(StagePacket packet);
+  // No more packets. An error makes pop throw it once the queued packets are read.
+  void close(std::exception_ptr error = nullptr);
+  // The next packet; nullopt at the end. Throws the producer's error, or StageError kCancelled
+  // when `cancel` (if given) fires while waiting.
+  std::optional<StagePacket> pop(const CancelToken* cancel = nullptr);
+  bool closed() const;
+  // Blocks until the producer closed the queue (every packet is in it), or throws StageError
+  // kCancelled when `cancel` fires first.
+  void wait_closed(const CancelToken& cancel);
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<StagePacket> packets_;
+  bool closed_ = false;
+  std::exception_ptr error_;
+};
+
+// Receives a stage's packets as they are produced. Throws StageError kCancelled to stop the
+// stage (the receiver went away).
+using PacketSink = std::function<void(StagePacket&&)>;
+
+class Stage {
+ public:
+  virtual ~Stage() = default;
+  // "stage 1 (talker)": every error names it.
+  virtual const std::string& name() const = 0;
+  // Runs one request to its end: reads `input` (closed at once for an entry stage), writes to
+  // `sink`, the last packet with finished set. Honours `cancel` and the call's deadline between
+  // steps. Throws StageError (a bad request, a failure, cancellation). Concurrent calls are
+  // allowed; a stage may run them one after the other.
+  virtual void run(const StageCall& call, PacketQueue& input, const PacketSink& sink,
+                   const CancelToken& cancel) = 0;
+  // Offload statistics, device and host bytes, as JSON text.
+  virtual std::string stats_json() = 0;
+  // What the orchestrator needs of the stage's model (e.g. {"sample_rate": 24000}), JSON text.
+  virtual std::string info_json() = 0;
+  // The device budget ledger: release = move the stage's offloadable weights to the host (the
+  // stage is idle and another stage on the device needs the room); false = bring them back.
+  // Returns the bytes moved. A stage with nothing offloadable moves nothing.
+  virtual uint64_t set_device_released(bool release) = 0;
+  // Bytes the stage's weights hold on its device now.
+  virtual uint64_t device_bytes() = 0;
+};
+
+}  // namespace omni::pipeline

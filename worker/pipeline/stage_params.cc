@@ -1,0 +1,110 @@
+#include "worker/pipeline/stage_params.h"
+
+#include <nlohmann/json.hpp>
+
+#include "worker/pipeline/stage.h"
+
+namespace omni::pipeline {
+namespace {
+
+using Json = nlohmann::json;
+
+Json sampling_json(const models::SamplingParams& p) {
+  return Json{{"temperature", p.temperature},
+              {"top_k", p.top_k},
+              {"top_p", p.top_p},
+              {"seed", p.seed},
+              {"greedy", p.greedy},
+              {"repetition_penalty", p.repetition_penalty},
+              {"suppress_tokens", p.suppress_tokens},
+              {"max_new_tokens", p.max_new_tokens},
+              {"stop_token_ids", p.stop_token_ids}};
+}
+
+models::SamplingParams sampling_from(const Json& j) {
+  models::SamplingParams p;
+  p.temperature = j.at("temperature").get<double>();
+  p.top_k = j.at("top_k").get<int64_t>();
+  p.top_p = j.at("top_p").get<double>();
+  p.seed = j.at("seed").get<uint64_t>();
+  p.greedy = j.at("greedy").get<bool>();
+  p.repetition_penalty = j.at("repetition_penalty").get<double>();
+  p.suppress_tokens = j.at("suppress_tokens").get<std::vector<int64_t>>();
+  p.max_new_tokens = j.at("max_new_tokens").get<int64_t>();
+  p.stop_token_ids = j.at("stop_token_ids").get<std::vector<int64_t>>();
+  return p;
+}
+
+// Parses with every JSON error turned into a StageError that says which parameters.
+template <typename Fn>
+auto parse(const char* what, const std::string& text, Fn&& fn) {
+  try {
+    return fn(Json::parse(text));
+  } catch (const Json::exception& e) {
+    throw StageError(StageError::Code::kInvalidArgument, "",
+                     std::string("malformed ") + what + " parameters: " + e.what());
+  }
+}
+
+}  // namespace
+
+std::string to_json(const ThinkerParams& p) {
+  return Json{{"text", p.text},
+              {"system_prompt", p.system_prompt},
+              {"sampling", sampling_json(p.sampling)},
+              {"handoff", p.handoff}}
+      .dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+std::string to_json(const TalkerParams& p) {
+  return Json{{"speaker", p.speaker},
+              {"talker", sampling_json(p.talker)},
+              {"code_predictor", sampling_json(p.code_predictor)},
+              {"max_frames", p.max_frames}}
+      .dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+std::string to_json(const Code2WavParams& p) {
+  return Json{{"stream_audio", p.stream_audio},
+              {"first_chunk_frames", p.stream.first_chunk_frames},
+              {"chunk_frames", p.stream.chunk_frames},
+              {"left_context_frames", p.stream.left_context_frames},
+              {"waveform", p.waveform}}
+      .dump();
+}
+
+ThinkerParams thinker_params(const std::string& json) {
+  return parse("thinker", json, [](const Json& j) {
+    ThinkerParams p;
+    p.text = j.at("text").get<std::string>();
+    p.system_prompt = j.at("system_prompt").get<std::string>();
+    p.sampling = sampling_from(j.at("sampling"));
+    p.handoff = j.at("handoff").get<bool>();
+    return p;
+  });
+}
+
+TalkerParams talker_params(const std::string& json) {
+  return parse("talker", json, [](const Json& j) {
+    TalkerParams p;
+    p.speaker = j.at("speaker").get<std::string>();
+    p.talker = sampling_from(j.at("talker"));
+    p.code_predictor = sampling_from(j.at("code_predictor"));
+    p.max_frames = j.at("max_frames").get<int64_t>();
+    return p;
+  });
+}
+
+Code2WavParams code2wav_params(const std::string& json) {
+  return parse("code2wav", json, [](const Json& j) {
+    Code2WavParams p;
+    p.stream_audio = j.at("stream_audio").get<bool>();
+    p.stream.first_chunk_frames = j.at("first_chunk_frames").get<int64_t>();
+    p.stream.chunk_frames = j.at("chunk_frames").get<int64_t>();
+    p.stream.left_context_frames = j.at("left_context_frames").get<int64_t>();
+    p.waveform = j.at("waveform").get<bool>();
+    return p;
+  });
+}
+
+}  // namespace omni::pipeline

@@ -1,0 +1,47 @@
+// What each kind of stage reads of a request, and its JSON form (StageCall::params_json): the
+// orchestrator cuts an OmniRequest into one of these per stage, the local stages read them back.
+// JSON, not protobuf, so that a new field needs no wire change; the media travel as bytes in
+// StageCall::media.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model_runner/generation/sampler.h"
+#include "model_runner/qwen3_omni/code2wav_stream.h"
+#include "model_runner/runner/omni_runner.h"
+
+namespace omni::pipeline {
+
+struct ThinkerParams {
+  std::string text;
+  std::string system_prompt;
+  models::SamplingParams sampling = models::OmniSampling::default_thinker();
+  // Send the hand-off rows (embeddings, hidden states) downstream: the talker runs.
+  bool handoff = false;
+};
+
+struct TalkerParams {
+  std::string speaker;
+  models::SamplingParams talker = models::OmniSampling::default_talker();
+  models::SamplingParams code_predictor = models::OmniSampling::default_code_predictor();
+  int64_t max_frames = 4096;
+};
+
+struct Code2WavParams {
+  bool stream_audio = true;  // decode chunks as frames arrive (audio packets)
+  models::qwen3_omni::Code2WavStreamOptions stream;
+  // At the end, the reference's decode of all frames (chunks of 300, 25 of context) as the
+  // tensor "waveform": what OmniRunner returns and the CLI writes.
+  bool waveform = true;
+};
+
+std::string to_json(const ThinkerParams& p);
+std::string to_json(const TalkerParams& p);
+std::string to_json(const Code2WavParams& p);
+// Throw StageError kInvalidArgument naming the field.
+ThinkerParams thinker_params(const std::string& json);
+TalkerParams talker_params(const std::string& json);
+Code2WavParams code2wav_params(const std::string& json);
+
+}  // namespace omni::pipeline
