@@ -97,6 +97,47 @@ TEST(PipelineLocal, EqualsTheSingleProcessRunner) {
   EXPECT_LT(code2wav.at("first_packet_ms"), talker.at("done_ms"));
 }
 
+// The thinker's packets slowed down: the talker must start speaking while the thinker still
+// writes (it reads each text row when it needs it), and the frames must not change.
+class SlowStage : public Stage {
+ public:
+  explicit SlowStage(std::shared_ptr<Stage> inner) : inner_(std::move(inner)) {}
+  const std::string& name() const override { return inner_->name(); }
+  void run(const StageCall& call, PacketQueue& input, const PacketSink& sink,
+           const CancelToken& cancel) override {
+    inner_->run(call, input,
+                [&](StagePacket&& p) {
+                  std::this_thread::sleep_for(std::chrono::milliseconds(40));
+                  sink(std::move(p));
+                },
+                cancel);
+  }
+  std::string stats_json() override { return inner_->stats_json(); }
+  std::string info_json() override { return inner_->info_json(); }
+  uint64_t set_device_released(bool r) override { return inner_->set_device_released(r); }
+  uint64_t device_bytes() override { return inner_->device_bytes(); }
+
+ private:
+  std::shared_ptr<Stage> inner_;
+};
+
+TEST(PipelineLocal, TheTalkerSpeaksWhileTheThinkerStillWrites) {
+  const auto& ref = reference();
+  auto stages = local_stages();
+  stages[0].stage = std::make_shared<SlowStage>(stages[0].stage);
+  Pipeline pipeline(stages);
+  const auto got = pipeline.generate(request());
+  EXPECT_EQ(got.omni.tokens, ref.tokens);
+  EXPECT_TRUE(at::equal(got.omni.codes, ref.codes));
+  EXPECT_TRUE(at::equal(got.omni.waveform, ref.waveform.to(at::kFloat)));
+  const auto& thinker = got.stage_metrics.at("stage 0 (thinker)");
+  const auto& talker = got.stage_metrics.at("stage 1 (talker)");
+  // 12 packets of 40 ms: the thinker ends after ~480 ms; the first frame comes after ~2 packets.
+  EXPECT_LT(talker.at("first_packet_ms"), thinker.at("done_ms") - 200)
+      << "first frame at " << talker.at("first_packet_ms") << " ms, thinker done at "
+      << thinker.at("done_ms") << " ms";
+}
+
 TEST(PipelineLocal, TextOnlyRunsTheThinkerAlone) {
   Pipeline pipeline(local_stages());
   auto r = request(false);

@@ -9,7 +9,10 @@
 //   - a worker with a token refuses a client without it and keeps serving.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <filesystem>
@@ -151,6 +154,56 @@ TEST(PipelineWorkers, BadConfigsAndFlagsExit2) {
   EXPECT_EQ(r.status, 2) << r.err;
   EXPECT_NE(r.err.find("loopback"), std::string::npos) << r.err;
   fs::remove_all(dir);
+}
+
+// The pids of `parent`'s children (Linux: /proc/PID/task/TID/children).
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> pids;
+  std::error_code ec;
+  for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(parent) + "/task", ec)) {
+    std::ifstream in(task.path() / "children");
+    for (pid_t pid; in >> pid;) pids.push_back(pid);
+  }
+  return pids;
+}
+
+TEST(PipelineWorkers, SigtermStopsTheWorkersItStarted) {
+  // A long answer, so that the signal arrives while the workers are up.
+  std::vector<std::string> args = {OMNI_VLLM_OMNI, "generate", "--stage-configs-path", kTinyYaml,
+                                   "--prompt", "Tell a long story.", "--max-tokens", "2048",
+                                   "--max-audio-frames", "4096", "--json"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  ASSERT_EQ(::posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  std::vector<pid_t> workers;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (workers.size() < 3 && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    workers = children_of(pid);
+  }
+  ASSERT_EQ(workers.size(), 3u) << "the three workers did not start";
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  // 143 = 128 + SIGTERM, unless the answer happened to finish first (0).
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_TRUE(WEXITSTATUS(status) == 143 || WEXITSTATUS(status) == 0) << WEXITSTATUS(status);
+  // The workers are gone: no process left behind.
+  for (const pid_t w : workers) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (::kill(w, 0) == 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_NE(::kill(w, 0), 0) << "worker " << w << " outlived the orchestrator";
+  }
 }
 
 // ---- the orchestrator in this process, workers as processes

@@ -279,36 +279,36 @@ class ThinkerStage : public LocalStageBase {
 
 // ---------------------------------------------------------------------------- talker
 
-// The thinker's packets gathered into the hand-off.
-struct HandoffAccumulator {
-  models::qwen3_omni::ThinkerHandoff handoff;
-  std::vector<at::Tensor> embeds, hidden;
-  std::vector<int64_t> stop_tokens;
-  std::vector<std::array<int64_t, 3>> image_grids;
-  std::string finish_reason;
-
-  void add(const StagePacket& p) {
-    for (const auto& t : p.tokens) handoff.generated.push_back(t);
-    for (const auto& [name, t] : p.tensors) {
-      if (name == "prompt_ids") {
-        handoff.prompt_ids = ids_from(t);
-      } else if (name == "tts_embeds") {
-        handoff.tts_embeds = t;
-      } else if (name == "stop_tokens") {
-        stop_tokens = ids_from(t);
-      } else if (name == "image_grids") {
-        const auto g = ids_from(t);
-        for (size_t i = 0; i + 2 < g.size(); i += 3)
-          image_grids.push_back({g[i], g[i + 1], g[i + 2]});
-      } else if (name == "embeds") {
-        embeds.push_back(t);
-      } else if (name == "hidden") {
-        hidden.push_back(t);
-      }
+// Adds one of the thinker's packets to the streaming hand-off.
+void add_packet(models::TalkerRunner::StreamingHandoff& h, const StagePacket& p) {
+  for (const auto& t : p.tokens) h.handoff.generated.push_back(t);
+  at::Tensor embeds, hidden;
+  for (const auto& [name, t] : p.tensors) {
+    if (name == "prompt_ids") {
+      h.handoff.prompt_ids = ids_from(t);
+    } else if (name == "tts_embeds") {
+      h.handoff.tts_embeds = t;
+    } else if (name == "stop_tokens") {
+      h.thinker_stop_tokens = ids_from(t);
+    } else if (name == "image_grids") {
+      const auto g = ids_from(t);
+      for (size_t i = 0; i + 2 < g.size(); i += 3) h.image_grids.push_back({g[i], g[i + 1], g[i + 2]});
+    } else if (name == "embeds") {
+      embeds = t;
+    } else if (name == "hidden") {
+      hidden = t;
     }
-    if (p.finished) finish_reason = p.finish_reason;
   }
-};
+  if (embeds.defined() || hidden.defined()) {
+    OMNI_CHECK(embeds.defined() && hidden.defined(),
+               "a thinker packet carries embeds without hidden rows or the reverse");
+    h.append_rows(embeds, hidden);
+  }
+  if (p.finished) {
+    h.finished = true;
+    h.finish_reason = p.finish_reason;
+  }
+}
 
 class TalkerStage : public LocalStageBase {
  public:
@@ -328,51 +328,47 @@ class TalkerStage : public LocalStageBase {
                                 {"num_code_groups", runner_->num_code_groups()}});
   }
 
+  // The talker starts as soon as the thinker's first tokens and rows are in, and reads the
+  // rest while it speaks (TalkerRunner::generate_streaming).
   void run(const StageCall& call, PacketQueue& input, const PacketSink& sink,
            const CancelToken& cancel) override {
     const auto params = talker_params(call.params_json);
-    // The thinker's whole answer first: the trailing text rows are built from all of it.
-    HandoffAccumulator acc;
-    while (auto packet = input.pop(&cancel)) acc.add(*packet);
     std::lock_guard<std::mutex> lock(mutex_);
     check_going(call, cancel);
-    translate_errors([&] { generate(call, params, acc, sink, cancel); });
+    translate_errors([&] { generate(call, params, input, sink, cancel); });
   }
 
  protected:
   offload::OffloadBackend& backend() override { return runner_->offload(); }
 
  private:
-  void generate(const StageCall& call, const TalkerParams& params, HandoffAccumulator& acc,
+  void generate(const StageCall& call, const TalkerParams& params, PacketQueue& input,
                 const PacketSink& sink, const CancelToken& cancel) {
-    StagePacket last;
-    last.finished = true;
-    if (acc.finish_reason == "cancelled" || acc.handoff.generated.size() < 2) {
-      if (acc.finish_reason != "cancelled") {
-        log_warning("the thinker generated ", acc.handoff.generated.size(),
-                    " token(s): too little text to speak, no audio");
-      }
-      last.finish_reason = acc.finish_reason == "cancelled" ? "cancelled" : "none";
-      sink(std::move(last));
-      return;
-    }
-    OMNI_CHECK(!acc.embeds.empty() && acc.handoff.tts_embeds.defined(),
-               "the thinker sent no hand-off rows (was it asked for speech?)");
-    acc.handoff.embeds = at::cat(acc.embeds, 0);
-    acc.handoff.hidden = at::cat(acc.hidden, 0);
+    models::TalkerRunner::StreamingHandoff h;
+    const auto pull = [&] {
+      auto packet = input.pop(&cancel);
+      if (!packet) return false;
+      add_packet(h, *packet);
+      return true;
+    };
     models::TalkerRunner::Request request;
     request.speaker = params.speaker;
     request.talker = params.talker;
     request.code_predictor = params.code_predictor;
     request.max_frames = params.max_frames;
-    const auto run = runner_->generate(acc.handoff, acc.stop_tokens, acc.image_grids, request,
-                                       [&](const std::vector<int64_t>& frame) {
-                                         check_going(call, cancel);
-                                         StagePacket packet;
-                                         packet.frames = {frame};
-                                         sink(std::move(packet));
-                                         return true;
-                                       });
+    const auto run = runner_->generate_streaming(h, pull, request,
+                                                 [&](const std::vector<int64_t>& frame) {
+                                                   check_going(call, cancel);
+                                                   StagePacket packet;
+                                                   packet.frames = {frame};
+                                                   sink(std::move(packet));
+                                                   return true;
+                                                 });
+    // Whatever the thinker still sends after the last frame (its last rows, its end).
+    while (!h.finished && pull()) {
+    }
+    StagePacket last;
+    last.finished = true;
     last.finish_reason = run.finish_reason;
     last.metrics = {{"talker_ms", run.talker_ms},
                     {"code_predictor_ms", run.code_predictor_ms},

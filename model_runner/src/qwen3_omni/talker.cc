@@ -156,8 +156,10 @@ void Talker::check_prompt(const TalkerPrompt& prompt) const {
              "Talker: the prompt's rows, multimodal flags, codec ids and input ids must have one "
              "entry per position");
   OMNI_CHECK(prompt.rows.dim() == 2 && prompt.rows.size(1) == cfg_.thinker_hidden_size &&
-                 prompt.trailing.defined() && prompt.trailing.dim() == 2 &&
-                 prompt.trailing.size(1) == cfg_.thinker_hidden_size && prompt.tts_pad.defined() &&
+                 (!prompt.trailing.defined() ||
+                  (prompt.trailing.dim() == 2 &&
+                   prompt.trailing.size(1) == cfg_.thinker_hidden_size)) &&
+                 prompt.tts_pad.defined() &&
                  prompt.tts_pad.numel() == cfg_.thinker_hidden_size,
              "Talker: the prompt's rows, trailing rows and tts_pad must have ",
              cfg_.thinker_hidden_size, " columns (thinker_hidden_size)");
@@ -202,7 +204,9 @@ Talker::ProjectedPrompt Talker::project_impl(const TalkerPrompt& prompt) {
     const auto codec = model_->embed(at::tensor(codec_ids, at::kLong).to(device_));
     out.embeds.index_copy_(0, where, out.embeds.index_select(0, where) + codec);
   }
-  out.trailing = text_projection_->forward(prompt.trailing.to(device_, dtype_));
+  out.trailing = project_text_rows(prompt.trailing.defined()
+                                       ? prompt.trailing
+                                       : at::empty({0, cfg_.thinker_hidden_size}));
   out.tts_pad = text_projection_->forward(prompt.tts_pad.reshape({1, -1}).to(device_, dtype_))[0];
   return out;
 }
@@ -241,7 +245,12 @@ at::Tensor Talker::prefill_impl(const ProjectedPrompt& prompt,
                                 const std::vector<int64_t>& input_ids,
                                 const std::vector<std::array<int64_t, 3>>& image_grids,
                                 TalkerState& state) {
-  state.trailing = prompt.trailing.to(device_, dtype_);
+  state.trailing.clear();
+  if (prompt.trailing.defined()) {
+    for (int64_t i = 0; i < prompt.trailing.size(0); ++i) {
+      state.trailing.push_back(prompt.trailing[i].to(device_, dtype_));
+    }
+  }
   state.tts_pad = prompt.tts_pad.to(device_, dtype_).reshape({-1});
   const auto rope = rope_positions(cfg_.rope, input_ids, image_grids);
   state.rope_delta = rope.rope_delta;
@@ -249,6 +258,33 @@ at::Tensor Talker::prefill_impl(const ProjectedPrompt& prompt,
                                       rope.position_ids.to(device_), &state.cache)[0];
   state.last_hidden = hidden[hidden.size(0) - 1];
   return logits(state.last_hidden);
+}
+
+at::Tensor Talker::project_text_rows(const at::Tensor& rows) {
+  // One row at a time: the projection of a row must not depend on how many rows came with it
+  // (a matrix product over k rows may round differently from k products over one row), so that
+  // a hand-off streamed in pieces gives the talker exactly the rows a whole one gives.
+  std::vector<at::Tensor> out;
+  const auto on_device = rows.to(device_, dtype_);
+  for (int64_t i = 0; i < on_device.size(0); ++i) {
+    out.push_back(text_projection_->forward(on_device.narrow(0, i, 1)));
+  }
+  if (out.empty()) return at::empty({0, cfg_.text.hidden_size}, on_device.options());
+  return at::cat(out, 0);
+}
+
+void Talker::add_trailing(const at::Tensor& rows, bool complete, TalkerState& state) {
+  OMNI_CHECK(rows.dim() == 2 && rows.size(1) == cfg_.thinker_hidden_size,
+             "Talker::add_trailing: rows must be [k, ", cfg_.thinker_hidden_size, "], got ",
+             rows.sizes());
+  if (rows.size(0) > 0) {
+    invoke("prefill", {}, [&](HookArgs&) -> c10::IValue {
+      const auto projected = project_text_rows(rows);
+      for (int64_t i = 0; i < projected.size(0); ++i) state.trailing.push_back(projected[i]);
+      return c10::IValue();
+    });
+  }
+  state.trailing_complete = complete;
 }
 
 std::vector<int64_t> Talker::step(int64_t code0, TalkerState& state,
@@ -272,8 +308,10 @@ std::vector<int64_t> Talker::step(int64_t code0, TalkerState& state,
         // The next input: the sum of the frame's codec embeddings (in the reference's
         // order) plus this step's text row, or tts_pad once the text is used up.
         auto input = at::cat({e0, predicted.embeds}, 0).sum(0, /*keepdim=*/true);
-        const auto text =
-            state.step < state.trailing.size(0) ? state.trailing[state.step] : state.tts_pad;
+        const bool has_row = state.step < static_cast<int64_t>(state.trailing.size());
+        OMNI_CHECK(has_row || state.trailing_complete, "Talker::step ", state.step,
+                   " needs a text row the thinker has not sent yet");
+        const auto text = has_row ? state.trailing[state.step] : state.tts_pad;
         input = input + text;
         ++state.step;
         const int64_t pos = state.cache.length() + state.rope_delta;

@@ -10,7 +10,8 @@ TalkerRun run_talker(Talker& talker, const TalkerPrompt& prompt,
                      const std::vector<std::array<int64_t, 3>>& image_grids,
                      SamplingParams talker_params, SamplingParams code_predictor_params,
                      int64_t max_frames,
-                     const std::function<bool(const std::vector<int64_t>&)>& on_frame) {
+                     const std::function<bool(const std::vector<int64_t>&)>& on_frame,
+                     const std::function<void(TalkerState&)>& feed_text) {
   using Clock = std::chrono::steady_clock;
   OMNI_CHECK(max_frames >= 1, "max_audio_frames must be >= 1, got ", max_frames);
   const auto& tc = talker.config();
@@ -26,6 +27,7 @@ TalkerRun run_talker(Talker& talker, const TalkerPrompt& prompt,
   const auto start = Clock::now();
   auto state = talker.new_state();
   at::Tensor logits = talker.prefill(prompt, image_grids, state);
+  if (feed_text) state.trailing_complete = false;
   std::vector<int64_t> codes0;
   run.finish_reason = "length";
   while (true) {
@@ -37,6 +39,11 @@ TalkerRun run_talker(Talker& talker, const TalkerPrompt& prompt,
     }
     // The last code sampled within the cap is never fed back: it has no frame (as HF).
     if (static_cast<int64_t>(codes0.size()) >= talker_params.max_new_tokens) break;
+    if (feed_text) {
+      const auto feed_start = Clock::now();
+      feed_text(state);  // may wait for the thinker: not talker time
+      callback_ms += std::chrono::duration<double, std::milli>(Clock::now() - feed_start).count();
+    }
     run.frames.push_back(talker.step(code, state, cp_sampler, logits));
     if (on_frame) {
       const auto callback_start = Clock::now();

@@ -8,7 +8,23 @@
 
 namespace omni::models::qwen3_omni {
 
-TalkerPrompt build_talker_prompt(const ThinkerHandoff& t, const HandoffIds& ids) {
+namespace {
+
+int64_t assistant_turn_start(const std::vector<int64_t>& prompt, const HandoffIds& ids) {
+  int64_t start = -1;
+  for (size_t p = 0; p + 1 < prompt.size(); ++p) {
+    if (prompt[p] == ids.im_start && prompt[p + 1] == ids.assistant) start = static_cast<int64_t>(p);
+  }
+  OMNI_CHECK(start >= 0,
+             "thinker -> talker hand-off: the prompt has no \"<|im_start|>assistant\" turn "
+             "(tokens ",
+             ids.im_start, " ", ids.assistant, ")");
+  return start;
+}
+
+}  // namespace
+
+TalkerPrompt build_talker_prefill(const ThinkerHandoff& t, const HandoffIds& ids) {
   const auto& prompt = t.prompt_ids;
   const int64_t n = static_cast<int64_t>(prompt.size());
   const int64_t g = static_cast<int64_t>(t.generated.size());
@@ -50,14 +66,7 @@ TalkerPrompt build_talker_prompt(const ThinkerHandoff& t, const HandoffIds& ids)
   OMNI_CHECK(!rows.empty(), "thinker -> talker hand-off: the prompt has no user turn (token ",
              ids.user, " after <|im_start|>)");
 
-  int64_t assistant_start = -1;
-  for (int64_t p = 0; p + 1 < n; ++p) {
-    if (prompt[p] == ids.im_start && prompt[p + 1] == ids.assistant) assistant_start = p;
-  }
-  OMNI_CHECK(assistant_start >= 0,
-             "thinker -> talker hand-off: the prompt has no \"<|im_start|>assistant\" turn "
-             "(tokens ",
-             ids.im_start, " ", ids.assistant, ")");
+  const int64_t assistant_start = assistant_turn_start(prompt, ids);
   const int64_t available = n + g - 1 - assistant_start;  // rows from the assistant turn on
   OMNI_CHECK(available >= 4, "thinker -> talker hand-off: ", available,
              " rows after the assistant turn starts, the talker needs 4");
@@ -66,7 +75,7 @@ TalkerPrompt build_talker_prompt(const ThinkerHandoff& t, const HandoffIds& ids)
   const auto index = [&](const std::vector<int64_t>& v) {
     return at::tensor(v, at::kLong).to(device);
   };
-  const auto bos = t.tts_embeds[0], eos = t.tts_embeds[1], pad = t.tts_embeds[2];
+  const auto bos = t.tts_embeds[0], pad = t.tts_embeds[2];
   // Rows of the user part: the hidden state for multimodal positions, the embedding otherwise.
   const auto where = index(rows);
   const auto multimodal =
@@ -86,23 +95,80 @@ TalkerPrompt build_talker_prompt(const ThinkerHandoff& t, const HandoffIds& ids)
     out.input_ids.push_back(ids.tts_pad);
   }
 
-  // Trailing text: rows after the first 4 of the assistant turn, then tts_eos; then the
-  // reference's marker move: entry j > first stop index is padding, entry j == it is tts_eos.
-  auto trailing =
-      at::cat({t.embeds.narrow(0, assistant_start + 4, available - 4), eos.unsqueeze(0)}, 0);
-  int64_t first_eos = g;
+  out.tts_pad = pad.clone();
+  return out;
+}
+
+TrailingText::TrailingText(const ThinkerHandoff& t, const HandoffIds& ids)
+    : ids_(ids), assistant_start_(assistant_turn_start(t.prompt_ids, ids)) {}
+
+TrailingText::Entry TrailingText::entry(int64_t j, const ThinkerHandoff& t, bool finished) const {
+  const int64_t n = static_cast<int64_t>(t.prompt_ids.size());
+  const int64_t g = static_cast<int64_t>(t.generated.size());
+  const int64_t rows = t.embeds.defined() ? t.embeds.size(0) : 0;
+  const auto is_stop = [&](int64_t token) {
+    return std::find(ids_.thinker_eos.begin(), ids_.thinker_eos.end(), token) !=
+           ids_.thinker_eos.end();
+  };
+  int64_t first_eos = g;  // the first stop token among the generated, g when none (yet)
   for (int64_t i = 0; i < g; ++i) {
-    if (std::find(ids.thinker_eos.begin(), ids.thinker_eos.end(), t.generated[i]) !=
-        ids.thinker_eos.end()) {
+    if (is_stop(t.generated[i])) {
       first_eos = i;
       break;
     }
   }
-  for (int64_t j = first_eos; j < trailing.size(0); ++j) {
-    trailing[j].copy_(j == first_eos ? eos : pad);
+  Entry e;
+  if (finished) {
+    // The rows after the first 4 of the assistant turn, then tts_eos; then the reference's
+    // marker move: entry j > the first stop index is padding, entry j == it is tts_eos.
+    const int64_t length = n + g - 1 - assistant_start_ - 4 + 1;
+    if (j >= length) {
+      e.kind = Entry::kEnd;
+    } else if (j > first_eos) {
+      e.kind = Entry::kPad;
+    } else if (j == first_eos || j == length - 1) {
+      e.kind = Entry::kEos;
+    } else {
+      e.kind = Entry::kRow;
+      e.row = assistant_start_ + 4 + j;
+    }
+    return e;
   }
-  out.trailing = trailing;
-  out.tts_pad = pad.clone();
+  // While the answer streams: entry j is a row once the thinker has generated token j without a
+  // stop token up to it (so the marker cannot fall on it) and the row exists.
+  const int64_t row = assistant_start_ + 4 + j;
+  if (j < first_eos && j < g && row < rows) {
+    e.kind = Entry::kRow;
+    e.row = row;
+  }
+  return e;
+}
+
+bool TrailingText::prefill_ready(const ThinkerHandoff& t) const {
+  const int64_t rows = t.embeds.defined() ? t.embeds.size(0) : 0;
+  return t.generated.size() >= 2 && rows >= assistant_start_ + 4;
+}
+
+at::Tensor TrailingText::row_of(const Entry& e, const ThinkerHandoff& t) const {
+  switch (e.kind) {
+    case Entry::kRow: return t.embeds[e.row];
+    case Entry::kEos: return t.tts_embeds[1];
+    case Entry::kPad: return t.tts_embeds[2];
+    default: OMNI_THROW("TrailingText::row_of: entry has no row");
+  }
+}
+
+TalkerPrompt build_talker_prompt(const ThinkerHandoff& t, const HandoffIds& ids) {
+  TalkerPrompt out = build_talker_prefill(t, ids);
+  const TrailingText text(t, ids);
+  std::vector<at::Tensor> rows;
+  for (int64_t j = 0;; ++j) {
+    const auto e = text.entry(j, t, /*finished=*/true);
+    if (e.kind == TrailingText::Entry::kEnd) break;
+    rows.push_back(text.row_of(e, t));
+  }
+  out.trailing = rows.empty() ? at::empty({0, t.embeds.size(1)}, t.embeds.options())
+                              : at::stack(rows, 0);
   return out;
 }
 

@@ -133,6 +133,88 @@ qwen3_omni::TalkerRun TalkerRunner::generate(
                                 request.code_predictor, request.max_frames, on_frame);
 }
 
+void TalkerRunner::StreamingHandoff::append_rows(const at::Tensor& embeds,
+                                                  const at::Tensor& hidden) {
+  OMNI_CHECK(embeds.dim() == 2 && hidden.sizes() == embeds.sizes(),
+             "thinker -> talker hand-off: embeds and hidden rows must have the same [k, hidden] "
+             "shape, got ",
+             embeds.sizes(), " and ", hidden.sizes());
+  const int64_t k = embeds.size(0);
+  if (!embeds_storage_.defined() || rows_ + k > embeds_storage_.size(0)) {
+    const int64_t capacity = std::max<int64_t>(2 * (rows_ + k), 64);
+    auto grow = [&](const at::Tensor& old, const at::Tensor& like) {
+      auto fresh = at::empty({capacity, like.size(1)}, like.options());
+      if (rows_ > 0) fresh.narrow(0, 0, rows_).copy_(old.narrow(0, 0, rows_));
+      return fresh;
+    };
+    embeds_storage_ = grow(embeds_storage_, embeds);
+    hidden_storage_ = grow(hidden_storage_, hidden);
+  }
+  embeds_storage_.narrow(0, rows_, k).copy_(embeds);
+  hidden_storage_.narrow(0, rows_, k).copy_(hidden);
+  rows_ += k;
+  handoff.embeds = embeds_storage_.narrow(0, 0, rows_);
+  handoff.hidden = hidden_storage_.narrow(0, 0, rows_);
+}
+
+qwen3_omni::TalkerRun TalkerRunner::generate_streaming(
+    StreamingHandoff& h, const std::function<bool()>& pull, const Request& request,
+    const std::function<bool(const std::vector<int64_t>&)>& on_frame) {
+  at::NoGradGuard no_grad;
+  const auto more = [&] {
+    if (h.finished) return false;
+    if (!pull()) h.finished = true;
+    return true;
+  };
+  const auto cancelled = [&] { return h.finished && h.finish_reason == "cancelled"; };
+  qwen3_omni::TalkerRun none;
+  none.finish_reason = "none";
+  // The prompt and the thinker's stop tokens come with its first packet.
+  while (h.handoff.prompt_ids.empty() && !h.finished) more();
+  if (h.handoff.prompt_ids.empty() || cancelled()) {
+    none.finish_reason = cancelled() ? "cancelled" : "none";
+    return none;
+  }
+  const std::string name = request.speaker.empty() ? default_speaker() : request.speaker;
+  const int64_t speaker = qwen3_omni::speaker_codec_id(cfg_, name);
+  const auto hids =
+      qwen3_omni::handoff_ids(thinker_cfg_, cfg_, ids_, speaker, h.thinker_stop_tokens);
+  const qwen3_omni::TrailingText text(h.handoff, hids);
+  // The prefill needs the assistant turn's first 4 rows and a second generated token (the
+  // reference reads the first and drops the last).
+  while (!h.finished && !text.prefill_ready(h.handoff)) more();
+  if (cancelled()) {
+    none.finish_reason = "cancelled";
+    return none;
+  }
+  if (h.handoff.generated.size() < 2) {
+    log_warning("the thinker generated ", h.handoff.generated.size(),
+                " token(s): too little text to speak, no audio");
+    return none;
+  }
+  const auto prompt = qwen3_omni::build_talker_prefill(h.handoff, hids);
+  int64_t next = 0;  // the next trailing entry to add
+  const auto feed_text = [&](qwen3_omni::TalkerState& state) {
+    while (!state.trailing_complete &&
+           static_cast<int64_t>(state.trailing.size()) <= state.step) {
+      const auto e = text.entry(next, h.handoff, h.finished);
+      using Kind = qwen3_omni::TrailingText::Entry::Kind;
+      if (e.kind == Kind::kUnknown) {
+        more();
+        continue;
+      }
+      if (e.kind == Kind::kEnd) {
+        talker_->add_trailing(at::empty({0, cfg_.thinker_hidden_size}), true, state);
+        break;
+      }
+      talker_->add_trailing(text.row_of(e, h.handoff).unsqueeze(0), false, state);
+      ++next;
+    }
+  };
+  return qwen3_omni::run_talker(*talker_, prompt, h.image_grids, request.talker,
+                                request.code_predictor, request.max_frames, on_frame, feed_text);
+}
+
 // ---------------------------------------------------------------------------- code2wav
 
 Code2WavRunner::~Code2WavRunner() = default;

@@ -80,7 +80,11 @@ struct TalkerState {
   KvCache cache;
   int64_t rope_delta = 0;
   at::Tensor last_hidden;        // [hidden]: normalized output at the last position
-  at::Tensor trailing;           // [n, hidden]: projected text rows still to add, one per step
+  // Projected text rows, one per step ([hidden] each). While the thinker still streams its
+  // answer (trailing_complete false) rows are appended as they become known (add_trailing);
+  // a step that needs a row not yet there is an error.
+  std::vector<at::Tensor> trailing;
+  bool trailing_complete = true;
   at::Tensor tts_pad;            // [hidden]: added once the trailing rows are used up
   int64_t step = 0;              // frames fed back so far
   double code_predictor_ms = 0;  // time spent in the code predictor (for the stats)
@@ -93,7 +97,7 @@ class Talker : public offload::HookableModule {
   // The hand-off's rows in the talker's space (on the compute device).
   struct ProjectedPrompt {
     at::Tensor embeds;    // [Lt, hidden]: the prefill input
-    at::Tensor trailing;  // [n, hidden]
+    at::Tensor trailing;  // [n, hidden] (each row projected alone); may be empty (n = 0)
     at::Tensor tts_pad;   // [hidden]
   };
   // text_projection / hidden_projection of the thinker rows, plus the codec embeddings.
@@ -106,6 +110,10 @@ class Talker : public offload::HookableModule {
   at::Tensor prefill_embeds(const ProjectedPrompt& prompt, const std::vector<int64_t>& input_ids,
                             const std::vector<std::array<int64_t, 3>>& image_grids,
                             TalkerState& state);
+  // Appends text rows (thinker space, [k, thinker hidden]) to the state's trailing rows, each
+  // projected alone (as project() projects them, so that streamed and whole hand-offs give the
+  // same numbers); `complete`: no more rows will come (tts_pad follows them).
+  void add_trailing(const at::Tensor& rows, bool complete, TalkerState& state);
   // Feeds back group 0 of the last frame: the code predictor fills the frame's other groups, the
   // frame's embeddings plus the next text row (or tts_pad) run through the decoder. Returns the
   // whole frame (num_code_groups codes) and writes the logits [vocab] (float32, CPU) for the
@@ -123,6 +131,8 @@ class Talker : public offload::HookableModule {
 
  private:
   at::Tensor logits(const at::Tensor& hidden);
+  // text_projection of each row of `rows` alone -> [k, hidden].
+  at::Tensor project_text_rows(const at::Tensor& rows);
   void check_prompt(const TalkerPrompt& prompt) const;
   ProjectedPrompt project_impl(const TalkerPrompt& prompt);
   at::Tensor prefill_impl(const ProjectedPrompt& prompt, const std::vector<int64_t>& input_ids,

@@ -28,11 +28,15 @@ struct TalkerRun {
 // `talker_params`: the request's talker sampling (suppressed ids, stop token and cap are set
 // here); `code_predictor_params` follow the talker's greedy flag (the reference since
 // transformers 5.15). `on_frame` sees each frame as it is made; false cancels.
+// `feed_text`, for a hand-off still streaming in: `prompt` then holds the prefill only, and
+// feed_text is called before each step to add that step's text row to the state
+// (Talker::add_trailing) or to mark the text complete; without it the prompt is whole.
 TalkerRun run_talker(Talker& talker, const TalkerPrompt& prompt,
                      const std::vector<std::array<int64_t, 3>>& image_grids,
                      SamplingParams talker_params, SamplingParams code_predictor_params,
                      int64_t max_frames,
-                     const std::function<bool(const std::vector<int64_t>&)>& on_frame);
+                     const std::function<bool(const std::vector<int64_t>&)>& on_frame,
+                     const std::function<void(TalkerState&)>& feed_text = nullptr);
 
 // The hand-off's ids for `speaker` (a codec id) from the checkpoint's configs.
 HandoffIds handoff_ids(const ThinkerConfig& thinker, const TalkerConfig& talker,

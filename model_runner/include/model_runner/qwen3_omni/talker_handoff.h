@@ -63,6 +63,36 @@ struct TalkerPrompt {
 // generated token), or when the row counts do not match the ids.
 TalkerPrompt build_talker_prompt(const ThinkerHandoff& thinker, const HandoffIds& ids);
 
+// The talker's prefill alone (rows, flags, codec ids, input ids, tts_pad; no trailing rows):
+// it needs the hand-off only up to the first generated token's row and 2 generated tokens, so a
+// streaming talker starts while the thinker still writes. `thinker` may be partial: the prompt,
+// the tokens so far and their rows (n + g - 1). Throws as build_talker_prompt.
+TalkerPrompt build_talker_prefill(const ThinkerHandoff& thinker, const HandoffIds& ids);
+
+// The trailing text rows one at a time, from a hand-off that may still be growing: what entry j
+// (the text row of talker step j) is, once it can be known.
+class TrailingText {
+ public:
+  struct Entry {
+    enum Kind { kUnknown, kRow, kEos, kPad, kEnd } kind = kUnknown;
+    int64_t row = -1;  // kRow: the row of the hand-off's embeds
+  };
+  TrailingText(const ThinkerHandoff& thinker, const HandoffIds& ids);
+  // `finished`: the thinker's answer is complete (all its tokens and rows are in `thinker`).
+  // Before that, kUnknown until the entry cannot change any more. kEnd: past the last entry
+  // (the talker adds tts_pad from there on).
+  Entry entry(int64_t j, const ThinkerHandoff& thinker, bool finished) const;
+  // build_talker_prefill has what it needs: 2 generated tokens and the assistant turn's first
+  // 4 rows.
+  bool prefill_ready(const ThinkerHandoff& thinker) const;
+  // The entry's row in the thinker's space ([thinker hidden]).
+  at::Tensor row_of(const Entry& entry, const ThinkerHandoff& thinker) const;
+
+ private:
+  HandoffIds ids_;
+  int64_t assistant_start_;
+};
+
 // Frames (each num_code_groups codes, group 0 first) -> codes [groups, T] int64 (CPU).
 at::Tensor frames_to_codes(const std::vector<std::vector<int64_t>>& frames, int64_t groups);
 

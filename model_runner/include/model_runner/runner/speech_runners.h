@@ -56,6 +56,31 @@ class TalkerRunner {
                                  const Request& request,
                                  const std::function<bool(const std::vector<int64_t>&)>& on_frame);
 
+  // The thinker's answer as it streams in: the talker starts as soon as its prefill is known
+  // (the prompt, the first generated token's row and a second token) and reads each step's text
+  // row when the thinker has produced it, instead of waiting for the whole answer. The frames
+  // are exactly generate()'s for the same hand-off.
+  struct StreamingHandoff {
+    qwen3_omni::ThinkerHandoff handoff;  // grows: use append_rows for embeds / hidden
+    std::vector<int64_t> thinker_stop_tokens;
+    std::vector<std::array<int64_t, 3>> image_grids;
+    bool finished = false;       // every token and row is in
+    std::string finish_reason;   // the thinker's, once finished
+    // Appends rows ([k, H] each) to handoff.embeds / hidden, growing their storage geometrically
+    // (a long answer is not copied again at every token).
+    void append_rows(const at::Tensor& embeds, const at::Tensor& hidden);
+
+   private:
+    at::Tensor embeds_storage_, hidden_storage_;
+    int64_t rows_ = 0;
+  };
+  // `pull` waits for more of the thinker's answer and adds it to `h` (setting h.finished with
+  // the last of it); false once nothing more will come. A thinker that said fewer than 2 tokens
+  // gives no frames (finish_reason "none"); a cancelled thinker, "cancelled".
+  qwen3_omni::TalkerRun generate_streaming(
+      StreamingHandoff& h, const std::function<bool()>& pull, const Request& request,
+      const std::function<bool(const std::vector<int64_t>&)>& on_frame);
+
   // The thinker's token ids the hand-off needs from the thinker stage: tts_bos, tts_eos, tts_pad.
   std::vector<int64_t> tts_token_ids() const;
   int64_t accept_hidden_layer() const { return cfg_.accept_hidden_layer; }
