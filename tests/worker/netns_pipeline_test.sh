@@ -29,6 +29,9 @@ cleanup() {
 trap cleanup EXIT
 ip netns add "$ns1" 2>/dev/null || skip "cannot create network namespaces here"
 ip netns add "$ns2"
+ip link add "${tag}x" type veth peer name "${tag}y" 2>/dev/null ||
+  skip "cannot create veth pairs here"
+ip link del "${tag}x"
 
 # host side 10.201.N.1, namespace side 10.201.N.2
 link() {  # link NS N
