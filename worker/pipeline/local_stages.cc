@@ -140,13 +140,21 @@ class LocalStageBase : public Stage {
   virtual offload::OffloadBackend& backend() = 0;
   // `info` plus the weight bytes the device ledger accounts: all of them, and those that can
   // leave the device.
+  // (Measured once, when the first info is asked for, and kept: the bytes do not change, and
+  // info must not wait for a running request.)
   std::string info_with_bytes(Json info) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const auto stats = backend().stats();
-    info["param_bytes"] = stats.param_bytes;
-    info["offloadable_bytes"] = stats.param_bytes - stats.resident_bytes;
+    std::call_once(bytes_measured_, [&] {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const auto stats = backend().stats();
+      param_bytes_ = stats.param_bytes;
+      offloadable_bytes_ = stats.param_bytes - stats.resident_bytes;
+    });
+    info["param_bytes"] = param_bytes_;
+    info["offloadable_bytes"] = offloadable_bytes_;
     return info.dump();
   }
+  std::once_flag bytes_measured_;
+  uint64_t param_bytes_ = 0, offloadable_bytes_ = 0;
   std::string name_;
   std::shared_ptr<offload::TransferEngine> engine_;
   std::mutex mutex_;
@@ -292,7 +300,8 @@ void add_packet(models::TalkerRunner::StreamingHandoff& h, const StagePacket& p)
       h.thinker_stop_tokens = ids_from(t);
     } else if (name == "image_grids") {
       const auto g = ids_from(t);
-      for (size_t i = 0; i + 2 < g.size(); i += 3) h.image_grids.push_back({g[i], g[i + 1], g[i + 2]});
+      for (size_t i = 0; i + 2 < g.size(); i += 3)
+        h.image_grids.push_back({g[i], g[i + 1], g[i + 2]});
     } else if (name == "embeds") {
       embeds = t;
     } else if (name == "hidden") {
@@ -356,14 +365,14 @@ class TalkerStage : public LocalStageBase {
     request.talker = params.talker;
     request.code_predictor = params.code_predictor;
     request.max_frames = params.max_frames;
-    const auto run = runner_->generate_streaming(h, pull, request,
-                                                 [&](const std::vector<int64_t>& frame) {
-                                                   check_going(call, cancel);
-                                                   StagePacket packet;
-                                                   packet.frames = {frame};
-                                                   sink(std::move(packet));
-                                                   return true;
-                                                 });
+    const auto run =
+        runner_->generate_streaming(h, pull, request, [&](const std::vector<int64_t>& frame) {
+          check_going(call, cancel);
+          StagePacket packet;
+          packet.frames = {frame};
+          sink(std::move(packet));
+          return true;
+        });
     // Whatever the thinker still sends after the last frame (its last rows, its end).
     while (!h.finished && pull()) {
     }

@@ -103,18 +103,24 @@ const PipelineStage* Pipeline::find(const std::string& model_stage) const {
   return nullptr;
 }
 
+std::string Pipeline::talker_info() {
+  // Asked once: a remote talker's info is a call, and its speakers and code groups are fixed.
+  std::lock_guard<std::mutex> lock(info_mutex_);
+  if (talker_info_.empty()) {
+    const auto* talker = find("talker");
+    talker_info_ = talker ? talker->stage->info_json() : "{}";
+  }
+  return talker_info_;
+}
+
 bool Pipeline::has_speech() const { return find("talker") && find("code2wav"); }
 
 std::vector<std::string> Pipeline::speakers() {
-  const auto* talker = find("talker");
-  if (!talker) return {};
-  return Json::parse(talker->stage->info_json()).value("speakers", std::vector<std::string>{});
+  return Json::parse(talker_info()).value("speakers", std::vector<std::string>{});
 }
 
 std::string Pipeline::default_speaker() {
-  const auto* talker = find("talker");
-  if (!talker) return "";
-  return Json::parse(talker->stage->info_json()).value("default_speaker", std::string());
+  return Json::parse(talker_info()).value("default_speaker", std::string());
 }
 
 PipelineResult Pipeline::generate(const models::OmniRequest& request,
@@ -328,8 +334,7 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
     if (speak) r.audio_finish_reason = "cancelled";
   }
   if (speak) {
-    const auto* talker = find("talker");
-    const auto groups = Json::parse(talker->stage->info_json()).value("num_code_groups", 16);
+    const auto groups = Json::parse(talker_info()).value("num_code_groups", 16);
     r.codes = models::qwen3_omni::frames_to_codes(frames, groups);
     result.speaker = request.speaker.empty() ? default_speaker() : lower(request.speaker);
   }

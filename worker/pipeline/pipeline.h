@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -75,7 +76,10 @@ class Pipeline {
 
  private:
   const PipelineStage* find(const std::string& model_stage) const;
+  std::string talker_info();           // the talker stage's info_json, asked once
   std::vector<PipelineStage> stages_;  // topological order
+  std::mutex info_mutex_;
+  std::string talker_info_;
   std::shared_ptr<DeviceLedger> ledger_;
 };
 
