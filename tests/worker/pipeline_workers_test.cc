@@ -8,8 +8,8 @@
 //   - 32 concurrent requests each equal their own single-request output;
 //   - a worker with a token refuses a client without it and keeps serving.
 #include <ATen/ATen.h>
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -123,6 +123,14 @@ TEST(PipelineWorkers, ThinkerTalkerOffloadChangesNothing) {
   const auto in_process_offload =
       answer({"--model", kFixture}, {"--cpu-offload-components", "thinker,talker"});
   expect_same(in_process_offload, in_process());
+  // code2wav as a stage that gives its weights back too, and module names inside the stages.
+  expect_same(
+      answer({"--stage-configs-path", kTinyYaml},
+             {"--cpu-offload-components", "talker,code2wav", "--gpu-memory-budget", "3100000"}),
+      in_process());
+  expect_same(answer({"--stage-configs-path", kTinyYaml},
+                     {"--cpu-offload-components", "visual,audio_tower,code_predictor"}),
+              in_process());
 }
 
 TEST(PipelineWorkers, BadConfigsAndFlagsExit2) {
@@ -169,9 +177,10 @@ std::vector<pid_t> children_of(pid_t parent) {
 
 TEST(PipelineWorkers, SigtermStopsTheWorkersItStarted) {
   // A long answer, so that the signal arrives while the workers are up.
-  std::vector<std::string> args = {OMNI_VLLM_OMNI, "generate", "--stage-configs-path", kTinyYaml,
-                                   "--prompt", "Tell a long story.", "--max-tokens", "2048",
-                                   "--max-audio-frames", "4096", "--json"};
+  std::vector<std::string> args = {OMNI_VLLM_OMNI, "generate", "--stage-configs-path",
+                                   kTinyYaml,      "--prompt", "Tell a long story.",
+                                   "--max-tokens", "2048",     "--max-audio-frames",
+                                   "4096",         "--json"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -349,8 +358,28 @@ TEST(PipelineWorkers, ASharedDeviceBudgetMakesTheThinkerAndTalkerTakeTurns) {
   // The workers' own stats: the thinker's two parts were loaded once per turn.
   EXPECT_GE(stats["stage 0 (thinker)"]["stage"]["loads"].get<int>(), 2 * 4) << stats.dump();
 
+  // All three stages give their weights back: a budget for the largest alone runs them one
+  // after the other, each evicting the one before.
+  auto one_at_a_time = launcher_options();
+  flags.cpu_offload_components = std::vector<std::string>{"thinker", "talker", "code2wav"};
+  flags.gpu_memory_budget = 2100000;
+  config::apply_stage_flags(one_at_a_time.config, flags, "");
+  {
+    StageLauncher turns(one_at_a_time);
+    for (int round = 0; round < 2; ++round) {
+      const auto got = turns.pipeline().generate(request("Count to three."));
+      EXPECT_EQ(got.omni.tokens, want1.omni.tokens);
+      EXPECT_TRUE(at::equal(got.omni.codes, want1.omni.codes));
+      EXPECT_TRUE(at::equal(got.omni.waveform, want1.omni.waveform));
+    }
+    const auto ledger = Json::parse(turns.stats_json())["device_ledger"]["local/cpu"];
+    EXPECT_GE(ledger["stages"]["stage 2 (code2wav)"]["evictions"].get<int>(), 1) << ledger.dump();
+    EXPECT_GE(ledger["evictions"].get<int>(), 4) << ledger.dump();
+  }
+
   // A budget that cannot hold code2wav plus the largest stage that moves is refused up front.
   auto tight = launcher_options();
+  flags.cpu_offload_components = std::vector<std::string>{"thinker", "talker"};
   flags.gpu_memory_budget = 2000000;
   config::apply_stage_flags(tight.config, flags, "");
   try {

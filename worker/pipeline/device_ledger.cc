@@ -28,9 +28,12 @@ DeviceLedger::DeviceLedger(std::vector<Member> members, std::map<std::string, ui
   }
   for (const auto& [device, budget] : budgets_) {
     if (budget == 0) continue;
-    OMNI_CHECK(fixed[device] + largest[device] <= budget, "the device budget of ", budget,
-               " bytes on device '", device, "' cannot hold the stages that stay there (",
-               fixed[device], " bytes) plus the largest that moves (", largest[device], " bytes)");
+    if (fixed[device] + largest[device] > budget) {
+      throw omni::Error(omni::detail::str_cat(
+          "the device budget of ", budget, " bytes on device '", device,
+          "' cannot hold the stages that stay there (", fixed[device],
+          " bytes) plus the largest that moves (", largest[device], " bytes)"));
+    }
     if (total[device] > budget) constrained_devices_.insert(device);
   }
 }

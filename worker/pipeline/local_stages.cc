@@ -397,10 +397,11 @@ class TalkerStage : public LocalStageBase {
 class Code2WavStage : public LocalStageBase {
  public:
   explicit Code2WavStage(const LocalStageOptions& o) : LocalStageBase(o) {
-    OMNI_CHECK(!o.offload_stage, o.name,
-               ": code2wav cannot give its weights back between requests yet (offload_stage / "
-               "enable_cpu_offload): leave it resident");
     models::SpeechRunnerOptions ro{o.model_dir, o.dtype, o.offload};
+    if (o.offload_stage) {
+      ro.offload = whole_stage_offload(o.offload.pin_memory);
+      ro.offload.components = {"code2wav"};
+    }
     runner_ = models::Code2WavRunner::load(ro, engine_);
   }
 

@@ -34,7 +34,7 @@ struct LocalStageOptions {
   models::RunnerOffloadOptions offload;
   // The whole stage gives its device memory back when the pipeline's device ledger asks
   // (set_device_released): every top-level part of the stage is a component that stays on the
-  // device once loaded, until released. Replaces `offload`. Thinker and talker only.
+  // device once loaded, until released. Replaces `offload`.
   bool offload_stage = false;
   offload::DeviceKind device = offload::DeviceKind::kCpuSim;
 };

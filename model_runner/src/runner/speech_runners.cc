@@ -134,7 +134,7 @@ qwen3_omni::TalkerRun TalkerRunner::generate(
 }
 
 void TalkerRunner::StreamingHandoff::append_rows(const at::Tensor& embeds,
-                                                  const at::Tensor& hidden) {
+                                                 const at::Tensor& hidden) {
   OMNI_CHECK(embeds.dim() == 2 && hidden.sizes() == embeds.sizes(),
              "thinker -> talker hand-off: embeds and hidden rows must have the same [k, hidden] "
              "shape, got ",
@@ -195,8 +195,7 @@ qwen3_omni::TalkerRun TalkerRunner::generate_streaming(
   const auto prompt = qwen3_omni::build_talker_prefill(h.handoff, hids);
   int64_t next = 0;  // the next trailing entry to add
   const auto feed_text = [&](qwen3_omni::TalkerState& state) {
-    while (!state.trailing_complete &&
-           static_cast<int64_t>(state.trailing.size()) <= state.step) {
+    while (!state.trailing_complete && static_cast<int64_t>(state.trailing.size()) <= state.step) {
       const auto e = text.entry(next, h.handoff, h.finished);
       using Kind = qwen3_omni::TrailingText::Entry::Kind;
       if (e.kind == Kind::kUnknown) {
@@ -231,10 +230,22 @@ std::unique_ptr<Code2WavRunner> Code2WavRunner::load(
   const auto report = load_weights(*r->code2wav_, checkpoint, "code2wav.");
   log_info("loaded ", report.tensors, " code2wav tensors (", report.bytes, " bytes) from ",
            options.model_dir);
+  r->root_ = std::make_shared<torch::nn::Module>("Code2WavStage");
+  r->root_->register_module("code2wav", r->code2wav_);
+  const auto& o = options.offload;
   offload::OffloadConfig oc;
-  oc.pin_memory = options.offload.pin_memory;
+  oc.pin_memory = o.pin_memory;
+  const bool whole =
+      std::find(o.components.begin(), o.components.end(), "code2wav") != o.components.end();
+  if (o.cpu_offload_enabled && whole) {
+    oc.component = true;
+    oc.components = {"code2wav"};
+    oc.component_policy = offload::parse_component_policy(o.strategy);
+    oc.device_budget_bytes = o.device_budget_bytes;
+    oc.device_budget_fraction = o.device_budget_fraction;
+  }
   oc.validate();
-  r->backend_ = offload::apply_offload(*r->code2wav_, offload::ModelSpec{}, oc, engine);
+  r->backend_ = offload::apply_offload(*r->root_, offload::ModelSpec{}, oc, engine);
   return r;
 }
 

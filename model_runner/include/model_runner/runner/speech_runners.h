@@ -31,7 +31,7 @@ struct SpeechRunnerOptions {
   // Component names as the talker stage sees them: talker.* / code_predictor /
   // talker.model.layers.* (a leading "talker." is optional); names of other parts are ignored,
   // since a pipeline-wide list names modules of every stage. Layerwise streams the talker's
-  // decoder layers. code2wav has no components of its own.
+  // decoder layers. For code2wav the one component is "code2wav" (all of it).
   RunnerOffloadOptions offload;
 };
 
@@ -64,8 +64,8 @@ class TalkerRunner {
     qwen3_omni::ThinkerHandoff handoff;  // grows: use append_rows for embeds / hidden
     std::vector<int64_t> thinker_stop_tokens;
     std::vector<std::array<int64_t, 3>> image_grids;
-    bool finished = false;       // every token and row is in
-    std::string finish_reason;   // the thinker's, once finished
+    bool finished = false;      // every token and row is in
+    std::string finish_reason;  // the thinker's, once finished
     // Appends rows ([k, H] each) to handoff.embeds / hidden, growing their storage geometrically
     // (a long answer is not copied again at every token).
     void append_rows(const at::Tensor& embeds, const at::Tensor& hidden);
@@ -114,6 +114,9 @@ class Code2WavRunner {
   Code2WavRunner() = default;
   qwen3_omni::Code2WavConfig cfg_;
   std::shared_ptr<offload::TransferEngine> engine_;
+  // The offload root: a module holding code2wav as its child "code2wav", so that the whole of
+  // code2wav can be one offload component (a root cannot be a component of itself).
+  std::shared_ptr<torch::nn::Module> root_;
   std::shared_ptr<qwen3_omni::Code2Wav> code2wav_;
   std::unique_ptr<offload::OffloadBackend> backend_;
 };
