@@ -13,7 +13,7 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libyaml-cpp-dev nlohmann-json3-dev libabsl-dev libpcre2-dev
   libsndfile1-dev libpng-dev libjpeg62-turbo-dev libsoxr-dev libcli11-dev
-  iproute2
+  iproute2 libcpp-httplib-dev
 )
 
 log() { echo "[setup] $*"; }
@@ -57,5 +57,12 @@ if ldd "$TORCH_DIR/lib/libtorch_cpu.so" | grep -q "not found"; then
     echo "[setup] libtorch_cpu.so still misses the libraries above" >&2
     exit 1
   fi
+fi
+# Test-time only: the openai client the serving tests drive `vllm-omni serve` with.
+API_REQUIREMENTS="$(dirname "$0")/../tests/requirements-api.txt"
+OPENAI_VERSION=$(sed -n 's/^openai==//p' "$API_REQUIREMENTS")
+if [ "$("$PYTHON" -m pip show openai 2>/dev/null | sed -n 's/^Version: //p')" != "$OPENAI_VERSION" ]; then
+  log "installing the openai client $OPENAI_VERSION (serving tests)"
+  "$PYTHON" -m pip install -q -r "$API_REQUIREMENTS"
 fi
 log "ready: LibTorch $TORCH_VERSION at $TORCH_DIR"

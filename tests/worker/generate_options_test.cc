@@ -260,7 +260,9 @@ TEST_P(GenerateBadCommandLine, IsStatusTwoWithOneLine) {
 }
 
 const std::string kSee = " (see 'vllm-omni generate --help')";
-#ifdef OMNI_HAVE_SERVER
+#if defined(OMNI_HAVE_HTTP)
+const std::string kSubcommands = "generate, worker, serve";
+#elif defined(OMNI_HAVE_SERVER)
 const std::string kSubcommands = "generate, worker";
 #else
 const std::string kSubcommands = "generate";
@@ -273,8 +275,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "a subcommand is required (one of: " + kSubcommands + ") (see 'vllm-omni --help')",
                 true},
         BadCase{
-            {"serve"},
-            "unknown subcommand 'serve' (one of: " + kSubcommands + ") (see 'vllm-omni --help')",
+            {"train"},
+            "unknown subcommand 'train' (one of: " + kSubcommands + ") (see 'vllm-omni --help')",
             true},
         BadCase{{"generate", "--prompt", "p"},
                 "--model or --stage-configs-path is required" + kSee,

@@ -52,6 +52,13 @@ std::unique_ptr<CLI::App> make_app(CommandLine& commands) {
       "--stage-configs-path starts these itself; start one by hand for runtime.address)");
   add_worker_options(*worker, commands.worker);
 #endif
+#ifdef OMNI_HAVE_HTTP
+  CLI::App* serve = app->add_subcommand(
+      "serve",
+      "Serve the OpenAI chat completions API (text and speech, streamed or not) over a "
+      "checkpoint in this process (--model) or its stage workers (--stage-configs-path)");
+  add_serve_options(*serve, commands.serve);
+#endif
   return app;
 }
 
@@ -88,6 +95,14 @@ int main(int argc, const char* const* argv) {
       set_log_level(LogLevel::kWarning);
     }
     return run_worker(commands.worker, std::cerr);
+  }
+#endif
+#ifdef OMNI_HAVE_HTTP
+  if (app->got_subcommand("serve")) {
+    if (std::getenv("OMNI_LOG_LEVEL") == nullptr && ::isatty(2) != 1) {
+      set_log_level(LogLevel::kWarning);
+    }
+    return run_serve(commands.serve, std::cerr);
   }
 #endif
   return 2;  // unreachable: a subcommand is required

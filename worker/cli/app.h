@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "worker/cli/generate_options.h"
+#include "worker/cli/serve_command.h"
 #include "worker/cli/worker_command.h"
 
 namespace CLI {
@@ -20,6 +21,7 @@ namespace omni::cli {
 struct CommandLine {
   GenerateOptions generate;
   WorkerOptions worker;  // builds with the server parts only
+  ServeOptions serve;    // builds with the server parts and cpp-httplib only
 };
 
 // The app, its options bound to `commands` (which must outlive it). A subcommand is required.

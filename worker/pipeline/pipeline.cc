@@ -124,7 +124,8 @@ std::string Pipeline::default_speaker() {
 }
 
 PipelineResult Pipeline::generate(const models::OmniRequest& request,
-                                  const PipelineCallbacks& callbacks, Clock::time_point deadline) {
+                                  const PipelineCallbacks& callbacks, Clock::time_point deadline,
+                                  const std::vector<MediaFile>* media) {
   const auto start = Clock::now();
   OMNI_CHECK(request.text_output || request.audio_output,
              "the request asks for no output: set text and/or audio");
@@ -150,11 +151,15 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
       p.sampling = request.sampling.thinker;
       p.handoff = speak;
       call.params_json = to_json(p);
-      for (const auto& f : request.chat.audio_files) {
-        call.media.push_back({"audio", f, read_media("audio", f)});
-      }
-      for (const auto& f : request.chat.image_files) {
-        call.media.push_back({"image", f, read_media("image", f)});
+      if (media) {
+        call.media = *media;
+      } else {
+        for (const auto& f : request.chat.audio_files) {
+          call.media.push_back({"audio", f, read_media("audio", f)});
+        }
+        for (const auto& f : request.chat.image_files) {
+          call.media.push_back({"image", f, read_media("image", f)});
+        }
       }
     } else if (s->model_stage == "talker") {
       TalkerParams p;

@@ -58,10 +58,14 @@ class Pipeline {
   // Runs `request` (text: the thinker alone; audio: the talker and code2wav too). Throws
   // StageError naming the stage that failed (or kDeadlineExceeded / kCancelled), omni::Error
   // for a request the pipeline cannot run (audio from a pipeline without a talker).
+  // `media`: the inputs as bytes (a server receives them so) instead of the request's
+  // chat.audio_files / image_files, which are then ignored; audio first, then images, as the
+  // prompt orders them.
   PipelineResult generate(const models::OmniRequest& request,
                           const PipelineCallbacks& callbacks = {},
                           std::chrono::steady_clock::time_point deadline =
-                              std::chrono::steady_clock::time_point::max());
+                              std::chrono::steady_clock::time_point::max(),
+                          const std::vector<MediaFile>* media = nullptr);
 
   bool has_speech() const;
   // The talker stage's speakers and default (from its info), empty without a talker.

@@ -235,6 +235,23 @@ StageLauncher::~StageLauncher() {
   if (supervisor_) supervisor_->stop_all();
 }
 
+bool StageLauncher::healthy(std::string* why) {
+  rpc::ClientOptions client;
+  client.token = options_.token;
+  client.tls_ca_file = options_.tls_ca_file;
+  for (const auto& s : options_.config.stages) {
+    const int index = supervisor_index(s.stage_id);
+    const std::string address =
+        index >= 0 ? supervisor_->address(static_cast<size_t>(index)) : s.runtime.address;
+    std::string reason;
+    if (!rpc::wait_healthy(address, client, std::chrono::milliseconds(1000), &reason)) {
+      if (why) *why = stage_name(s) + " at " + address + ": " + reason;
+      return false;
+    }
+  }
+  return true;
+}
+
 int StageLauncher::supervisor_index(int64_t stage_id) const {
   for (const auto& [id, index] : local_index_) {
     if (id == stage_id) return index;

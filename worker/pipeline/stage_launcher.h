@@ -44,6 +44,9 @@ class StageLauncher {
   // {"<stage name>": {"server": ..., "stage": <offload stats>}, ..., "device_ledger": {...}}
   // (the ledger only when a device budget is set).
   std::string stats_json();
+  // Every stage answers its health check (within a second each); `why` names the first that
+  // does not.
+  bool healthy(std::string* why = nullptr);
   // The local workers' supervisor (tests kill workers through it); null without local workers.
   WorkerSupervisor* supervisor() { return supervisor_.get(); }
   // Index of stage `id` in the supervisor, or -1 for a remote one.

@@ -1,0 +1,228 @@
+"""vllm-omni serve driven by the real `openai` client (tests/requirements-api.txt) on the tiny
+Qwen3-Omni checkpoint: a text + speech answer equal to `vllm-omni generate` of the same request,
+a streamed answer (text deltas, WAV chunks that decode on their own), text-only requests that run
+no speech stage, and the API's errors, after each of which the server still answers /health.
+
+    openai_api_test.py VLLM_OMNI FIXTURE_DIR
+Exit 77 (skipped) when the openai package is missing.
+"""
+import base64
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import wave
+
+try:
+    import openai
+except ImportError:
+    print("SKIP: the openai package is not installed (pip install -r tests/requirements-api.txt)")
+    sys.exit(77)
+
+VLLM_OMNI, FIXTURE = sys.argv[1], sys.argv[2]
+KEY = "test-key"
+PROMPT = "Describe the sound."
+
+
+def start_server(*extra):
+    proc = subprocess.Popen(
+        [VLLM_OMNI, "serve", "--model", FIXTURE, "--port", "0", "--served-model-name", "tiny",
+         "--api-key", KEY, *extra],
+        stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    lines = []
+    while time.time() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"listening on http://[^:]+:(\d+)", line)
+        if m:
+            # Keep draining stderr so the server never blocks on a full pipe.
+            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+            return proc, int(m.group(1))
+    proc.kill()
+    raise RuntimeError("the server did not start: " + "".join(lines))
+
+
+def wav_info(data):
+    with wave.open(io.BytesIO(data)) as w:
+        return w.getframerate(), w.getnchannels(), w.getsampwidth(), w.readframes(w.getnframes())
+
+
+def raw(port, path, body=None, key=KEY, method=None):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method=method)
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def expect_error(port, body, status, param=None, code=None, key=KEY):
+    got, data = raw(port, "/v1/chat/completions", body, key=key)
+    assert got == status, (got, data[:300])
+    err = json.loads(data)["error"]
+    assert err["message"], err
+    if param is not None:
+        assert err["param"] == param, err
+    if code is not None:
+        assert err["code"] == code, err
+    health, _ = raw(port, "/health")
+    assert health == 200, "the server stopped answering /health"
+    return err
+
+
+def main():
+    audio_bytes = open(os.path.join(FIXTURE, "audio.wav"), "rb").read()
+    user = {"role": "user", "content": [
+        {"type": "text", "text": PROMPT},
+        {"type": "input_audio",
+         "input_audio": {"data": base64.b64encode(audio_bytes).decode(), "format": "wav"}}]}
+    messages = [{"role": "system", "content": "You are a helpful voice."}, user]
+
+    # The same request through `vllm-omni generate`.
+    tmp = tempfile.mkdtemp()
+    ref_wav = os.path.join(tmp, "ref.wav")
+    ref = subprocess.run(
+        [VLLM_OMNI, "generate", "--model", FIXTURE, "--system", "You are a helpful voice.",
+         "--prompt", PROMPT, "--audio", os.path.join(FIXTURE, "audio.wav"), "--temperature", "0",
+         "--seed", "42", "--max-tokens", "12", "--max-audio-frames", "12", "--json",
+         "--output-wav", ref_wav], capture_output=True, text=True, check=True)
+    ref_json = json.loads(ref.stdout)
+    ref_rate, ref_channels, _, ref_frames = wav_info(open(ref_wav, "rb").read())
+
+    proc, port = start_server("--max-concurrent-requests", "2", "--max-request-bytes", "4000000")
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY)
+        assert [m.id for m in client.models.list().data] == ["tiny"]
+
+        # -- text + speech, not streamed
+        r = client.chat.completions.create(
+            model="tiny", messages=messages, modalities=["text", "audio"],
+            audio={"voice": "ethan", "format": "wav"}, temperature=0, seed=42, max_tokens=12,
+            extra_body={"max_audio_frames": 12})
+        text = r.choices[0].message.content
+        assert text == ref_json["text"], (text, ref_json["text"])
+        audio = r.choices[1].message.audio
+        assert audio.transcript == text
+        rate, channels, width, frames = wav_info(base64.b64decode(audio.data))
+        assert (rate, channels, width) == (24000, 1, 2), (rate, channels, width)
+        assert (ref_rate, ref_channels) == (24000, 1)
+        assert frames == ref_frames, "the API's WAV differs from vllm-omni generate's"
+        assert r.usage.completion_tokens == len(ref_json["token_ids"]), r.usage
+        assert r.usage.prompt_tokens > 0
+
+        # -- streamed: text deltas join to the same text; each audio chunk is a WAV of its own
+        stream = client.chat.completions.create(
+            model="tiny", messages=messages, modalities=["text", "audio"], temperature=0,
+            seed=42, max_tokens=12, stream=True, stream_options={"include_usage": True},
+            extra_body={"max_audio_frames": 12})
+        deltas, chunks, usage = [], [], None
+        for chunk in stream:
+            extra = chunk.model_extra or {}
+            if chunk.usage:
+                usage = chunk.usage
+            if not chunk.choices:
+                continue
+            content = chunk.choices[0].delta.content
+            if not content:
+                continue
+            if extra.get("modality") == "audio":
+                chunks.append(base64.b64decode(content))
+            else:
+                deltas.append(content)
+        assert "".join(deltas) == text, ("".join(deltas), text)
+        assert chunks, "no audio chunk was streamed"
+        samples = b""
+        for c in chunks:
+            c_rate, c_channels, _, c_frames = wav_info(c)
+            assert (c_rate, c_channels) == (24000, 1)
+            samples += c_frames
+        # Each streamed chunk is one code2wav forward, which loses 555 samples at its end; the
+        # whole answer's decode is one forward here.
+        assert len(samples) // 2 == len(ref_frames) // 2 - 555 * (len(chunks) - 1), (
+            len(samples) // 2, len(ref_frames) // 2, len(chunks))
+        assert usage is not None and usage.completion_tokens == len(ref_json["token_ids"])
+
+        # -- text only: no speech stage runs (the frame counter does not move)
+        def frames_total():
+            _, body = raw(port, "/metrics")
+            return float(re.search(r"^omni_audio_frames_total (\S+)$", body.decode(), re.M).group(1))
+        before = frames_total()
+        r = client.chat.completions.create(model="tiny", messages=messages, modalities=["text"],
+                                           temperature=0, max_tokens=12)
+        assert r.choices[0].message.content == text
+        assert len(r.choices) == 1 and r.choices[0].message.audio is None
+        assert frames_total() == before
+
+        # -- errors: each with its status, and /health still answers
+        ok = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+              "modalities": ["text"], "max_tokens": 4}
+        def body(**change):
+            b = dict(ok)
+            b.update(change)
+            return json.dumps(b).encode()
+        expect_error(port, b"{not json", 400, code="invalid_json")
+        expect_error(port, body(temperature="hot"), 400, param="temperature")
+        expect_error(port, body(bogus_field=1), 400, param="bogus_field")
+        expect_error(port, body(model="nope"), 404, param="model", code="model_not_found")
+        expect_error(port, body(modalities=["text", "audio"], speaker="nobody"), 400,
+                     param="speaker")
+        expect_error(port, body(messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "https://example.com/x.png"}}]}]), 400,
+            code="remote_url")
+        expect_error(port, body(messages=[{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": "@@@not base64", "format": "wav"}}]}]),
+            400, code="invalid_base64")
+        bad_image = base64.b64encode(b"\x89PNG\r\n\x1a\n truncated").decode()
+        err = expect_error(port, body(messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + bad_image}}]}]),
+            400)
+        assert "stage 0 (thinker)" in err["message"], err
+        expect_error(port, body(), 401, key=None)
+        expect_error(port, body(), 401, key="wrong")
+        expect_error(port, json.dumps({**ok, "pad": "x" * 5000000}).encode(), 413)
+
+        # -- more than --max-concurrent-requests running: 429
+        slow = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Tell a long story."}],
+            modalities=["text", "audio"], max_tokens=2048, stream=True,
+            extra_body={"max_audio_frames": 4096})
+        slow2 = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Tell another long story."}],
+            modalities=["text", "audio"], max_tokens=2048, stream=True,
+            extra_body={"max_audio_frames": 4096})
+        next(iter(slow))
+        next(iter(slow2))
+        expect_error(port, body(), 429)
+        # Clients that go away cancel their requests: the slots come back.
+        slow.close()
+        slow2.close()
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            status, _ = raw(port, "/v1/chat/completions", body())
+            if status == 200:
+                break
+            time.sleep(0.2)
+        assert status == 200, "cancelled streams did not free their slots"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert proc.returncode == 0, proc.returncode
+    print("openai API: text + speech equal to generate, streamed chunks, errors, 429, cancel")
+
+
+if __name__ == "__main__":
+    main()

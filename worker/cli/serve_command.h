@@ -1,0 +1,37 @@
+// `vllm-omni serve`: the OpenAI-compatible HTTP server (worker/http/chat_server.h) over a
+// pipeline: the checkpoint's stages in this process (--model), or the stage workers of a stage
+// config (--stage-configs-path). Serves until SIGTERM / SIGINT.
+#pragma once
+
+#include <cstddef>
+#include <iosfwd>
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace omni::cli {
+
+struct ServeOptions {
+  std::string model;               // checkpoint directory (in-process stages)
+  std::string stage_configs_path;  // or: stage workers
+  std::string stage_overrides;
+  double stage_init_timeout_s = 600;
+  std::string host = "127.0.0.1";
+  int port = 8091;
+  std::string api_key, api_key_file;
+  std::string served_model_name;  // default: the checkpoint folder's name
+  size_t max_request_bytes = size_t{64} << 20;
+  int max_concurrent_requests = 8;
+  std::string device = "cpu";
+  std::string dtype = "float32";
+};
+
+void add_serve_options(CLI::App& app, ServeOptions& options);
+
+// 0 after SIGTERM / SIGINT; 2 for a bad stage config or key file; 1 when the model cannot load
+// or the port cannot be bound.
+int run_serve(const ServeOptions& options, std::ostream& err);
+
+}  // namespace omni::cli

@@ -1,0 +1,498 @@
+#include "worker/http/chat_server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "cpu_offload/check.h"
+#include "cpu_offload/logging.h"
+#include "worker/http/api_error.h"
+#include "worker/http/base64.h"
+#include "worker/http/openai_protocol.h"
+#include "worker/http/server_metrics.h"
+#include "worker/http/wav_bytes.h"
+
+namespace omni::http {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::json;
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string random_id(const char* prefix) {
+  static std::mutex mutex;
+  static std::mt19937_64 rng{std::random_device{}()};
+  std::lock_guard<std::mutex> lock(mutex);
+  std::ostringstream id;
+  id << prefix << std::hex << rng();
+  return id.str();
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(e.json(), "application/json");
+}
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// A pipeline failure as the client sees it: a bad request is the client's (400, naming the
+// stage that refused it), anything else is ours (500, naming the stage that failed).
+ApiError stage_error(const pipeline::StageError& e) {
+  ApiError a;
+  if (e.code() == pipeline::StageError::Code::kInvalidArgument) {
+    a.status = 400;
+    a.type = "invalid_request_error";
+  } else if (e.code() == pipeline::StageError::Code::kDeadlineExceeded) {
+    a.status = 504;
+    a.type = "server_error";
+    a.code = "timeout";
+  } else {
+    a.status = 500;
+    a.type = "server_error";
+    a.code = "stage_failed";
+  }
+  a.message = e.what();
+  return a;
+}
+
+// The pieces of one streamed answer, from the pipeline's threads to the HTTP thread.
+struct EventQueue {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::deque<std::string> events;
+  bool done = false;
+  bool client_gone = false;
+
+  void push(std::string event) {
+    std::lock_guard<std::mutex> lock(mutex);
+    events.push_back(std::move(event));
+    changed.notify_all();
+  }
+  void finish() {
+    std::lock_guard<std::mutex> lock(mutex);
+    done = true;
+    changed.notify_all();
+  }
+  bool gone() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return client_gone;
+  }
+};
+
+}  // namespace
+
+class ChatServer::Impl {
+ public:
+  Impl(pipeline::Pipeline& pipeline, ServerOptions options)
+      : pipeline_(pipeline), options_(std::move(options)) {
+    const size_t threads = static_cast<size_t>(std::max(options_.max_concurrent_requests, 1)) + 4;
+    server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    server_.set_payload_max_length(options_.max_request_bytes);
+    server_.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+      // httplib's own refusals (a body over the limit, an unknown route) as OpenAI errors;
+      // httplib calls this for every status >= 400, also for the errors the handlers wrote.
+      if (!res.body.empty()) return;
+      if (res.status == 413) {
+        ApiError e;
+        e.status = 413;
+        e.message = "the request body is larger than --max-request-bytes (" +
+                    std::to_string(options_.max_request_bytes) + " bytes)";
+        e.code = "request_too_large";
+        send_error(res, e);
+      } else if (res.status == 404) {
+        ApiError e;
+        e.status = 404;
+        e.type = "not_found_error";
+        e.message = "no route " + req.method + " " + req.path;
+        send_error(res, e);
+      }
+      metrics_.count_request(res.status);
+    });
+    server_.set_exception_handler(
+        [this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+          ApiError e;
+          e.status = 500;
+          e.type = "server_error";
+          try {
+            std::rethrow_exception(ep);
+          } catch (const std::exception& ex) {
+            e.message = ex.what();
+          } catch (...) {
+            e.message = "unknown error";
+          }
+          send_error(res, e);
+          metrics_.count_request(500);
+        });
+    server_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      std::string why;
+      const bool ok = !options_.healthy || options_.healthy(&why);
+      res.status = ok ? 200 : 503;
+      res.set_content(Json{{"status", ok ? "ok" : "unhealthy"}, {"detail", why}}.dump(),
+                      "application/json");
+    });
+    server_.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req, res)) return;
+      res.set_content(Json{{"object", "list"},
+                           {"data",
+                            {{{"id", options_.model_name},
+                              {"object", "model"},
+                              {"created", started_},
+                              {"owned_by", "omni-offload"}}}}}
+                          .dump(),
+                      "application/json");
+    });
+    server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics_.prometheus(), "text/plain; version=0.0.4");
+    });
+    server_.Post("/v1/chat/completions",
+                 [this](const httplib::Request& req, httplib::Response& res) {
+                   chat_completions(req, res);
+                 });
+  }
+
+  void start() {
+    port_ = options_.port == 0
+                ? server_.bind_to_any_port(options_.host)
+                : (server_.bind_to_port(options_.host, options_.port) ? options_.port : -1);
+    if (port_ < 0) {
+      throw std::runtime_error("cannot listen on " + options_.host + ":" +
+                               std::to_string(options_.port));
+    }
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+  }
+  int port() const { return port_; }
+  void stop() {
+    server_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  void wait() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  bool authorized(const httplib::Request& req, httplib::Response& res) {
+    if (options_.api_key.empty()) return true;
+    const auto header = req.get_header_value("Authorization");
+    const std::string expected = "Bearer " + options_.api_key;
+    bool same = header.size() == expected.size();
+    unsigned char diff = 0;
+    for (size_t i = 0; same && i < header.size(); ++i) {
+      diff |= static_cast<unsigned char>(header[i] ^ expected[i]);
+    }
+    if (same && diff == 0) return true;
+    ApiError e;
+    e.status = 401;
+    e.type = "authentication_error";
+    e.code = "invalid_api_key";
+    e.message =
+        header.empty() ? "no API key: send 'Authorization: Bearer <key>'" : "the API key is wrong";
+    send_error(res, e);
+    metrics_.count_request(401);
+    return false;
+  }
+
+  // A running-request slot, or 429.
+  struct Slot {
+    std::atomic<int>* running = nullptr;
+    ~Slot() {
+      if (running) --*running;
+    }
+  };
+  bool take_slot(Slot& slot) {
+    if (++running_ > options_.max_concurrent_requests) {
+      --running_;
+      return false;
+    }
+    slot.running = &running_;
+    return true;
+  }
+
+  // The request as the pipeline takes it.
+  models::OmniRequest to_pipeline(const ChatCompletionRequest& r,
+                                  std::vector<pipeline::MediaFile>& media) {
+    models::OmniRequest o;
+    o.chat.text = r.text;
+    o.chat.system_prompt = r.system_prompt;
+    const auto has = [&](const char* m) {
+      return std::find(r.modalities.begin(), r.modalities.end(), m) != r.modalities.end();
+    };
+    o.text_output = true;  // the text is the transcript of the audio either way
+    o.audio_output = has("audio") && pipeline_.has_speech();
+    if (has("audio") && !pipeline_.has_speech() && r.modalities_given) {
+      throw ApiException(
+          bad_request("the model answers in text only: ask for modalities "
+                      "[\"text\"]",
+                      "modalities", "unsupported"));
+    }
+    o.speaker = r.speaker;
+    if (r.seed) o.sampling.set_seed(*r.seed);
+    auto& t = o.sampling.thinker;
+    if (r.temperature) t.temperature = *r.temperature;
+    if (r.top_p) t.top_p = *r.top_p;
+    if (r.top_k) t.top_k = *r.top_k;
+    if (r.repetition_penalty) t.repetition_penalty = *r.repetition_penalty;
+    if (r.max_tokens) t.max_new_tokens = *r.max_tokens;
+    if (r.max_audio_frames) o.max_audio_frames = *r.max_audio_frames;
+    for (size_t i = 0; i < r.audio.size(); ++i) {
+      media.push_back(
+          {"audio", "input-" + std::to_string(i) + "." + r.audio[i].format, r.audio[i].data});
+    }
+    for (size_t i = 0; i < r.images.size(); ++i) {
+      media.push_back(
+          {"image", "input-" + std::to_string(i) + "." + r.images[i].format, r.images[i].data});
+    }
+    return o;
+  }
+
+  void check_model_and_speaker(const ChatCompletionRequest& r) {
+    if (r.model != options_.model_name) {
+      ApiError e;
+      e.status = 404;
+      e.type = "not_found_error";
+      e.param = "model";
+      e.code = "model_not_found";
+      e.message = "the model '" + r.model + "' does not exist: this server serves '" +
+                  options_.model_name + "'";
+      throw ApiException(e);
+    }
+    if (!r.speaker.empty() && pipeline_.has_speech()) {
+      const auto known = pipeline_.speakers();
+      if (std::find(known.begin(), known.end(), lower(r.speaker)) == known.end()) {
+        std::string list;
+        for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+        throw ApiException(bad_request("unknown speaker '" + r.speaker + "' (known: " + list + ")",
+                                       "speaker", "unknown_speaker"));
+      }
+    }
+  }
+
+  void chat_completions(const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    const auto start = Clock::now();
+    ChatCompletionRequest parsed;
+    std::vector<pipeline::MediaFile> media;
+    models::OmniRequest request;
+    try {
+      parsed = parse_chat_completion(req.body);
+      check_model_and_speaker(parsed);
+      request = to_pipeline(parsed, media);
+    } catch (const ApiException& e) {
+      send_error(res, e.error());
+      metrics_.count_request(e.error().status);
+      return;
+    }
+    auto slot = std::make_shared<Slot>();
+    if (!take_slot(*slot)) {
+      ApiError e;
+      e.status = 429;
+      e.type = "rate_limit_error";
+      e.code = "too_many_requests";
+      e.message = "more than --max-concurrent-requests (" +
+                  std::to_string(options_.max_concurrent_requests) +
+                  ") requests are running: try again later";
+      send_error(res, e);
+      metrics_.count_request(429);
+      return;
+    }
+    if (parsed.stream) {
+      stream(parsed, std::move(request), std::move(media), start, slot, res);
+    } else {
+      answer(parsed, request, media, start, res);
+    }
+  }
+
+  void answer(const ChatCompletionRequest& parsed, const models::OmniRequest& request,
+              const std::vector<pipeline::MediaFile>& media, Clock::time_point start,
+              httplib::Response& res) {
+    try {
+      pipeline::PipelineCallbacks callbacks;
+      bool first_text = true;
+      callbacks.on_text = [&](const std::string&) {
+        if (first_text) metrics_.observe_ttft(ms_since(start));
+        first_text = false;
+        return true;
+      };
+      const auto result = pipeline_.generate(request, callbacks, Clock::time_point::max(), &media);
+      std::optional<AudioOutput> audio;
+      if (request.audio_output && result.omni.waveform.defined()) {
+        const auto samples = result.omni.waveform.to(at::kFloat).contiguous();
+        AudioOutput a;
+        a.id = random_id("audio-");
+        a.wav_base64 = base64_encode(
+            wav_bytes(samples.data_ptr<float>(), static_cast<size_t>(samples.numel()), 24000));
+        a.expires_at = unix_now() + 3600;
+        a.transcript = result.text;
+        audio = a;
+        metrics_.observe_ttfa(ms_since(start));
+      }
+      Usage usage = usage_of(result);
+      const bool text_asked = std::find(parsed.modalities.begin(), parsed.modalities.end(),
+                                        "text") != parsed.modalities.end();
+      res.set_content(
+          completion_json(random_id("chatcmpl-"), options_.model_name, unix_now(),
+                          text_asked ? std::optional<std::string>(result.text) : std::nullopt,
+                          audio, finish_reason(result.omni.finish_reason), usage),
+          "application/json");
+      metrics_.count_done(result, ms_since(start));
+      metrics_.count_request(200);
+    } catch (const pipeline::StageError& e) {
+      send_error(res, stage_error(e));
+      metrics_.count_request(stage_error(e).status);
+    } catch (const std::exception& e) {
+      ApiError a;
+      a.status = 500;
+      a.type = "server_error";
+      a.message = e.what();
+      send_error(res, a);
+      metrics_.count_request(500);
+    }
+  }
+
+  void stream(const ChatCompletionRequest& parsed, models::OmniRequest request,
+              std::vector<pipeline::MediaFile> media, Clock::time_point start,
+              std::shared_ptr<Slot> slot, httplib::Response& res) {
+    auto queue = std::make_shared<EventQueue>();
+    const std::string id = random_id("chatcmpl-");
+    const int64_t created = unix_now();
+    const std::string model = options_.model_name;
+    const bool include_usage = parsed.include_usage;
+    // The pipeline runs on a thread of its own; the HTTP thread writes what it produces.
+    auto worker = std::make_shared<std::thread>([this, queue, id, created, model, include_usage,
+                                                 start, slot, request = std::move(request),
+                                                 media = std::move(media)]() mutable {
+      bool first = true;
+      bool first_audio = true;
+      pipeline::PipelineCallbacks callbacks;
+      callbacks.on_text = [&](const std::string& text) {
+        if (first) metrics_.observe_ttft(ms_since(start));
+        queue->push(sse_event(chunk_json(id, model, created, "text", text, first, std::nullopt)));
+        first = false;
+        return !queue->gone();
+      };
+      callbacks.on_audio = [&](const at::Tensor& samples) {
+        const auto s = samples.to(at::kFloat).contiguous();
+        if (first_audio) metrics_.observe_ttfa(ms_since(start));
+        first_audio = false;
+        queue->push(sse_event(chunk_json(
+            id, model, created, "audio",
+            base64_encode(wav_bytes(s.data_ptr<float>(), static_cast<size_t>(s.numel()), 24000)),
+            false, std::nullopt)));
+        return !queue->gone();
+      };
+      int status = 200;
+      try {
+        const auto result =
+            pipeline_.generate(request, callbacks, Clock::time_point::max(), &media);
+        queue->push(sse_event(chunk_json(id, model, created, "text", "", first,
+                                         finish_reason(result.omni.finish_reason))));
+        if (include_usage) {
+          queue->push(sse_event(usage_chunk_json(id, model, created, usage_of(result))));
+        }
+        metrics_.count_done(result, ms_since(start));
+        if (queue->gone()) status = 499;
+      } catch (const pipeline::StageError& e) {
+        const auto a = stage_error(e);
+        status = a.status;
+        queue->push(sse_event(a.json()));
+      } catch (const std::exception& e) {
+        ApiError a;
+        a.status = status = 500;
+        a.type = "server_error";
+        a.message = e.what();
+        queue->push(sse_event(a.json()));
+      }
+      queue->push(sse_done());
+      metrics_.count_request(status);
+      queue->finish();
+    });
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [queue](size_t, httplib::DataSink& sink) {
+          std::unique_lock<std::mutex> lock(queue->mutex);
+          queue->changed.wait_for(lock, std::chrono::milliseconds(100),
+                                  [&] { return !queue->events.empty() || queue->done; });
+          while (!queue->events.empty()) {
+            const std::string event = std::move(queue->events.front());
+            queue->events.pop_front();
+            lock.unlock();
+            const bool written = sink.is_writable() && sink.write(event.data(), event.size());
+            lock.lock();
+            if (!written) {
+              // The client went away: the callbacks cancel the request in every stage.
+              queue->client_gone = true;
+              return false;
+            }
+          }
+          if (queue->done) {
+            lock.unlock();
+            sink.done();
+          }
+          return true;
+        },
+        [queue, worker](bool) {
+          // The response is over (sent, or the client left): wait for the pipeline to stop.
+          {
+            std::lock_guard<std::mutex> lock(queue->mutex);
+            if (!queue->done) queue->client_gone = true;
+          }
+          if (worker->joinable()) worker->join();
+        });
+  }
+
+  static std::string finish_reason(const std::string& thinker) {
+    return thinker == "length" ? "length" : "stop";
+  }
+
+  static Usage usage_of(const pipeline::PipelineResult& r) {
+    Usage u;
+    for (const auto& [stage, m] : r.stage_metrics) {
+      const auto it = m.find("prompt_tokens");
+      if (it != m.end()) u.prompt_tokens = static_cast<int64_t>(it->second);
+    }
+    u.completion_tokens = static_cast<int64_t>(r.omni.tokens.size());
+    return u;
+  }
+
+  pipeline::Pipeline& pipeline_;
+  ServerOptions options_;
+  httplib::Server server_;
+  std::thread thread_;
+  int port_ = -1;
+  std::atomic<int> running_{0};
+  int64_t started_ = unix_now();
+  ServerMetrics metrics_;
+};
+
+ChatServer::ChatServer(pipeline::Pipeline& pipeline, ServerOptions options)
+    : impl_(std::make_unique<Impl>(pipeline, std::move(options))) {}
+ChatServer::~ChatServer() { stop(); }
+void ChatServer::start() { impl_->start(); }
+int ChatServer::port() const { return impl_->port(); }
+void ChatServer::stop() { impl_->stop(); }
+void ChatServer::wait() { impl_->wait(); }
+
+}  // namespace omni::http

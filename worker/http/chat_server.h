@@ -1,0 +1,52 @@
+// The OpenAI-compatible HTTP front end of a pipeline (`vllm-omni serve`): translates HTTP
+// requests into Pipeline requests and the pipeline's results and streamed pieces back into
+// OpenAI JSON and server-sent events. It knows nothing of stages, gRPC or models beyond the
+// Pipeline interface; the OpenAI JSON never reaches the pipeline (worker/http/openai_protocol.h
+// parses and builds it).
+//
+// Routes: POST /v1/chat/completions (JSON, or SSE with "stream": true), GET /v1/models,
+// GET /health (200 only when every stage is healthy), GET /metrics (Prometheus text).
+// Every error is OpenAI's error JSON; no request can take the server down.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "worker/pipeline/pipeline.h"
+
+namespace omni::http {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8091;         // 0: any free port (port() tells which)
+  std::string api_key;     // empty: no key needed
+  std::string model_name;  // what requests must name in "model" (and /v1/models lists)
+  size_t max_request_bytes = size_t{64} << 20;
+  int max_concurrent_requests = 8;  // requests running at once; more get 429
+  // Health of the stages: true when every stage answers (why: what is wrong otherwise).
+  std::function<bool(std::string* why)> healthy;
+};
+
+class ChatServer {
+ public:
+  ChatServer(pipeline::Pipeline& pipeline, ServerOptions options);
+  ~ChatServer();  // stop()
+
+  // Binds (throws std::runtime_error naming host:port when it cannot) and serves on a thread
+  // of its own.
+  void start();
+  int port() const;
+  // Stops accepting, lets running handlers end (streams are cancelled), joins.
+  void stop();
+  // Blocks until stop().
+  void wait();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace omni::http
