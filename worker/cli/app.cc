@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "cpu_offload/logging.h"
 #include "worker/cli/generate_command.h"
@@ -77,6 +78,16 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, const char* const
 int main(int argc, const char* const* argv) {
   CommandLine commands;
   const auto app = make_app(commands);
+#ifdef OMNI_HAVE_HTTP
+  // `vllm-omni --model M [flags]` is `vllm-omni serve --model M [flags]`, as in vLLM-Omni: an
+  // option where the subcommand would be (other than --help) means serve.
+  std::vector<const char*> args(argv, argv + argc);
+  if (argc > 1 && std::string(argv[1]).rfind("--", 0) == 0 && std::string(argv[1]) != "--help") {
+    args.insert(args.begin() + 1, "serve");
+  }
+  argc = static_cast<int>(args.size());
+  argv = args.data();
+#endif
   if (const auto status = parse_command_line(*app, argc, argv, std::cout, std::cerr)) {
     return *status;
   }

@@ -165,7 +165,11 @@ class ChatServer::Impl {
                       "application/json");
     });
     server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(metrics_.prometheus(), "text/plain; version=0.0.4");
+      res.set_content(metrics_.prometheus() +
+                          "# HELP omni_requests_running Chat requests running now.\n"
+                          "# TYPE omni_requests_running gauge\nomni_requests_running " +
+                          std::to_string(running_.load()) + "\n",
+                      "text/plain; version=0.0.4");
     });
     server_.Post("/v1/chat/completions",
                  [this](const httplib::Request& req, httplib::Response& res) {
@@ -217,9 +221,13 @@ class ChatServer::Impl {
   // A running-request slot, or 429.
   struct Slot {
     std::atomic<int>* running = nullptr;
-    ~Slot() {
-      if (running) --*running;
+    std::atomic<bool> held{false};
+    // Once: when the response is over (sent, or its client gone), not when the stages have
+    // wound the cancelled request down.
+    void release() {
+      if (running && held.exchange(false)) --*running;
     }
+    ~Slot() { release(); }
   };
   bool take_slot(Slot& slot) {
     if (++running_ > options_.max_concurrent_requests) {
@@ -227,6 +235,7 @@ class ChatServer::Impl {
       return false;
     }
     slot.running = &running_;
+    slot.held = true;
     return true;
   }
 
@@ -386,6 +395,7 @@ class ChatServer::Impl {
       bool first = true;
       bool first_audio = true;
       pipeline::PipelineCallbacks callbacks;
+      callbacks.cancelled = [&] { return queue->gone(); };
       callbacks.on_text = [&](const std::string& text) {
         if (first) metrics_.observe_ttft(ms_since(start));
         queue->push(sse_event(chunk_json(id, model, created, "text", text, first, std::nullopt)));
@@ -453,12 +463,13 @@ class ChatServer::Impl {
           }
           return true;
         },
-        [queue, worker](bool) {
+        [queue, worker, slot](bool) {
           // The response is over (sent, or the client left): wait for the pipeline to stop.
           {
             std::lock_guard<std::mutex> lock(queue->mutex);
             if (!queue->done) queue->client_gone = true;
           }
+          slot->release();
           if (worker->joinable()) worker->join();
         });
   }

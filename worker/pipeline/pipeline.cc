@@ -313,9 +313,26 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
 
   // The deadline: stages blocked on their input would not notice it, so the orchestrator
   // cancels them all and names the stages still at work.
+  // The caller's cancellation (a client that went away) is polled here too: stages that wait
+  // for their input, or a talker between text rows, would not see it from a callback soon.
   {
     std::unique_lock<std::mutex> lock(mutex);
-    if (!done_changed.wait_until(lock, deadline, [&] { return running == 0; })) {
+    const auto finished = [&] { return running == 0; };
+    bool in_time = true;
+    while (!finished()) {
+      const auto wake = std::min(deadline, Clock::now() + std::chrono::milliseconds(20));
+      done_changed.wait_until(lock, wake, finished);
+      if (finished()) break;
+      if (callbacks.cancelled && !user_cancelled && callbacks.cancelled()) {
+        user_cancelled = true;
+        cancel.cancel();
+      }
+      if (Clock::now() >= deadline) {
+        in_time = false;
+        break;
+      }
+    }
+    if (!in_time) {
       std::string busy;
       for (const auto* s : active) {
         const auto& m = result.stage_metrics[s->stage->name()];

@@ -37,6 +37,9 @@ struct PipelineCallbacks {
   std::function<bool(const std::vector<int64_t>& frame)> on_frame;
   // Samples (float32, CPU) of each streamed chunk.
   std::function<bool(const at::Tensor& samples)> on_audio;
+  // Polled while the request runs (every 20 ms): true cancels it in every stage (a client that
+  // went away while no text or audio was being produced).
+  std::function<bool()> cancelled;
 };
 
 struct PipelineResult {
@@ -61,11 +64,10 @@ class Pipeline {
   // `media`: the inputs as bytes (a server receives them so) instead of the request's
   // chat.audio_files / image_files, which are then ignored; audio first, then images, as the
   // prompt orders them.
-  PipelineResult generate(const models::OmniRequest& request,
-                          const PipelineCallbacks& callbacks = {},
-                          std::chrono::steady_clock::time_point deadline =
-                              std::chrono::steady_clock::time_point::max(),
-                          const std::vector<MediaFile>* media = nullptr);
+  PipelineResult generate(
+      const models::OmniRequest& request, const PipelineCallbacks& callbacks = {},
+      std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
+      const std::vector<MediaFile>* media = nullptr);
 
   bool has_speech() const;
   // The talker stage's speakers and default (from its info), empty without a talker.

@@ -32,8 +32,9 @@ PROMPT = "Describe the sound."
 
 
 def start_server(*extra):
+    # `vllm-omni --model M` without a subcommand is `vllm-omni serve --model M`.
     proc = subprocess.Popen(
-        [VLLM_OMNI, "serve", "--model", FIXTURE, "--port", "0", "--served-model-name", "tiny",
+        [VLLM_OMNI, "--model", FIXTURE, "--port", "0", "--served-model-name", "tiny",
          "--api-key", KEY, *extra],
         stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
