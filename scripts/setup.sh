@@ -13,7 +13,7 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libyaml-cpp-dev nlohmann-json3-dev libabsl-dev libpcre2-dev
   libsndfile1-dev libpng-dev libjpeg62-turbo-dev libsoxr-dev libcli11-dev
-  iproute2 libcpp-httplib-dev
+  iproute2 libcpp-httplib-dev chromium chromium-driver
 )
 
 log() { echo "[setup] $*"; }
@@ -58,11 +58,16 @@ if ldd "$TORCH_DIR/lib/libtorch_cpu.so" | grep -q "not found"; then
     exit 1
   fi
 fi
-# Test-time only: the openai client the serving tests drive `vllm-omni serve` with.
+# Test-time only: the openai client and selenium the serving tests drive `vllm-omni serve` with.
 API_REQUIREMENTS="$(dirname "$0")/../tests/requirements-api.txt"
-OPENAI_VERSION=$(sed -n 's/^openai==//p' "$API_REQUIREMENTS")
-if [ "$("$PYTHON" -m pip show openai 2>/dev/null | sed -n 's/^Version: //p')" != "$OPENAI_VERSION" ]; then
-  log "installing the openai client $OPENAI_VERSION (serving tests)"
+api_missing=0
+while IFS='=' read -r name _ version; do
+  case "$name" in ''|\#*) continue ;; esac
+  [ "$("$PYTHON" -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p')" = "$version" ] ||
+    api_missing=1
+done < "$API_REQUIREMENTS"
+if [ "$api_missing" = 1 ]; then
+  log "installing the serving tests' Python packages ($API_REQUIREMENTS)"
   "$PYTHON" -m pip install -q -r "$API_REQUIREMENTS"
 fi
 log "ready: LibTorch $TORCH_VERSION at $TORCH_DIR"

@@ -20,6 +20,7 @@
 #include "worker/http/api_error.h"
 #include "worker/http/base64.h"
 #include "worker/http/openai_protocol.h"
+#include "worker/http/playground.h"
 #include "worker/http/server_metrics.h"
 #include "worker/http/wav_bytes.h"
 
@@ -155,14 +156,21 @@ class ChatServer::Impl {
     });
     server_.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
       if (!authorized(req, res)) return;
+      // "speakers" and "default_speaker" are ours: the voices the model speaks with (the
+      // playground's menu).
       res.set_content(Json{{"object", "list"},
                            {"data",
                             {{{"id", options_.model_name},
                               {"object", "model"},
                               {"created", started_},
-                              {"owned_by", "omni-offload"}}}}}
+                              {"owned_by", "omni-offload"},
+                              {"speakers", pipeline_.speakers()},
+                              {"default_speaker", pipeline_.default_speaker()}}}}}
                           .dump(),
                       "application/json");
+    });
+    server_.Get("/", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(playground_html(), "text/html; charset=utf-8");
     });
     server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(metrics_.prometheus() +
