@@ -1,0 +1,107 @@
+"""serve-bench: time to first token, time to first audio and real-time factor of `vllm-omni
+serve`, at concurrency 1 and 8, streamed and not, through the openai client. One JSON line per
+(concurrency, stream). Starts the server on the tiny checkpoint unless --url is given.
+
+    python3 bench/serve_bench.py [--vllm-omni build/worker/vllm-omni] [--model DIR]
+                                 [--url http://127.0.0.1:8091/v1 --served-model-name NAME]
+                                 [--requests 16] [--tokens 16] [--frames 24]
+
+Non-streamed answers arrive whole: their first token and first audio are the whole latency.
+Real-time factor = request latency / seconds of speech returned (below 1: faster than real time).
+"""
+import argparse
+import base64
+import io
+import json
+import re
+import statistics
+import subprocess
+import threading
+import time
+import wave
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+
+
+def wav_seconds(data):
+    with wave.open(io.BytesIO(data)) as w:
+        return w.getnframes() / w.getframerate()
+
+
+def one(client, model, i, args, stream):
+    messages = [{"role": "user", "content": f"Request {i}: describe a quiet morning."}]
+    common = dict(model=model, messages=messages, modalities=["text", "audio"], temperature=0,
+                  seed=abs(i), max_tokens=args.tokens, extra_body={"max_audio_frames": args.frames})
+    start = time.perf_counter()
+    if not stream:
+        r = client.chat.completions.create(**common)
+        latency = time.perf_counter() - start
+        audio = wav_seconds(base64.b64decode(r.choices[1].message.audio.data))
+        return latency, latency, latency, audio
+    ttft = ttfa = None
+    audio = 0.0
+    for chunk in client.chat.completions.create(stream=True, **common):
+        if not chunk.choices or not chunk.choices[0].delta.content:
+            continue
+        now = time.perf_counter() - start
+        if (chunk.model_extra or {}).get("modality") == "audio":
+            ttfa = ttfa if ttfa is not None else now
+            audio += wav_seconds(base64.b64decode(chunk.choices[0].delta.content))
+        else:
+            ttft = ttft if ttft is not None else now
+    return ttft, ttfa, time.perf_counter() - start, audio
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--vllm-omni", default="build/worker/vllm-omni")
+    p.add_argument("--model", default="tests/fixtures/qwen3_omni_tiny")
+    p.add_argument("--url", default="")
+    p.add_argument("--served-model-name", default="tiny")
+    p.add_argument("--requests", type=int, default=16)
+    p.add_argument("--tokens", type=int, default=16)
+    p.add_argument("--frames", type=int, default=24)
+    args = p.parse_args()
+    proc = None
+    url = args.url
+    if not url:
+        proc = subprocess.Popen([args.vllm_omni, "serve", "--model", args.model, "--port", "0",
+                                 "--served-model-name", args.served_model_name,
+                                 "--max-concurrent-requests", "64"],
+                                stderr=subprocess.PIPE, text=True)
+        for line in proc.stderr:
+            m = re.search(r"listening on (http://\S+)", line)
+            if m:
+                url = m.group(1) + "/v1"
+                break
+        threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+    try:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
+        one(client, args.served_model_name, -1, args, False)  # warm-up
+        for concurrency in (1, 8):
+            for stream in (False, True):
+                start = time.perf_counter()
+                with ThreadPoolExecutor(concurrency) as pool:
+                    rows = list(pool.map(lambda i: one(client, args.served_model_name, i, args,
+                                                       stream), range(args.requests)))
+                wall = time.perf_counter() - start
+                ttft, ttfa, total, audio = zip(*rows)
+                print(json.dumps({
+                    "concurrency": concurrency, "stream": stream, "requests": args.requests,
+                    "time_to_first_token_ms": {"p50": 1000 * statistics.median(ttft),
+                                               "max": 1000 * max(ttft)},
+                    "time_to_first_audio_ms": {"p50": 1000 * statistics.median(ttfa),
+                                               "max": 1000 * max(ttfa)},
+                    "latency_ms_p50": 1000 * statistics.median(total),
+                    "real_time_factor_p50": statistics.median(t / a for t, a in zip(total, audio)),
+                    "audio_seconds_per_request": statistics.mean(audio),
+                    "requests_per_s": args.requests / wall}), flush=True)
+    finally:
+        if proc:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
