@@ -49,6 +49,14 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
   app.add_option("--api-key-file", o.api_key_file, "the API key, read from a file")
       ->check(CLI::ExistingFile)
       ->excludes(key);
+  auto* cert = app.add_option("--tls-cert", o.tls_cert, "PEM certificate: serve HTTPS")
+                   ->type_name("FILE")
+                   ->check(CLI::ExistingFile);
+  auto* tls_key = app.add_option("--tls-key", o.tls_key, "PEM private key of --tls-cert")
+                      ->type_name("FILE")
+                      ->check(CLI::ExistingFile);
+  cert->needs(tls_key);
+  tls_key->needs(cert);
   app.add_option("--served-model-name", o.served_model_name,
                  "the model name requests use (default: the checkpoint folder's name)");
   app.add_option("--max-request-bytes", o.max_request_bytes, "larger request bodies get 413")
@@ -116,6 +124,8 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
   server.port = o.port;
   server.max_request_bytes = o.max_request_bytes;
   server.max_concurrent_requests = o.max_concurrent_requests;
+  server.tls_cert = o.tls_cert;
+  server.tls_key = o.tls_key;
   std::unique_ptr<pipeline::StageLauncher> launcher;
   std::unique_ptr<pipeline::Pipeline> local;
   try {
@@ -157,8 +167,8 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
     http::ChatServer chat(pipeline, server);
     chat.start();
     // Always printed (also when stderr is not a terminal): scripts read the port from it.
-    err << "vllm-omni serve: listening on http://" << o.host << ":" << chat.port() << " (model '"
-        << server.model_name << "')" << std::endl;
+    err << "vllm-omni serve: listening on " << (o.tls_cert.empty() ? "http" : "https") << "://"
+        << o.host << ":" << chat.port() << " (model '" << server.model_name << "')" << std::endl;
     int sig = 0;
     sigwait(&signals, &sig);
     log_info("signal ", sig, ": stopping");

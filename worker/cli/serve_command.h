@@ -21,6 +21,7 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 8091;
   std::string api_key, api_key_file;
+  std::string tls_cert, tls_key;  // PEM: serve HTTPS
   std::string served_model_name;  // default: the checkpoint folder's name
   size_t max_request_bytes = size_t{64} << 20;
   int max_concurrent_requests = 8;

@@ -109,10 +109,25 @@ class ChatServer::Impl {
  public:
   Impl(pipeline::Pipeline& pipeline, ServerOptions options)
       : pipeline_(pipeline), options_(std::move(options)) {
+    if (options_.tls_cert.empty() != options_.tls_key.empty()) {
+      throw std::invalid_argument("TLS needs both a certificate and its private key");
+    }
+    if (!options_.tls_cert.empty()) {
+      auto tls =
+          std::make_unique<httplib::SSLServer>(options_.tls_cert.c_str(), options_.tls_key.c_str());
+      if (!tls->is_valid()) {
+        throw std::runtime_error("cannot use the TLS certificate '" + options_.tls_cert +
+                                 "' with the key '" + options_.tls_key +
+                                 "' (unreadable, not PEM, or not a pair)");
+      }
+      server_ = std::move(tls);
+    } else {
+      server_ = std::make_unique<httplib::Server>();
+    }
     const size_t threads = static_cast<size_t>(std::max(options_.max_concurrent_requests, 1)) + 4;
-    server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-    server_.set_payload_max_length(options_.max_request_bytes);
-    server_.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    server_->set_payload_max_length(options_.max_request_bytes);
+    server_->set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
       // httplib's own refusals (a body over the limit, an unknown route) as OpenAI errors;
       // httplib calls this for every status >= 400, also for the errors the handlers wrote.
       if (!res.body.empty()) return;
@@ -132,7 +147,7 @@ class ChatServer::Impl {
       }
       metrics_.count_request(res.status);
     });
-    server_.set_exception_handler(
+    server_->set_exception_handler(
         [this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
           ApiError e;
           e.status = 500;
@@ -147,14 +162,14 @@ class ChatServer::Impl {
           send_error(res, e);
           metrics_.count_request(500);
         });
-    server_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    server_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       std::string why;
       const bool ok = !options_.healthy || options_.healthy(&why);
       res.status = ok ? 200 : 503;
       res.set_content(Json{{"status", ok ? "ok" : "unhealthy"}, {"detail", why}}.dump(),
                       "application/json");
     });
-    server_.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    server_->Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
       if (!authorized(req, res)) return;
       // "speakers" and "default_speaker" are ours: the voices the model speaks with (the
       // playground's menu).
@@ -169,35 +184,35 @@ class ChatServer::Impl {
                           .dump(),
                       "application/json");
     });
-    server_.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    server_->Get("/", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(playground_html(), "text/html; charset=utf-8");
     });
-    server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(metrics_.prometheus() +
                           "# HELP omni_requests_running Chat requests running now.\n"
                           "# TYPE omni_requests_running gauge\nomni_requests_running " +
                           std::to_string(running_.load()) + "\n",
                       "text/plain; version=0.0.4");
     });
-    server_.Post("/v1/chat/completions",
-                 [this](const httplib::Request& req, httplib::Response& res) {
-                   chat_completions(req, res);
-                 });
+    server_->Post("/v1/chat/completions",
+                  [this](const httplib::Request& req, httplib::Response& res) {
+                    chat_completions(req, res);
+                  });
   }
 
   void start() {
     port_ = options_.port == 0
-                ? server_.bind_to_any_port(options_.host)
-                : (server_.bind_to_port(options_.host, options_.port) ? options_.port : -1);
+                ? server_->bind_to_any_port(options_.host)
+                : (server_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
     if (port_ < 0) {
       throw std::runtime_error("cannot listen on " + options_.host + ":" +
                                std::to_string(options_.port));
     }
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    thread_ = std::thread([this] { server_->listen_after_bind(); });
   }
   int port() const { return port_; }
   void stop() {
-    server_.stop();
+    server_->stop();
     if (thread_.joinable()) thread_.join();
   }
   void wait() {
@@ -498,7 +513,7 @@ class ChatServer::Impl {
 
   pipeline::Pipeline& pipeline_;
   ServerOptions options_;
-  httplib::Server server_;
+  std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = -1;
   std::atomic<int> running_{0};

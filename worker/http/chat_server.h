@@ -26,6 +26,8 @@ struct ServerOptions {
   std::string model_name;  // what requests must name in "model" (and /v1/models lists)
   size_t max_request_bytes = size_t{64} << 20;
   int max_concurrent_requests = 8;  // requests running at once; more get 429
+  // PEM files: serve HTTPS (both or neither).
+  std::string tls_cert, tls_key;
   // Health of the stages: true when every stage answers (why: what is wrong otherwise).
   std::function<bool(std::string* why)> healthy;
 };
