@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <ostream>
 
 #include "cpu_offload/check.h"
@@ -32,9 +33,57 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
                       ->type_name("FILE")
                       ->excludes(model);
   app.add_option("--stage-overrides", o.stage_overrides,
-                 "with --stage-configs-path: per-stage settings as JSON")
-      ->type_name("JSON")
-      ->needs(configs);
+                 "per-stage settings as JSON, e.g. '{\"1\": {\"cpu_offload_enabled\": true}}' "
+                 "(with --model the stages are 0 thinker, 1 talker, 2 code2wav)")
+      ->type_name("JSON");
+  // The global offload flags: only those given change the stages' settings.
+  auto& f = o.flags;
+  app.add_flag_callback(
+      "--cpu-offload-enabled", [&f] { f.cpu_offload_enabled = true; },
+      "component offload inside every stage");
+  app.add_option_function<std::vector<std::string>>(
+         "--cpu-offload-components",
+         [&f](const std::vector<std::string>& v) { f.cpu_offload_components = v; },
+         "thinker, talker, code2wav select stages that give their weights back; other names "
+         "(visual, audio_tower, code_predictor, globs) modules inside every stage")
+      ->type_name("NAMES")
+      ->delimiter(',');
+  app.add_option_function<std::string>(
+         "--cpu-offload-strategy", [&f](const std::string& v) { f.cpu_offload_strategy = v; },
+         "alternating or sequential")
+      ->check(CLI::IsMember({"alternating", "sequential"}));
+  app.add_flag_callback(
+      "--cpu-offload-pin-memory", [&f] { f.cpu_offload_pin_memory = true; },
+      "pinned host memory for offloaded weights (the default)");
+  app.add_flag_callback(
+      "--no-cpu-offload-pin-memory", [&f] { f.cpu_offload_pin_memory = false; },
+      "pageable host memory for offloaded weights");
+  app.add_flag_callback(
+      "--enable-cpu-offload", [&f] { f.enable_cpu_offload = true; },
+      "every stage gives its weights back when another needs the room");
+  app.add_flag_callback(
+      "--enable-layerwise-offload", [&f] { f.enable_layerwise_offload = true; },
+      "stream the decoder layers of the thinker and the talker");
+  app.add_option_function<int64_t>(
+         "--layerwise-num-gpu-layers", [&f](const int64_t& n) { f.layerwise_num_gpu_layers = n; },
+         "layerwise: layers copied ahead")
+      ->check(CLI::PositiveNumber);
+  app.add_option_function<std::string>(
+         "--gpu-memory-budget",
+         [&f](const std::string& v) { f.gpu_memory_budget = config::parse_byte_size(v); },
+         "one device budget shared by the stages on a device (20GiB, 8GB, bytes)")
+      ->type_name("BYTES")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            try {
+              config::parse_byte_size(text);
+              return "";
+            } catch (const std::exception& e) {
+              return e.what();
+            }
+          },
+          ""));
+
   app.add_option("--stage-init-timeout", o.stage_init_timeout_s,
                  "with --stage-configs-path: seconds a stage worker may take to come up")
       ->type_name("SECONDS")
@@ -81,26 +130,42 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
 
 namespace {
 
-// The checkpoint's stages in this process: the thinker, and the talker and code2wav when the
-// checkpoint speaks.
-std::vector<pipeline::PipelineStage> local_pipeline(const ServeOptions& o) {
+// The checkpoint's stages as a stage config (thinker; talker and code2wav when it speaks), so
+// that the offload flags and overrides apply to them exactly as to a YAML's.
+config::PipelineConfig model_config(const ServeOptions& o) {
   const bool speech = models::qwen3_omni::has_speech_output(models::HfConfig::load(o.model));
-  std::vector<pipeline::PipelineStage> stages;
-  const auto add = [&](int64_t id, const char* model_stage, std::vector<int64_t> sources) {
-    pipeline::LocalStageOptions s;
-    s.name = "stage " + std::to_string(id) + " (" + model_stage + ")";
-    s.model_stage = model_stage;
-    s.model_dir = o.model;
-    s.dtype = parse_dtype(o.dtype);
-    s.device = offload::parse_device_kind(o.device);
-    stages.push_back({id, model_stage, std::move(sources), pipeline::make_local_stage(s)});
+  const std::string model = nlohmann::json(std::filesystem::absolute(o.model).string()).dump();
+  const std::string devices = o.device == "cpu" ? "cpu" : "\"0\"";
+  const auto stage = [&](int id, const char* model_stage, const char* sources,
+                         const char* final_type) {
+    std::string yaml = "  - stage_id: " + std::to_string(id) +
+                       "\n    runtime: {devices: " + devices +
+                       "}\n    engine_args: {model_stage: " + model_stage + ", model: " + model +
+                       ", dtype: " + o.dtype + "}\n    engine_input_source: " + sources + "\n";
+    if (final_type) {
+      yaml += "    final_output: true\n    final_output_type: " + std::string(final_type) + "\n";
+    }
+    return yaml;
   };
-  add(0, "thinker", {});
-  if (speech) {
-    add(1, "talker", {0});
-    add(2, "code2wav", {1});
+  std::string yaml = "stage_args:\n" + stage(0, "thinker", "[]", "text");
+  if (speech) yaml += stage(1, "talker", "[0]", nullptr) + stage(2, "code2wav", "[1]", "audio");
+  return config::parse_pipeline_config(yaml, "--model " + o.model, "/");
+}
+
+// The config's stages in this process, with the device ledger of their shared device.
+std::unique_ptr<pipeline::Pipeline> local_pipeline(const config::PipelineConfig& cfg,
+                                                   const std::string& device) {
+  std::vector<pipeline::PipelineStage> stages;
+  std::vector<std::shared_ptr<pipeline::Stage>> runners;
+  for (const auto& s : cfg.stages) {
+    auto stage = std::shared_ptr<pipeline::Stage>(
+        pipeline::make_local_stage(pipeline::local_stage_options(s, device)));
+    runners.push_back(stage);
+    stages.push_back({s.stage_id, s.engine.model_stage, s.engine_input_source, stage});
   }
-  return stages;
+  auto p = std::make_unique<pipeline::Pipeline>(std::move(stages));
+  if (auto ledger = pipeline::make_device_ledger(cfg, runners)) p->set_device_ledger(ledger);
+  return p;
 }
 
 std::string folder_name(const std::string& path) {
@@ -133,7 +198,7 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
     if (!o.stage_configs_path.empty()) {
       pipeline::LauncherOptions lo;
       lo.config = config::load_pipeline_config(o.stage_configs_path);
-      config::apply_stage_flags(lo.config, {}, o.stage_overrides);
+      config::apply_stage_flags(lo.config, o.flags, o.stage_overrides);
       char self[4096];
       const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
       lo.worker_executable = n > 0 ? std::string(self, static_cast<size_t>(n)) : "";
@@ -150,7 +215,9 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
       server.healthy = [l](std::string* why) { return l->healthy(why); };
     } else {
       server.model_name = o.served_model_name.empty() ? folder_name(o.model) : o.served_model_name;
-      local = std::make_unique<pipeline::Pipeline>(local_pipeline(o));
+      auto cfg = model_config(o);
+      config::apply_stage_flags(cfg, o.flags, o.stage_overrides);
+      local = local_pipeline(cfg, o.device);
     }
   } catch (const config::ConfigError& e) {
     err << "vllm-omni serve: error: " << one_line(e.what()) << std::endl;

@@ -7,6 +7,8 @@
 #include <iosfwd>
 #include <string>
 
+#include "worker/config/stage_overrides.h"
+
 namespace CLI {
 class App;
 }
@@ -27,6 +29,10 @@ struct ServeOptions {
   int max_concurrent_requests = 8;
   std::string device = "cpu";
   std::string dtype = "float32";
+  // The pipeline's global offload flags (the ones given; stage names select stages, other names
+  // modules, as for generate --stage-configs-path). With --model they apply to the checkpoint's
+  // three stages in this process, with the same device ledger as the workers.
+  config::GlobalStageFlags flags;
 };
 
 void add_serve_options(CLI::App& app, ServeOptions& options);

@@ -200,18 +200,21 @@ StageLauncher::StageLauncher(LauncherOptions options) : options_(std::move(optio
   make_device_ledger();
 }
 
-void StageLauncher::make_device_ledger() {
+std::shared_ptr<DeviceLedger> make_device_ledger(
+    const config::PipelineConfig& config, const std::vector<std::shared_ptr<Stage>>& stages) {
+  OMNI_CHECK(stages.size() == config.stages.size(), "make_device_ledger: ", stages.size(),
+             " stages for a config of ", config.stages.size());
   // One budget per device: the smallest gpu_memory_budget of the stages on it (the global
-  // --gpu-memory-budget sets them all). Local workers share the devices of this host; a remote
+  // --gpu-memory-budget sets them all). Local stages share the devices of this host; a remote
   // worker's device belongs to its host.
   std::map<std::string, uint64_t> budgets;
   std::vector<DeviceLedger::Member> members;
   bool any_budget = false;
-  for (size_t i = 0; i < options_.config.stages.size(); ++i) {
-    const auto& s = options_.config.stages[i];
+  for (size_t i = 0; i < config.stages.size(); ++i) {
+    const auto& s = config.stages[i];
     DeviceLedger::Member m;
     m.stage_id = s.stage_id;
-    m.stage = stages_[i].get();
+    m.stage = stages[i].get();
     m.device = (s.runtime.address.empty() ? "local" : s.runtime.address) + "/" + s.runtime.devices;
     m.evictable = s.engine.offload_stage || s.engine.enable_cpu_offload;
     const auto info = Json::parse(m.stage->info_json());
@@ -224,9 +227,13 @@ void StageLauncher::make_device_ledger() {
     }
     members.push_back(m);
   }
-  if (!any_budget) return;
-  ledger_ = std::make_shared<DeviceLedger>(std::move(members), std::move(budgets));
-  pipeline_->set_device_ledger(ledger_);
+  if (!any_budget) return nullptr;
+  return std::make_shared<DeviceLedger>(std::move(members), std::move(budgets));
+}
+
+void StageLauncher::make_device_ledger() {
+  ledger_ = pipeline::make_device_ledger(options_.config, stages_);
+  if (ledger_) pipeline_->set_device_ledger(ledger_);
 }
 
 StageLauncher::~StageLauncher() {

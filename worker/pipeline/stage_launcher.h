@@ -69,6 +69,12 @@ std::string resolved_stage_overrides(const config::StageConfig& stage);
 // "stage 1 (talker)".
 std::string stage_name(const config::StageConfig& stage);
 
+// The device ledger of `config`'s stages (`stages[i]` runs config.stages[i]), or null when no
+// stage has a gpu_memory_budget. Throws omni::Error when a device's budget cannot hold its
+// fixed stages plus the largest one that moves.
+std::shared_ptr<DeviceLedger> make_device_ledger(const config::PipelineConfig& config,
+                                                 const std::vector<std::shared_ptr<Stage>>& stages);
+
 // What `vllm-omni worker` runs for `stage`: its engine settings as the in-process stage's
 // options. `device` ("cpu" | "cuda") overrides runtime.devices ("cpu": the simulated device,
 // an index: CUDA).

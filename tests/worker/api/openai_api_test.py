@@ -222,7 +222,27 @@ def main():
         proc.terminate()
         proc.wait(timeout=30)
     assert proc.returncode == 0, proc.returncode
-    print("openai API: text + speech equal to generate, streamed chunks, errors, 429, cancel")
+
+    # -- the pipeline's offload flags on serve: thinker and talker take turns under one device
+    # budget (below the sum of the stages): the same answer as generate.
+    proc, port = start_server("--cpu-offload-components", "thinker,talker",
+                              "--gpu-memory-budget", "3000000")
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY)
+        r = client.chat.completions.create(
+            model="tiny", messages=messages, modalities=["text", "audio"], temperature=0,
+            seed=42, max_tokens=12, extra_body={"max_audio_frames": 12})
+        assert r.choices[0].message.content == ref_json["text"]
+        assert wav_info(base64.b64decode(r.choices[1].message.audio.data))[3] == ref_frames
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    bad = subprocess.run([VLLM_OMNI, "serve", "--model", FIXTURE, "--gpu-memory-budget", "2MB",
+                          "--cpu-offload-components", "thinker,talker"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "cannot hold" in bad.stderr, (bad.returncode, bad.stderr)
+    print("openai API: text + speech equal to generate, streamed chunks, errors, 429, cancel, "
+          "shared device budget")
 
 
 if __name__ == "__main__":
