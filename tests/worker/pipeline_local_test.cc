@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -16,6 +17,7 @@
 #include "model_runner/runner/omni_runner.h"
 #include "worker/pipeline/local_stages.h"
 #include "worker/pipeline/pipeline.h"
+#include "worker/pipeline/stop_strings.h"
 
 namespace omni::pipeline {
 namespace {
@@ -105,12 +107,13 @@ class SlowStage : public Stage {
   const std::string& name() const override { return inner_->name(); }
   void run(const StageCall& call, PacketQueue& input, const PacketSink& sink,
            const CancelToken& cancel) override {
-    inner_->run(call, input,
-                [&](StagePacket&& p) {
-                  std::this_thread::sleep_for(std::chrono::milliseconds(40));
-                  sink(std::move(p));
-                },
-                cancel);
+    inner_->run(
+        call, input,
+        [&](StagePacket&& p) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(40));
+          sink(std::move(p));
+        },
+        cancel);
   }
   std::string stats_json() override { return inner_->stats_json(); }
   std::string info_json() override { return inner_->info_json(); }
@@ -136,6 +139,52 @@ TEST(PipelineLocal, TheTalkerSpeaksWhileTheThinkerStillWrites) {
   EXPECT_LT(talker.at("first_packet_ms"), thinker.at("done_ms") - 200)
       << "first frame at " << talker.at("first_packet_ms") << " ms, thinker done at "
       << thinker.at("done_ms") << " ms";
+}
+
+TEST(StopStringCutter, HoldsBackWhatMayBecomeAStopStringAndCutsBeforeIt) {
+  StopStringCutter cut({"World", "!!"});
+  EXPECT_EQ(cut.push("Hello "), "Hello ");
+  EXPECT_EQ(cut.push("Wor"), "");    // may become "World"
+  EXPECT_EQ(cut.push("k"), "Work");  // it did not
+  EXPECT_EQ(cut.push(" !"), " ");    // "!" may become "!!"
+  EXPECT_EQ(cut.push("! and more"), "");
+  EXPECT_TRUE(cut.stopped());
+  EXPECT_EQ(cut.push("later"), "");
+  EXPECT_EQ(cut.finish(), "");
+
+  StopStringCutter none({});
+  EXPECT_EQ(none.push("abc"), "abc");
+  EXPECT_FALSE(none.stopped());
+  StopStringCutter tail({"xyz"});
+  EXPECT_EQ(tail.push("abx"), "ab");
+  EXPECT_EQ(tail.finish(), "x");  // the answer ended: what was held back is text after all
+  // Multi-byte characters: a held-back end starts at a character.
+  StopStringCutter utf8({"\u00e9t\u00e9"});
+  EXPECT_EQ(utf8.push("caf\u00e9"), "caf");
+  EXPECT_EQ(utf8.push("s"), "\u00e9s");
+}
+
+// A stop string ends the thinker's answer before it (finish reason stop), and the talker still
+// speaks what came before.
+TEST(PipelineLocal, AStopStringEndsTheAnswerBeforeIt) {
+  Pipeline pipeline(local_stages());
+  auto r = request(false);
+  r.sampling.thinker.max_new_tokens = 12;
+  const auto whole = pipeline.generate(r);
+  // A stop string from inside the answer: an ASCII character not seen before it (the tiny
+  // model's text is noise, and a byte of a multi-byte character would not be text).
+  std::string stop;
+  for (size_t i = 1; i < whole.text.size() && stop.empty(); ++i) {
+    const char c = whole.text[i];
+    if (std::isalnum(static_cast<unsigned char>(c)) && whole.text.find(c) == i) stop = {c};
+  }
+  ASSERT_FALSE(stop.empty()) << whole.text;
+  r.stop_strings = {stop};
+  const auto cut = pipeline.generate(r);
+  EXPECT_EQ(cut.text, whole.text.substr(0, whole.text.find(stop)));
+  EXPECT_EQ(cut.omni.finish_reason, "stop");
+  EXPECT_LT(cut.omni.tokens.size(), whole.omni.tokens.size());
+  if (cut.omni.tokens.size() >= 2) EXPECT_GT(cut.omni.codes.size(1), 0);
 }
 
 TEST(PipelineLocal, TextOnlyRunsTheThinkerAlone) {

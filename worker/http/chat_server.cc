@@ -288,6 +288,7 @@ class ChatServer::Impl {
     if (r.repetition_penalty) t.repetition_penalty = *r.repetition_penalty;
     if (r.max_tokens) t.max_new_tokens = *r.max_tokens;
     if (r.max_audio_frames) o.max_audio_frames = *r.max_audio_frames;
+    o.stop_strings = r.stop;
     for (size_t i = 0; i < r.audio.size(); ++i) {
       media.push_back(
           {"audio", "input-" + std::to_string(i) + "." + r.audio[i].format, r.audio[i].data});

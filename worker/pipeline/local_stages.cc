@@ -20,6 +20,7 @@
 #include "model_runner/tokenizer/text_stream.h"
 #include "model_runner/weights/hf_config.h"
 #include "worker/pipeline/stage_params.h"
+#include "worker/pipeline/stop_strings.h"
 
 namespace omni::pipeline {
 namespace {
@@ -217,6 +218,7 @@ class ThinkerStage : public LocalStageBase {
     auto& thinker = runner_->model();
     auto state = thinker.new_state(params.handoff ? capture_layer_ : -1);
     models::TextStreamDecoder decoder(runner_->tokenizer());
+    StopStringCutter stop(params.stop);
     size_t rows_sent = 0;
     bool first = true;
     const auto start = Clock::now();
@@ -235,7 +237,7 @@ class ThinkerStage : public LocalStageBase {
         [&](int64_t token) {
           StagePacket packet;
           packet.tokens = {token};
-          packet.text = decoder.push(token);
+          packet.text = stop.push(decoder.push(token));
           if (params.handoff) {
             if (first) {
               packet.tensors.emplace_back("prompt_ids", ids_tensor(inputs.input_ids));
@@ -261,13 +263,14 @@ class ThinkerStage : public LocalStageBase {
           }
           first = false;
           sink(std::move(packet));
-          return true;
+          return !stop.stopped();  // a stop string ends the answer like a stop token
         },
         inputs.input_ids);
     StagePacket last;
     last.finished = true;
-    last.finish_reason = result.finish_reason;
-    last.text = decoder.finish();
+    last.text = stop.stopped() ? "" : stop.push(decoder.finish());
+    last.text += stop.finish();
+    last.finish_reason = stop.stopped() ? "stop" : result.finish_reason;
     const double total_ms = ms_since(start);
     last.metrics = {{"prefill_ms", prefill_ms},
                     {"total_ms", total_ms},

@@ -150,6 +150,7 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
       p.system_prompt = request.chat.system_prompt;
       p.sampling = request.sampling.thinker;
       p.handoff = speak;
+      p.stop = request.stop_strings;
       call.params_json = to_json(p);
       if (media) {
         call.media = *media;

@@ -52,7 +52,8 @@ std::string to_json(const ThinkerParams& p) {
   return Json{{"text", p.text},
               {"system_prompt", p.system_prompt},
               {"sampling", sampling_json(p.sampling)},
-              {"handoff", p.handoff}}
+              {"handoff", p.handoff},
+              {"stop", p.stop}}
       .dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
@@ -80,6 +81,7 @@ ThinkerParams thinker_params(const std::string& json) {
     p.system_prompt = j.at("system_prompt").get<std::string>();
     p.sampling = sampling_from(j.at("sampling"));
     p.handoff = j.at("handoff").get<bool>();
+    p.stop = j.value("stop", std::vector<std::string>{});
     return p;
   });
 }

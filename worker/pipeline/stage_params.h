@@ -19,6 +19,8 @@ struct ThinkerParams {
   models::SamplingParams sampling = models::OmniSampling::default_thinker();
   // Send the hand-off rows (embeddings, hidden states) downstream: the talker runs.
   bool handoff = false;
+  // The answer ends when its text contains one of these (not included; finish reason stop).
+  std::vector<std::string> stop;
 };
 
 struct TalkerParams {

@@ -230,6 +230,8 @@ OmniResult OmniRunner::generate(const OmniRequest& request, const OmniCallbacks&
              " has no talker (enable_audio_output is false or the checkpoint is thinker-only)");
   OMNI_CHECK(request.max_audio_frames >= 1, "max_audio_frames must be >= 1, got ",
              request.max_audio_frames);
+  OMNI_CHECK(request.stop_strings.empty(),
+             "stop strings are applied by the stage pipeline, not by OmniRunner");
   int64_t speaker = -1;
   std::string speaker_name;
   if (request.audio_output) {

@@ -168,6 +168,15 @@ def main():
         assert len(r.choices) == 1 and r.choices[0].message.audio is None
         assert frames_total() == before
 
+        # -- stop: the answer ends before the first stop string (a character from inside it)
+        stop = next((c for i, c in enumerate(text) if i > 0 and c.isascii() and c.isalnum()
+                     and text.find(c) == i), None)
+        assert stop, text
+        r = client.chat.completions.create(model="tiny", messages=messages, modalities=["text"],
+                                           temperature=0, max_tokens=12, stop=[stop])
+        assert r.choices[0].message.content == text[:text.find(stop)], (r.choices[0], stop)
+        assert r.choices[0].finish_reason == "stop"
+
         # -- errors: each with its status, and /health still answers
         ok = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
               "modalities": ["text"], "max_tokens": 4}

@@ -62,6 +62,10 @@ struct OmniRequest {
   std::string speaker;       // a config speaker_id name, any case; empty = the default (Ethan)
   int64_t max_audio_frames = 4096;  // talker frames cap (80 ms each)
   OmniSampling sampling;
+  // The thinker stops when its text contains one of these (OpenAI's `stop`); the text ends
+  // before it and the talker speaks what came before. The stage pipeline (Pipeline) applies
+  // them; OmniRunner refuses a request that has any.
+  std::vector<std::string> stop_strings;
   // Decode audio chunks while the talker runs (for on_audio and time to first audio), with the
   // `stream` schedule. The result's waveform is decoded as the reference decodes it either way.
   bool stream_audio = true;
