@@ -2,7 +2,8 @@
 not streamed, a third streamed, a third streamed and dropped after the first chunk. Every
 completed request must carry its own prompt's answer (as answered alone, before the load), every
 dropped one must be cancelled (counted as 499, its slot back: omni_requests_running 0), and a
-second round must not grow the server's resident memory (a per-request leak would).
+second round must not grow the server's resident memory by more than 32 MiB (a leak of more than
+256 KiB per request would).
 
     load_test.py VLLM_OMNI FIXTURE_DIR
 Exit 77 (skipped) when the openai package is missing.
@@ -47,7 +48,9 @@ def main():
          "--max-concurrent-requests", str(2 * CLIENTS)], stderr=subprocess.PIPE, text=True,
         # Few malloc arenas: with one per thread (dozens here) the resident size depends on
         # which threads served what, which would hide or fake a leak.
-        env={**os.environ, "MALLOC_ARENA_MAX": "2"})
+        # Thread stacks freed when their thread ends (not cached), for the same reason.
+        env={**os.environ, "MALLOC_ARENA_MAX": "2",
+             "GLIBC_TUNABLES": "glibc.pthread.stack_cache_size=0"})
     port = None
     for line in proc.stderr:
         m = re.search(r"listening on http://[^:]+:(\d+)", line)
@@ -120,18 +123,22 @@ def main():
             assert not failures, "\n".join(failures[:20])
             assert sum(counts.values()) == CLIENTS * PER_CLIENT, counts
 
-            # Dropped streams were cancelled and their slots freed.
+            # Dropped streams were cancelled and their slots freed. A slot frees when its
+            # response ends; the request is counted when its stages have wound down, a moment
+            # later: wait for both.
             deadline = time.time() + 60
-            while time.time() < deadline:
+            while True:
                 m1 = metrics(port)
-                if metric(m1, "omni_requests_running") == 0:
+                cancelled = metric(m1, "omni_requests_total", '{status="499"}') - \
+                    metric(m0, "omni_requests_total", '{status="499"}')
+                answered = metric(m1, "omni_requests_total", '{status="200"}') - \
+                    metric(m0, "omni_requests_total", '{status="200"}')
+                settled = metric(m1, "omni_requests_running") == 0 and \
+                    cancelled + answered == CLIENTS * PER_CLIENT
+                if settled or time.time() > deadline:
                     break
                 time.sleep(0.2)
             assert metric(m1, "omni_requests_running") == 0, "requests still running after the load"
-            cancelled = metric(m1, "omni_requests_total", '{status="499"}') - \
-                metric(m0, "omni_requests_total", '{status="499"}')
-            answered = metric(m1, "omni_requests_total", '{status="200"}') - \
-                metric(m0, "omni_requests_total", '{status="200"}')
             # A dropped stream whose answer was already complete when the client left counts as 200.
             assert cancelled + answered == CLIENTS * PER_CLIENT, (cancelled, answered)
             assert cancelled >= 1, "no dropped stream was cancelled"
@@ -143,7 +150,9 @@ def main():
         load_round()
         after_second = rss_kib(proc.pid)
         assert after_first <= before * 1.5 + 32 * 1024, (before, after_first)
-        assert after_second <= after_first + 16 * 1024, (after_first, after_second)
+        # Bounds a leak of more than 256 KiB per request; the rest is allocator noise (a few
+        # MiB, up to 22 MiB measured on a loaded 2-core machine). Small leaks are ASan's job.
+        assert after_second <= after_first + 32 * 1024, (after_first, after_second)
         print(f"load: {CLIENTS}x{PER_CLIENT} requests in {elapsed:.1f} s, {counts}, "
               f"{int(cancelled)} cancelled, RSS {before // 1024} -> {after_first // 1024} -> "
               f"{after_second // 1024} MiB")
