@@ -3,11 +3,11 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <climits>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "cpu_offload/check.h"
+#include "worker/cli/process_control.h"
 #include "worker/config/stage_config.h"
 #include "worker/config/stage_overrides.h"
 #include "worker/pipeline/stage_launcher.h"
@@ -18,14 +18,6 @@ namespace omni::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// This executable, which the local workers run as `vllm-omni worker`.
-std::string self_executable() {
-  char path[PATH_MAX];
-  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
-  OMNI_CHECK(n > 0, "cannot find this program's path (/proc/self/exe)");
-  return std::string(path, static_cast<size_t>(n));
-}
 
 // The global flags the user gave (only those: the YAML keeps the rest).
 config::GlobalStageFlags stage_flags(const GenerateOptions& o) {

@@ -1,8 +1,6 @@
 #include "worker/cli/serve_command.h"
 
 #include <c10/util/Exception.h>
-#include <pthread.h>
-#include <signal.h>
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
@@ -15,6 +13,7 @@
 #include "model_runner/weights/hf_config.h"
 #include "worker/cli/generate_command.h"
 #include "worker/cli/generate_options.h"
+#include "worker/cli/process_control.h"
 #include "worker/config/stage_config.h"
 #include "worker/config/stage_overrides.h"
 #include "worker/http/chat_server.h"
@@ -177,12 +176,7 @@ std::string folder_name(const std::string& path) {
 }  // namespace
 
 int run_serve(const ServeOptions& o, std::ostream& err) {
-  // SIGTERM / SIGINT are taken by sigwait below: blocked before any thread exists.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  StopSignals stop;  // before any thread exists
 
   http::ServerOptions server;
   server.host = o.host;
@@ -199,9 +193,7 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
       pipeline::LauncherOptions lo;
       lo.config = config::load_pipeline_config(o.stage_configs_path);
       config::apply_stage_flags(lo.config, o.flags, o.stage_overrides);
-      char self[4096];
-      const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-      lo.worker_executable = n > 0 ? std::string(self, static_cast<size_t>(n)) : "";
+      lo.worker_executable = self_executable();
       lo.init_timeout =
           std::chrono::milliseconds(static_cast<int64_t>(o.stage_init_timeout_s * 1000));
       std::string thinker_model;
@@ -236,8 +228,7 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
     // Always printed (also when stderr is not a terminal): scripts read the port from it.
     err << "vllm-omni serve: listening on " << (o.tls_cert.empty() ? "http" : "https") << "://"
         << o.host << ":" << chat.port() << " (model '" << server.model_name << "')" << std::endl;
-    int sig = 0;
-    sigwait(&signals, &sig);
+    const int sig = stop.wait();
     log_info("signal ", sig, ": stopping");
     chat.stop();
   } catch (const std::exception& e) {

@@ -1,8 +1,6 @@
 #include "worker/cli/worker_command.h"
 
 #include <c10/util/Exception.h>
-#include <pthread.h>
-#include <signal.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
@@ -14,6 +12,7 @@
 #include "cpu_offload/logging.h"
 #include "worker/cli/generate_command.h"
 #include "worker/cli/generate_options.h"
+#include "worker/cli/process_control.h"
 #include "worker/config/stage_config.h"
 #include "worker/config/stage_overrides.h"
 #include "worker/pipeline/local_stages.h"
@@ -67,13 +66,7 @@ void add_worker_options(CLI::App& app, WorkerOptions& o) {
 }
 
 int run_worker(const WorkerOptions& o, std::ostream& err) {
-  // SIGTERM / SIGINT are taken by sigwait below: block them before any thread exists (gRPC's,
-  // LibTorch's), so that every thread inherits the mask and none of them dies of the signal.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  StopSignals stop;  // before any thread exists
 
   config::StageConfig stage;
   try {
@@ -109,8 +102,7 @@ int run_worker(const WorkerOptions& o, std::ostream& err) {
       ::close(o.ready_fd);
       OMNI_CHECK(n == static_cast<ssize_t>(line.size()), "cannot write to --ready-fd ", o.ready_fd);
     }
-    int sig = 0;
-    sigwait(&signals, &sig);
+    const int sig = stop.wait();
     log_info(name, ": signal ", sig, ", draining");
     server.shutdown(std::chrono::milliseconds(static_cast<int64_t>(o.drain_timeout_s * 1000)));
     server.wait();
