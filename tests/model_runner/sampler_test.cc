@@ -380,5 +380,38 @@ TEST(GenerateTest, SampledRunIsReproducibleFromTheSeed) {
   EXPECT_NE(run(3), run(4));
 }
 
+// The prompt plus max_new_tokens must fit the model's context; a huge cap (a request's
+// max_tokens) is refused before any logits are asked for, and never sized up front.
+TEST(GenerateTokensTest, ContextBoundsThePromptPlusNewTokens) {
+  SamplingParams p;
+  p.greedy = true;
+  p.max_context = 8;
+  int calls = 0;
+  const auto next = [&](int64_t, const std::vector<int64_t>&) {
+    ++calls;
+    return logits_of({1.0f, 2.0f});
+  };
+  p.max_new_tokens = 5;
+  EXPECT_EQ(generate_tokens(next, p, nullptr, {0, 0, 0}).tokens.size(), 5u);  // 3 + 5 = 8 fits
+  calls = 0;
+  p.max_new_tokens = 6;
+  const std::string over = error_of([&] { generate_tokens(next, p, nullptr, {0, 0, 0}); });
+  EXPECT_NE(over.find("at most 5 new tokens"), std::string::npos) << over;
+  p.max_new_tokens = std::numeric_limits<int64_t>::max();
+  EXPECT_NE(error_of([&] { generate_tokens(next, p, nullptr, {0}); }).find("context of 8"),
+            std::string::npos);
+  p.max_new_tokens = 1;
+  EXPECT_NE(error_of([&] {
+              generate_tokens(next, p, nullptr, std::vector<int64_t>(8, 0));
+            }).find("does not fit"),
+            std::string::npos);
+  EXPECT_EQ(calls, 0);
+  // Without a context, a huge cap is only a cap: generation ends at the stop token.
+  p.max_context = 0;
+  p.max_new_tokens = std::numeric_limits<int64_t>::max();
+  p.stop_token_ids = {1};
+  EXPECT_EQ(generate_tokens(next, p).tokens, (std::vector<int64_t>{1}));
+}
+
 }  // namespace
 }  // namespace omni::models

@@ -191,7 +191,8 @@ class ChatServer::Impl {
       res.set_content(metrics_.prometheus() +
                           "# HELP omni_requests_running Chat requests running now.\n"
                           "# TYPE omni_requests_running gauge\nomni_requests_running " +
-                          std::to_string(running_.load()) + "\n",
+                          std::to_string(running_.load()) + "\n" +
+                          offload_metrics(pipeline_.stats_json()),
                       "text/plain; version=0.0.4");
     });
     server_->Post("/v1/chat/completions",

@@ -1,7 +1,12 @@
 #include "worker/http/server_metrics.h"
 
+#include <unistd.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <sstream>
+#include <vector>
 
 namespace omni::http {
 
@@ -93,6 +98,109 @@ std::string ServerMetrics::prometheus() const {
       }
     }
   }
+  return out.str();
+}
+
+namespace {
+
+using Json = nlohmann::json;
+
+// A label value as the text format wants it: backslash, quote and newline escaped.
+std::string label(const std::string& value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+struct Family {
+  const char* name;
+  const char* type;
+  const char* help;
+  std::vector<std::pair<std::string, double>> samples;  // label set, value
+};
+
+void write_family(std::ostream& out, const Family& f) {
+  if (f.samples.empty()) return;
+  out << "# HELP " << f.name << " " << f.help << "\n# TYPE " << f.name << " " << f.type << "\n";
+  for (const auto& [labels, value] : f.samples) out << f.name << labels << " " << value << "\n";
+}
+
+// Resident set of this process (the server: with --model, every stage's host memory too).
+double resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  double pages_total = 0, pages_resident = 0;
+  if (!(statm >> pages_total >> pages_resident)) return 0;
+  return pages_resident * static_cast<double>(::sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace
+
+std::string offload_metrics(const std::string& stats_json) {
+  Family up{"omni_stage_up", "gauge", "1 when the stage answered its statistics, else 0.", {}};
+  Family moved{"omni_offload_bytes_moved_total",
+               "counter",
+               "Weight bytes copied from host to device by the stage's offload.",
+               {}};
+  Family loads{"omni_offload_loads_total", "counter", "Weight units loaded to the device.", {}};
+  Family stall{
+      "omni_offload_stall_seconds_total", "counter", "Time compute waited for weight copies.", {}};
+  Family device{"omni_device_weight_bytes", "gauge", "Weight bytes on the device now.", {}};
+  Family peak{"omni_device_weight_peak_bytes", "gauge", "Peak weight bytes on the device.", {}};
+  Family host{"omni_host_weight_bytes", "gauge", "Host bytes holding offloaded weights.", {}};
+  Family params{"omni_weight_bytes", "gauge", "The stage's parameter and buffer bytes.", {}};
+  Family held{"omni_device_ledger_held_bytes",
+              "gauge",
+              "Bytes the device ledger has granted on a device.",
+              {}};
+  Family evictions{"omni_device_ledger_evictions_total",
+                   "counter",
+                   "Stages told to give their weights back to make room.",
+                   {}};
+  Json all;
+  try {
+    all = Json::parse(stats_json);
+  } catch (const std::exception&) {
+    all = Json::object();
+  }
+  for (const auto& [name, value] : all.items()) {
+    if (name == "device_ledger") {
+      for (const auto& [dev, d] : value.items()) {
+        const std::string l = "{device=\"" + label(dev) + "\"}";
+        held.samples.emplace_back(l, d.value("held", 0.0));
+        evictions.samples.emplace_back(l, d.value("evictions", 0.0));
+      }
+      continue;
+    }
+    const std::string l = "{stage=\"" + label(name) + "\"}";
+    // A worker's Stats RPC wraps the stage's figures: {"server": ..., "stage": {...}}.
+    const Json& s = value.contains("stage") ? value["stage"] : value;
+    const bool answered = !value.contains("error") && s.contains("bytes_h2d");
+    up.samples.emplace_back(l, answered ? 1 : 0);
+    if (!answered) continue;
+    moved.samples.emplace_back(l, s.value("bytes_h2d", 0.0));
+    loads.samples.emplace_back(l, s.value("loads", 0.0));
+    stall.samples.emplace_back(l, s.value("stall_ms", 0.0) / 1000);
+    device.samples.emplace_back(l, s.value("current_device_bytes", 0.0));
+    peak.samples.emplace_back(l, s.value("peak_device_bytes", 0.0));
+    host.samples.emplace_back(l, s.value("host_bytes", 0.0));
+    params.samples.emplace_back(l, s.value("param_bytes", 0.0));
+  }
+  std::ostringstream out;
+  out.precision(15);
+  for (const auto* f :
+       {&up, &moved, &loads, &stall, &device, &peak, &host, &params, &held, &evictions}) {
+    write_family(out, *f);
+  }
+  out << "# HELP omni_process_resident_bytes Resident memory of the server process.\n"
+      << "# TYPE omni_process_resident_bytes gauge\nomni_process_resident_bytes "
+      << resident_bytes() << "\n";
   return out.str();
 }
 

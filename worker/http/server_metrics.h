@@ -42,4 +42,10 @@ class ServerMetrics {
   std::map<std::string, Histogram> stage_done_;
 };
 
+// The stages' offload figures (Pipeline::stats_json) and this process's resident memory as
+// Prometheus gauges and counters, one sample per stage (label `stage`) or device (`device`):
+// bytes moved to the device, loads, stall time, device / peak device / host weight bytes, the
+// device ledger's held bytes and evictions, and whether the stage answered.
+std::string offload_metrics(const std::string& stats_json);
+
 }  // namespace omni::http

@@ -132,9 +132,17 @@ class LocalStageBase : public Stage {
     std::lock_guard<std::mutex> lock(mutex_);
     return backend().stats().current_device_bytes;
   }
+  // Never waits for a running request (a /metrics scrape or the Stats RPC must answer at
+  // once): while one runs, the figures taken when the stage was last idle.
   std::string stats_json() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return offload_stats_json(backend());
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    std::lock_guard<std::mutex> snapshot_lock(snapshot_mutex_);
+    if (lock.owns_lock()) {
+      snapshot_ = offload_stats_json(backend());
+    } else if (snapshot_.empty()) {
+      return "{\"running\": true}";
+    }
+    return snapshot_;
   }
 
  protected:
@@ -159,6 +167,8 @@ class LocalStageBase : public Stage {
   std::string name_;
   std::shared_ptr<offload::TransferEngine> engine_;
   std::mutex mutex_;
+  std::mutex snapshot_mutex_;
+  std::string snapshot_;  // the last stats_json taken between requests
 };
 
 // ---------------------------------------------------------------------------- thinker
@@ -216,6 +226,7 @@ class ThinkerStage : public LocalStageBase {
     if (sampling.stop_token_ids.empty()) sampling.stop_token_ids = runner_->default_stop_tokens();
 
     auto& thinker = runner_->model();
+    sampling.max_context = thinker.config().text.max_position_embeddings;
     auto state = thinker.new_state(params.handoff ? capture_layer_ : -1);
     models::TextStreamDecoder decoder(runner_->tokenizer());
     StopStringCutter stop(params.stop);

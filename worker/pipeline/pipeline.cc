@@ -103,6 +103,19 @@ const PipelineStage* Pipeline::find(const std::string& model_stage) const {
   return nullptr;
 }
 
+std::string Pipeline::stats_json() {
+  Json all = Json::object();
+  if (ledger_) all["device_ledger"] = Json::parse(ledger_->stats_json());
+  for (const auto& s : stages_) {
+    try {
+      all[s.stage->name()] = Json::parse(s.stage->stats_json());
+    } catch (const std::exception& e) {
+      all[s.stage->name()] = Json{{"error", e.what()}};
+    }
+  }
+  return all.dump();
+}
+
 std::string Pipeline::talker_info() {
   // Asked once: a remote talker's info is a call, and its speakers and code groups are fixed.
   std::lock_guard<std::mutex> lock(info_mutex_);

@@ -79,6 +79,9 @@ class Pipeline {
   // stages take turns instead of streaming to each other). Set before the first request.
   void set_device_ledger(std::shared_ptr<DeviceLedger> ledger) { ledger_ = std::move(ledger); }
   DeviceLedger* device_ledger() { return ledger_.get(); }
+  // {"<stage name>": <its stats_json, or {"error": ...} when it does not answer>, ...,
+  //  "device_ledger": {...} (only with a ledger)}. Waits for no running request.
+  std::string stats_json();
 
  private:
   const PipelineStage* find(const std::string& model_stage) const;

@@ -143,7 +143,8 @@ class Stage {
   // allowed; a stage may run them one after the other.
   virtual void run(const StageCall& call, PacketQueue& input, const PacketSink& sink,
                    const CancelToken& cancel) = 0;
-  // Offload statistics, device and host bytes, as JSON text.
+  // Offload statistics, device and host bytes, as JSON text. Answers at once: while a request
+  // runs, a stage may give the figures of its last idle moment.
   virtual std::string stats_json() = 0;
   // What the orchestrator needs of the stage's model (e.g. {"sample_rate": 24000}), JSON text.
   virtual std::string info_json() = 0;

@@ -266,17 +266,6 @@ int StageLauncher::supervisor_index(int64_t stage_id) const {
   return -1;
 }
 
-std::string StageLauncher::stats_json() {
-  Json all = Json::object();
-  if (ledger_) all["device_ledger"] = Json::parse(ledger_->stats_json());
-  for (const auto& stage : stages_) {
-    try {
-      all[stage->name()] = Json::parse(stage->stats_json());
-    } catch (const std::exception& e) {
-      all[stage->name()] = Json{{"error", e.what()}};
-    }
-  }
-  return all.dump();
-}
+std::string StageLauncher::stats_json() { return pipeline_->stats_json(); }
 
 }  // namespace omni::pipeline

@@ -54,6 +54,8 @@ TextConfig parse_text(const HfConfig& c) {
   t.hidden_act = c.get_string("hidden_act", t.hidden_act);
   t.rms_norm_eps = c.get_double("rms_norm_eps", t.rms_norm_eps);
   t.attention_bias = c.get_bool("attention_bias", false);
+  t.max_position_embeddings = c.get_int("max_position_embeddings", 0);
+  require(t.max_position_embeddings >= 0, c, "max_position_embeddings", "must be >= 0");
   parse_text_rope(c, t);
   // The talker's text config names it num_local_experts (transformers' attribute_map).
   t.num_experts = c.get_int("num_experts", c.get_int("num_local_experts", 0));

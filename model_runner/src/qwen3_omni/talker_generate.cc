@@ -15,6 +15,10 @@ TalkerRun run_talker(Talker& talker, const TalkerPrompt& prompt,
   using Clock = std::chrono::steady_clock;
   OMNI_CHECK(max_frames >= 1, "max_audio_frames must be >= 1, got ", max_frames);
   const auto& tc = talker.config();
+  // Each frame takes one position of the talker's context (checked before max_frames + 1).
+  const int64_t context = tc.text.max_position_embeddings;
+  OMNI_CHECK(context == 0 || max_frames <= context, "max_audio_frames (", max_frames,
+             ") exceeds the talker's context of ", context, " positions");
   talker_params.suppress_tokens = talker_suppressed_tokens(tc);
   talker_params.stop_token_ids = {tc.codec_eos_token_id};
   talker_params.max_new_tokens = max_frames + 1;

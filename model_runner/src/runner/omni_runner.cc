@@ -249,6 +249,7 @@ OmniResult OmniRunner::generate(const OmniRequest& request, const OmniCallbacks&
   const auto inputs = s.preprocessor.prepare(request.chat, *s.tokenizer, s.thinker_cfg);
   SamplingParams thinker_params = request.sampling.thinker;
   if (thinker_params.stop_token_ids.empty()) thinker_params.stop_token_ids = s.stop_tokens;
+  thinker_params.max_context = thinker.config().text.max_position_embeddings;
   const int64_t capture = request.audio_output ? s.talker_cfg.accept_hidden_layer : -1;
   auto state = thinker.new_state(capture);
   const auto thinker_start = Clock::now();

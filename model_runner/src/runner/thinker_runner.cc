@@ -73,6 +73,7 @@ ThinkerInputs ThinkerRunner::prepare(const ChatRequest& request) const {
 GenerationResult ThinkerRunner::generate(const ThinkerInputs& inputs, SamplingParams params,
                                          const OnTokenFn& on_token) {
   if (params.stop_token_ids.empty()) params.stop_token_ids = stop_tokens_;
+  params.max_context = thinker_->config().text.max_position_embeddings;
   at::NoGradGuard no_grad;
   auto state = thinker_->new_state();
   at::Tensor first = thinker_->prefill(inputs, state)[0];

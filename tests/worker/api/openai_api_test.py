@@ -243,6 +243,32 @@ def main():
             seed=42, max_tokens=12, extra_body={"max_audio_frames": 12})
         assert r.choices[0].message.content == ref_json["text"]
         assert wav_info(base64.b64decode(r.choices[1].message.audio.data))[3] == ref_frames
+
+        # /metrics: the offload figures of every stage. Thinker and talker each copied their
+        # weights to the device; the ledger made one give them back for the other.
+        def sample(body, name, **labels):
+            want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+            pat = rf"^{name}" + (r"\{" + re.escape(want) + r"\}" if want else "") + r" (\S+)$"
+            m = re.search(pat, body, re.M)
+            assert m, (name, labels, body)
+            return float(m.group(1))
+        body = raw(port, "/metrics")[1].decode()
+        names = {"thinker": "stage 0 (thinker)", "talker": "stage 1 (talker)"}
+        for stage in (names["thinker"], names["talker"], "stage 2 (code2wav)"):
+            assert sample(body, "omni_stage_up", stage=stage) == 1, body
+            assert sample(body, "omni_weight_bytes", stage=stage) > 0, body
+        for stage in names.values():
+            assert sample(body, "omni_offload_bytes_moved_total", stage=stage) > 0, body
+            assert sample(body, "omni_host_weight_bytes", stage=stage) > 0, body
+        assert sample(body, "omni_device_ledger_evictions_total", device="local/cpu") >= 1, body
+        assert sample(body, "omni_process_resident_bytes") > 0, body
+        # A second answer moves the weights again (they take turns): the counter grows.
+        moved = sample(body, "omni_offload_bytes_moved_total", stage=names["thinker"])
+        client.chat.completions.create(
+            model="tiny", messages=messages, modalities=["text", "audio"], temperature=0,
+            seed=42, max_tokens=12, extra_body={"max_audio_frames": 12})
+        body = raw(port, "/metrics")[1].decode()
+        assert sample(body, "omni_offload_bytes_moved_total", stage=names["thinker"]) > moved, body
     finally:
         proc.terminate()
         proc.wait(timeout=30)

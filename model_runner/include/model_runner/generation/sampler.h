@@ -30,6 +30,8 @@ struct SamplingParams {
   // Ids that can never be drawn (HF SuppressTokensLogitsProcessor: their logits become -inf).
   std::vector<int64_t> suppress_tokens;
   int64_t max_new_tokens = 16;
+  // The model's context: the prompt plus max_new_tokens may not exceed it (0: no limit).
+  int64_t max_context = 0;
   // Generation ends after any of these (the stop token is part of the output, as in HF).
   std::vector<int64_t> stop_token_ids;
 

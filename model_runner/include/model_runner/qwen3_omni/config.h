@@ -58,6 +58,8 @@ struct TextConfig {
   double rms_norm_eps = 1e-6;
   bool attention_bias = false;
   double rope_theta = 1000000.0;
+  // The context in positions: prompt plus generated tokens may not exceed it (0: no limit).
+  int64_t max_position_embeddings = 0;
   std::vector<int64_t> mrope_section = {24, 20, 20};  // sums to head_dim / 2
   bool mrope_interleaved = true;
   // MoE: layer i is sparse when num_experts > 0, i is not in mlp_only_layers and
