@@ -6,9 +6,12 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "attention_ops.h"
 #include "cpu_offload/check.h"
+#include "model_runner/qwen3_omni/moe_routing.h"
 
 namespace omni::models::qwen3_omni {
 
@@ -194,25 +197,51 @@ at::Tensor SparseMoe::forward(const at::Tensor& x) {
   if (norm_topk_prob_) top_values = top_values / top_values.sum(-1, /*keepdim=*/true);
   top_values = top_values.to(router_logits.scalar_type());
 
-  auto out = at::zeros_like(flat);
-  // Experts in increasing order, tokens accumulated with index_add_ as the reference does, so
-  // the float sums happen in the same order.
-  auto hit = at::bincount(top_index.flatten(), {}, static_cast<int64_t>(experts_.size())).cpu();
-  const auto* hit_counts = hit.data_ptr<int64_t>();
-  for (size_t e = 0; e < experts_.size(); ++e) {
-    if (hit_counts[e] == 0) continue;
-    auto where = at::nonzero(top_index == static_cast<int64_t>(e));  // [n, 2]: token, slot
-    auto token_idx = where.select(1, 0);
-    auto slot_idx = where.select(1, 1);
-    auto y = experts_[e]->forward(flat.index_select(0, token_idx));
-    auto weights =
-        top_values.flatten().index_select(0, token_idx * top_k_ + slot_idx).unsqueeze(-1);
-    out.index_add_(0, token_idx, (y * weights).to(out.scalar_type()));
+  auto routing = route_tokens(top_index, top_values, static_cast<int64_t>(experts_.size()));
+  ++(routing.plan == MoeRouting::Plan::kDecode ? counters_.decode_forwards
+                                               : counters_.prefill_forwards);
+  counters_.host_copies += routing.host_copies;
+
+  // Prefill and decode alike run the hit experts one by one over their contiguous ranges of
+  // the sorted rows. A grouped GEMM (at::_grouped_mm, which torch 2.11 has on the CPU for fp32
+  // and bf16, and on CUDA for bf16 from sm90) or a gather + bmm takes the experts' weights as one
+  // stacked [experts, ...] tensor; here each expert is a module of its own whose parameters the
+  // offload engine rebinds separately, so stacking would copy every hit expert's weights on
+  // every call: as many bytes as the multiplies themselves read.
+  at::Tensor out;
+  if (routing.experts.empty()) {
+    out = at::zeros_like(flat);  // no tokens
+  } else {
+    std::vector<at::Tensor> outputs;
+    outputs.reserve(routing.experts.size());
+    {
+      const auto rows = flat.index_select(0, routing.tokens);
+      for (const auto& e : routing.experts) {
+        outputs.push_back(run_expert(e.expert, rows.slice(0, e.begin, e.end)));
+      }
+    }
+    auto sorted_outputs = at::cat(outputs);
+    outputs.clear();
+    out = combine_expert_outputs(std::move(sorted_outputs), routing);
   }
   if (shared_expert_) {
     out = out + at::sigmoid(shared_expert_gate_->forward(flat)) * shared_expert_->forward(flat);
   }
   return out.view(shape);
+}
+
+at::Tensor SparseMoe::run_expert(int64_t expert, const at::Tensor& rows) {
+  ++counters_.expert_calls;
+  return experts_[expert]->forward(rows);
+}
+
+MoeStats SparseMoe::stats() const {
+  MoeStats s;
+  s.decode_forwards = counters_.decode_forwards.load();
+  s.prefill_forwards = counters_.prefill_forwards.load();
+  s.host_copies = counters_.host_copies.load();
+  s.expert_calls = counters_.expert_calls.load();
+  return s;
 }
 
 // ---------------------------------------------------------------------------- layers

@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -68,15 +69,35 @@ class TextMlp : public torch::nn::Module {
   std::shared_ptr<Linear> gate_proj_, up_proj_, down_proj_;
 };
 
+// What SparseMoe::forward has done so far: which routing plan it took (moe_routing.h) and how
+// often it stopped for the host, for tests and benchmarks.
+struct MoeStats {
+  int64_t decode_forwards = 0;   // routed with MoeRouting::Plan::kDecode (few rows)
+  int64_t prefill_forwards = 0;  // routed with MoeRouting::Plan::kPrefill
+  int64_t host_copies = 0;       // device-to-host copies: one per forward, none per expert
+  int64_t expert_calls = 0;      // run_expert calls: one per hit expert per forward
+};
+
 // Router ("gate") + experts stored one module per expert, as on disk
 // (mlp.experts.{e}.{gate,up,down}_proj). The talker's adds a shared expert that every token
-// uses, scaled by sigmoid(shared_expert_gate(x)).
+// uses, scaled by sigmoid(shared_expert_gate(x)). Tokens are grouped by expert on the device
+// (moe_routing.h); the host waits for the device once per forward, not once per expert.
 class SparseMoe : public torch::nn::Module {
  public:
   SparseMoe(const TextConfig& cfg, at::ScalarType dtype);
   at::Tensor forward(const at::Tensor& x);
+  MoeStats stats() const;
 
  private:
+  // The one place an expert's weights are used: `rows` [n, hidden] routed to `expert` ->
+  // [n, hidden]. Expert offload hooks in here (fetch the expert before it runs, or run it on
+  // the host).
+  at::Tensor run_expert(int64_t expert, const at::Tensor& rows);
+
+  struct Counters {
+    std::atomic<int64_t> decode_forwards{0}, prefill_forwards{0}, host_copies{0}, expert_calls{0};
+  };
+  Counters counters_;
   int64_t top_k_;
   bool norm_topk_prob_;
   std::shared_ptr<Linear> gate_;
