@@ -17,11 +17,13 @@
 namespace omni::bench {
 
 // --dtype values: float32 (fp32), bfloat16 (bf16), float16 (fp16).
+// "auto" is Undefined: the runners then take the checkpoint's dtype.
 inline at::ScalarType parse_dtype(const std::string& s) {
+  if (s == "auto") return at::ScalarType::Undefined;
   if (s == "float32" || s == "fp32") return at::kFloat;
   if (s == "bfloat16" || s == "bf16") return at::kBFloat16;
   if (s == "float16" || s == "fp16") return at::kHalf;
-  OMNI_THROW("unknown dtype '", s, "' (float32, bfloat16, float16)");
+  OMNI_THROW("unknown dtype '", s, "' (auto, float32, bfloat16, float16)");
 }
 
 // "a,b,,c" -> {"a", "b", "c"}: the comma-separated lists of the benchmarks' flags.

@@ -27,14 +27,16 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   std::string model;  // empty: a synthetic checkpoint
   std::string synthetic = "small";
-  std::string work_dir;  // empty: a folder in the temp dir
+  int64_t synthetic_layers = 0;  // 0: the preset's
+  std::string synthetic_dtype;   // empty: bfloat16 for "real", float32 otherwise
+  std::string work_dir;          // empty: a folder in the temp dir
   std::string assets = OMNI_DEFAULT_ASSETS;
   std::string strategies = "none,alternating,sequential,layerwise";
   std::optional<double> budget_bytes;
   int num_gpu_layers = 1;
   int64_t tokens = 32;
   std::string device = "cpu";
-  std::string dtype = "float32";
+  std::string dtype = "auto";
   double sim_bandwidth_gbps = 0;
   bool no_pin = false;
   std::optional<int> threads;
@@ -49,8 +51,17 @@ void add_options(CLI::App& app, Options& o) {
       ->type_name("DIR");
   app.add_option("--synthetic", o.synthetic,
                  "size of the random checkpoint written to --work-dir when --model is absent")
-      ->type_name("tiny|small|medium")
+      ->type_name("tiny|small|medium|real")
       ->check(parsed_by(omni::models::synthetic_thinker_config));
+  app.add_option("--synthetic-layers", o.synthetic_layers,
+                 "decoder layers of the synthetic checkpoint (0: the preset's; real has 48)")
+      ->type_name("N")
+      ->check(at_least(0));
+  app.add_option("--synthetic-dtype", o.synthetic_dtype,
+                 "storage dtype of the synthetic checkpoint (default: bfloat16 for real, float32 "
+                 "otherwise)")
+      ->type_name("float32|bfloat16|float16")
+      ->check(parsed_by(omni::bench::parse_dtype));
   app.add_option("--work-dir", o.work_dir,
                  "where the synthetic checkpoint goes (default: omni_thinker_<size> in the temp "
                  "dir)")
@@ -90,8 +101,8 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--device", o.device, "cpu is the simulated device")
       ->type_name("cpu|cuda")
       ->check(parsed_by(omni::offload::parse_device_kind));
-  app.add_option("--dtype", o.dtype, "compute dtype")
-      ->type_name("float32|bfloat16|float16")
+  app.add_option("--dtype", o.dtype, "compute dtype (auto: the checkpoint's)")
+      ->type_name("auto|float32|bfloat16|float16")
       ->check(parsed_by(omni::bench::parse_dtype));
   app.add_option("--sim-bandwidth-gbps", o.sim_bandwidth_gbps,
                  "simulated device: throttle copies to X GB/s (0 = no throttle)")
@@ -141,14 +152,21 @@ int run(const Options& o) {
   std::string model_dir = o.model;
   if (model_dir.empty()) {
     const std::string& preset = o.synthetic;
-    model_dir =
-        !o.work_dir.empty()
-            ? o.work_dir
-            : (std::filesystem::temp_directory_path() / ("omni_thinker_" + preset)).string();
+    model_dir = !o.work_dir.empty()
+                    ? o.work_dir
+                    : (std::filesystem::temp_directory_path() /
+                       ("omni_thinker_" + preset +
+                        (o.synthetic_layers > 0 ? "_" + std::to_string(o.synthetic_layers) : "")))
+                          .string();
     const auto start = Clock::now();
-    const int64_t bytes = omni::models::write_synthetic_checkpoint(
-        model_dir, omni::models::synthetic_thinker_config(preset), assets);
-    std::cerr << "wrote synthetic '" << preset << "' checkpoint (" << bytes / 1e6 << " MB) to "
+    auto cfg = omni::models::synthetic_thinker_config(preset);
+    if (o.synthetic_layers > 0) cfg.text.num_hidden_layers = o.synthetic_layers;
+    const auto storage = omni::bench::parse_dtype(!o.synthetic_dtype.empty() ? o.synthetic_dtype
+                                                  : preset == "real"         ? "bfloat16"
+                                                                             : "float32");
+    OMNI_CHECK(storage != at::ScalarType::Undefined, "--synthetic-dtype: give a dtype, not auto");
+    const int64_t bytes = omni::models::write_synthetic_checkpoint(model_dir, cfg, assets, storage);
+    std::cerr << "synthetic '" << preset << "' checkpoint (" << bytes / 1e6 << " MB) in "
               << model_dir << " in " << std::chrono::duration<double>(Clock::now() - start).count()
               << " s\n";
   }

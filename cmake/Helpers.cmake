@@ -7,7 +7,10 @@ function(add_omni_test name)
   # Label each test with its component folder (cpu_offload, model_runner, ...) so that a
   # build of some suites only (scripts/tsan.sh) can run exactly those: ctest -L cpu_offload.
   get_filename_component(component "${CMAKE_CURRENT_SOURCE_DIR}" NAME)
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 PROPERTIES TIMEOUT 300 LABELS ${component})
+  # Every suite runs the simulated device in strict mode (CUDA's ordering rules enforced, a
+  # breach aborts: cpu_offload/src/sim_device_rules.h), and so do the processes it starts.
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 PROPERTIES TIMEOUT 300 LABELS ${component}
+                       ENVIRONMENT "OMNI_SIM_STRICT=1")
   if(NOT TARGET ${component}_tests)
     add_custom_target(${component}_tests)
   endif()

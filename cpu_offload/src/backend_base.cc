@@ -39,6 +39,10 @@ BackendBase::BackendBase(torch::nn::Module& root, OffloadPlan plan,
 
 BackendBase::~BackendBase() {
   for (auto& [module, method] : attached_) module->hooks().detach(method, kHookName);
+  wait_for_device();  // before resident_buffer_ goes
+}
+
+void BackendBase::wait_for_device() noexcept {
   try {
     engine_->synchronize();
   } catch (...) {
@@ -48,19 +52,19 @@ BackendBase::~BackendBase() {
 
 void BackendBase::make_resident() {
   if (plan_.resident_tensors.empty()) return;
-  resident_ = std::make_unique<OffloadUnit>("resident", lookup(tensors_, plan_.resident_tensors),
-                                            *engine_, config_.pin_memory);
+  // Resident weights never leave the device, so they get no host slab: they stream through
+  // a small staging buffer, each original let go once it is on the device.
+  resident_ = OffloadUnit::layout_only("resident", lookup(tensors_, plan_.resident_tensors),
+                                       &config_.convert_dtypes);
   resident_buffer_ = engine_->allocate_device(resident_->bytes());
-  engine_->compute_wait(engine_->copy_async({resident_->copy_to(resident_buffer_, 0)}, {}));
-  resident_->bind(resident_buffer_, 0);
-  // Resident weights never leave the device: their host copy is not needed.
-  engine_->synchronize();
-  resident_->release_host();
+  resident_->stream_to_device(*engine_, resident_buffer_, 0, config_.staging_bytes,
+                              config_.pin_memory);
 }
 
 int BackendBase::add_unit(const UnitPlan& plan) {
   units_.push_back(std::make_unique<OffloadUnit>(plan.name, lookup(tensors_, plan.tensor_names),
-                                                 *engine_, config_.pin_memory));
+                                                 *engine_, config_.pin_memory,
+                                                 &config_.convert_dtypes));
   counters_.push_back(std::make_unique<UnitCounters>());
   return static_cast<int>(units_.size()) - 1;
 }

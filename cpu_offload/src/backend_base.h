@@ -61,6 +61,11 @@ class BackendBase : public OffloadBackend {
   size_t resident_device_bytes() const { return resident_ ? resident_->bytes() : 0; }
   // Slot capacity reported as max_unit_bytes.
   virtual size_t max_unit_bytes() const = 0;
+  // Waits for every copy and compute in flight; never throws. A backend that owns device
+  // buffers calls it first thing in its destructor: its buffers die before BackendBase's
+  // destructor runs, and freeing a slot that a copy (a prefetch) still writes into hands the
+  // memory to the next allocation on CUDA while the copy goes on.
+  void wait_for_device() noexcept;
 
   torch::nn::Module& root_;
   OffloadConfig config_;

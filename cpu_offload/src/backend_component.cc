@@ -54,6 +54,10 @@ class ComponentBackend final : public BackendBase {
     }
   }
 
+  // Loads are waited for at once, so no copy is in flight here; waiting anyway keeps the
+  // teardown rule of every backend the same: the device is idle before buffers are freed.
+  ~ComponentBackend() override { wait_for_device(); }
+
   Strategy strategy() const override { return Strategy::kComponent; }
 
   void ensure_on_device(const std::string& path) override {

@@ -58,6 +58,11 @@ class LayerwiseBackend final : public BackendBase {
               slot_capacity_, " bytes, resident ", plan_.resident_bytes, " bytes");
   }
 
+  // The slots die with this object, before BackendBase's destructor synchronizes: a copy
+  // still in flight (the prefetch issued for the next step or group) would write into freed
+  // memory, which CUDA's allocator may already have handed out again.
+  ~LayerwiseBackend() override { wait_for_device(); }
+
   Strategy strategy() const override { return Strategy::kLayerwise; }
 
  protected:

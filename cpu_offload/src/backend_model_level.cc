@@ -64,6 +64,11 @@ class ModelLevelBackend final : public BackendBase {
     }
   }
 
+  // The slots die with this object, before BackendBase's destructor synchronizes: a copy
+  // still in flight (the prefetch issued for the next step or group) would write into freed
+  // memory, which CUDA's allocator may already have handed out again.
+  ~ModelLevelBackend() override { wait_for_device(); }
+
   Strategy strategy() const override { return Strategy::kModelLevel; }
 
   void ensure_on_device(const std::string& path) override {

@@ -31,6 +31,25 @@ ComponentPolicy parse_component_policy(const std::string& text) {
              "' (expected alternating or sequential)");
 }
 
+ExpertMissPolicy parse_expert_miss_policy(const std::string& text) {
+  if (text == "fetch") return ExpertMissPolicy::kFetch;
+  if (text == "host") return ExpertMissPolicy::kHost;
+  if (text == "auto") return ExpertMissPolicy::kAuto;
+  OMNI_THROW("unknown expert_miss_policy '", text, "' (expected fetch, host or auto)");
+}
+
+std::string to_string(ExpertMissPolicy policy) {
+  switch (policy) {
+    case ExpertMissPolicy::kFetch:
+      return "fetch";
+    case ExpertMissPolicy::kHost:
+      return "host";
+    case ExpertMissPolicy::kAuto:
+      return "auto";
+  }
+  return "?";
+}
+
 std::string to_string(ComponentPolicy policy) {
   return policy == ComponentPolicy::kSequential ? "sequential" : "alternating";
 }
@@ -75,6 +94,7 @@ Strategy OffloadConfig::strategy() const {
 }
 
 void OffloadConfig::validate() const {
+  OMNI_CHECK(staging_bytes >= 4096, "staging_bytes must be >= 4096, got ", staging_bytes);
   OMNI_CHECK(num_gpu_layers >= 1, "num_gpu_layers must be >= 1, got ", num_gpu_layers);
   OMNI_CHECK(std::isfinite(offload_ratio) && offload_ratio >= 0.0 && offload_ratio <= 1.0,
              "offload_ratio must be in [0, 1], got ", offload_ratio);
@@ -84,6 +104,13 @@ void OffloadConfig::validate() const {
   OMNI_CHECK(!component || !components.empty(),
              "component offload is enabled but no components are listed (e.g. visual, "
              "audio_tower)");
+  OMNI_CHECK(std::isfinite(expert_cache_budget_fraction) && expert_cache_budget_fraction >= 0.0 &&
+                 expert_cache_budget_fraction <= 1.0,
+             "expert_cache_budget as a fraction of the experts' bytes must be in [0, 1], got ",
+             expert_cache_budget_fraction);
+  OMNI_CHECK(expert_modules.empty() || expert_cache_budget_bytes > 0 ||
+                 expert_cache_budget_fraction > 0,
+             "expert offload is enabled but expert_cache_budget is 0");
 }
 
 }  // namespace omni::offload

@@ -1,5 +1,7 @@
 #include "cpu_offload/transfer_engine.h"
 
+#include <cstdlib>
+
 #include "cpu_offload/check.h"
 
 namespace omni::offload {
@@ -12,6 +14,30 @@ DeviceKind parse_device_kind(const std::string& text) {
 
 std::string to_string(DeviceKind kind) { return kind == DeviceKind::kCuda ? "cuda" : "cpu"; }
 
+std::string to_string(DeviceRuleViolation::Kind kind) {
+  switch (kind) {
+    case DeviceRuleViolation::Kind::kFreedWhileCopyPending:
+      return "freed while a copy into it is pending";
+    case DeviceRuleViolation::Kind::kBoundBeforeCopyWaited:
+      return "bound before compute waited for its copy";
+    case DeviceRuleViolation::Kind::kCopyIntoBoundRange:
+      return "copy into a range still bound as parameters";
+    case DeviceRuleViolation::Kind::kCopyNotOrderedAfterReaders:
+      return "copy not ordered after the compute that read the range";
+  }
+  return "unknown violation";
+}
+
+bool sim_strict_enabled(const TransferEngineOptions& options) {
+  if (options.sim_strict) return *options.sim_strict;
+  const char* env = std::getenv("OMNI_SIM_STRICT");
+  if (env == nullptr || *env == '\0') return false;
+  const std::string value(env);
+  if (value == "1" || value == "on" || value == "true") return true;
+  if (value == "0" || value == "off" || value == "false") return false;
+  OMNI_THROW("OMNI_SIM_STRICT='", value, "' (expected 1 or 0)");
+}
+
 void DeviceMemoryCounter::add(size_t bytes) {
   const size_t now = current_.fetch_add(bytes) + bytes;
   size_t peak = peak_.load();
@@ -21,14 +47,17 @@ void DeviceMemoryCounter::add(size_t bytes) {
 
 void DeviceMemoryCounter::remove(size_t bytes) { current_.fetch_sub(bytes); }
 
-DeviceBuffer::DeviceBuffer(at::Tensor bytes, std::shared_ptr<DeviceMemoryCounter> counter)
+DeviceBuffer::DeviceBuffer(at::Tensor bytes, std::shared_ptr<DeviceMemoryCounter> counter,
+                           std::shared_ptr<Observer> observer)
     : state_(std::make_shared<State>()) {
   state_->bytes = std::move(bytes);
   state_->counter = std::move(counter);
+  state_->observer = std::move(observer);
   state_->counter->add(static_cast<size_t>(state_->bytes.numel()));
 }
 
 DeviceBuffer::State::~State() {
+  if (observer) observer->on_free();
   if (counter) counter->remove(static_cast<size_t>(bytes.numel()));
 }
 

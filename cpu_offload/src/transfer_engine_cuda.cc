@@ -103,6 +103,18 @@ class CudaTransferEngine final : public TransferEngine {
 
   Event copy_async(const std::vector<CopyOp>& ops, const std::vector<Event>& after,
                    TimeAccumulator* time) override {
+    // Every op is checked before any is enqueued: a rejected group copy moves nothing, rather
+    // than leaving a slot half written by the ops before the bad one.
+    for (const auto& op : ops) {
+      OMNI_CHECK(op.src && op.src_offset + op.bytes <= op.src.bytes(),
+                 "copy reads past the end of its host buffer (", op.src_offset, " + ", op.bytes,
+                 " > ", op.src.bytes(), ")");
+      OMNI_CHECK(op.dst && op.dst_offset + op.bytes <= op.dst.bytes(),
+                 "copy writes past the end of its device buffer (", op.dst_offset, " + ", op.bytes,
+                 " > ", op.dst.bytes(), ")");
+      OMNI_CHECK(op.dst.bytes_tensor().device() == device_, "copy into a buffer on ",
+                 op.dst.bytes_tensor().device().str(), ", not on this engine's ", device_.str());
+    }
     c10::cuda::CUDAGuard guard(device_);
     for (const auto& e : after) {
       if (auto* cuda_event = dynamic_cast<CudaEvent*>(e.impl().get())) {
@@ -115,11 +127,14 @@ class CudaTransferEngine final : public TransferEngine {
     start->record(copy_stream_);
     uint64_t bytes = 0;
     for (const auto& op : ops) {
-      OMNI_CHECK(
-          op.src_offset + op.bytes <= op.src.bytes() && op.dst_offset + op.bytes <= op.dst.bytes(),
-          "copy out of bounds");
       OMNI_CUDA_CHECK(cudaMemcpyAsync(op.dst.data() + op.dst_offset, op.src.data() + op.src_offset,
                                       op.bytes, cudaMemcpyHostToDevice, copy_stream_.stream()));
+      // The buffer was allocated on the compute stream, so the caching allocator orders its
+      // reuse on that stream only: freed while this copy is queued, the block would go to the
+      // next allocation at once and the copy would write into someone else's memory. Recording
+      // the copy stream makes the allocator wait, at free time, for the copy stream's work.
+      c10::cuda::CUDACachingAllocator::recordStream(op.dst.bytes_tensor().storage().data_ptr(),
+                                                    copy_stream_);
       bytes += op.bytes;
     }
     auto end = timing_event();

@@ -141,7 +141,11 @@ TEST_P(BackendMemory, LayerwiseWindowOfOneHoldsResidentPlusTwoUnits) {
   // wrap-around prefetch of block 0 for a next step.
   EXPECT_EQ(s.loads, 8u * kSteps * 2 + 1);
   EXPECT_EQ(s.sync_loads, 0u);
-  EXPECT_EQ(s.bytes_h2d, s.resident_bytes + s.loads * s.max_unit_bytes);
+  // Units move as whole slabs; resident weights stream tensor by tensor, without the
+  // alignment padding between them.
+  const uint64_t resident_copied = s.bytes_h2d - s.loads * s.max_unit_bytes;
+  EXPECT_LE(resident_copied, s.resident_bytes);
+  EXPECT_GT(resident_copied, s.resident_bytes - s.resident_bytes / 100);
 }
 
 TEST_P(BackendMemory, LayerwiseWindowOfTwoHoldsResidentPlusThreeUnits) {

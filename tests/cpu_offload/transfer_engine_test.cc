@@ -79,6 +79,22 @@ TEST_P(TransferEngineTest, OutOfBoundsCopyIsRejected) {
   EXPECT_THROW(engine->copy_async({CopyOp{src, 50, dst, 0, 60}}, {}), Error);
 }
 
+TEST_P(TransferEngineTest, AGroupCopyWithOneBadOpMovesNothing) {
+  // Every op is validated before any is enqueued: the good first op must not have written
+  // half a slot when the second one is rejected.
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  auto engine = make_transfer_engine(GetParam());
+  HostBuffer src = engine->allocate_host(256, true);
+  fill(src, 5);
+  DeviceBuffer dst = engine->allocate_device(512);
+  dst.bytes_tensor().zero_();
+  EXPECT_THROW(engine->copy_async({CopyOp{src, 0, dst, 0, 256}, CopyOp{src, 0, dst, 384, 256}}, {}),
+               Error);
+  engine->synchronize();
+  EXPECT_EQ(dst.bytes_tensor().sum().item<int64_t>(), 0);
+  EXPECT_EQ(engine->counters().copies, 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, TransferEngineTest,
                          ::testing::ValuesIn(omni::testing::all_devices()),
                          omni::testing::device_name);

@@ -35,9 +35,9 @@ TEST_P(WeightStoreTest, PacksEveryDtypeIntoOneAlignedSlabAndReleasesOriginals) {
   OffloadUnit unit("mixed", named(m), *engine, /*pin=*/true);
 
   EXPECT_EQ(unit.tensor_bytes(), 60u + 14u + 36u + 88u);
-  EXPECT_EQ(unit.bytes(), 64u * 3 + 128u);  // each tensor at a 64-byte boundary
+  EXPECT_EQ(unit.bytes(), 256u * 4);  // each tensor at a 256-byte boundary (cuBLASLt's largest)
   EXPECT_EQ(engine->host_counter()->current(), unit.bytes());
-  for (const auto& t : unit.tensors()) EXPECT_EQ(t.offset % kTensorAlignment, 0u) << t.name;
+  for (const auto& t : unit.tensors()) EXPECT_EQ(t.offset % 256, 0u) << t.name;
   // The module no longer holds its own copy: the slab is the only one.
   EXPECT_EQ(m.w.numel(), 0);
   EXPECT_EQ(m.ids.numel(), 0);
@@ -71,6 +71,65 @@ TEST_P(WeightStoreTest, BindRejectsABufferTooSmall) {
   OffloadUnit unit("mixed", named(m), *engine, false);
   DeviceBuffer small = engine->allocate_device(unit.bytes() - 1);
   EXPECT_THROW(unit.bind(small, 0), Error);
+}
+
+TEST_P(WeightStoreTest, ConvertsWhilePackingStraightIntoTheSlab) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  auto engine = make_transfer_engine(GetParam());
+  Mixed m;
+  const auto w = m.w.clone(), h = m.h.clone();
+  const DtypeByName convert = {{"w", at::kBFloat16}, {"h", at::kFloat}};
+  OffloadUnit unit("mixed", named(m), *engine, /*pin=*/false, &convert);
+  EXPECT_EQ(unit.tensors()[0].dtype, at::kBFloat16);
+  EXPECT_EQ(unit.tensors()[0].nbytes, 30u);
+  EXPECT_EQ(unit.tensors()[1].nbytes, 28u);
+  EXPECT_EQ(unit.bytes(), 256u * 4);
+  // Only the slab grew: no converted copy of the unit beside it.
+  EXPECT_EQ(engine->host_counter()->peak(), unit.bytes());
+
+  DeviceBuffer slot = engine->allocate_device(unit.bytes());
+  engine->compute_wait(engine->copy_async({unit.copy_to(slot, 0)}, {}));
+  unit.bind(slot, 0);
+  EXPECT_EQ(m.w.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(m.h.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(m.w.cpu(), w.to(at::kBFloat16)));
+  EXPECT_TRUE(at::equal(m.h.cpu(), h.to(at::kFloat)));
+}
+
+// Resident weights: no host slab; a staging buffer far smaller than the unit (tensors larger
+// than a half of it go in pieces), originals let go as they reach the device.
+TEST_P(WeightStoreTest, StreamsToTheDeviceThroughASmallStagingBuffer) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  auto engine = make_transfer_engine(GetParam());
+  torch::nn::Module m;
+  auto big = m.register_parameter("big", at::randn({3000}), false);  // 12000 bytes
+  auto half = m.register_parameter("half", at::randn({2500}).to(at::kHalf), false);
+  auto empty = m.register_parameter("empty", at::randn({0}), false);
+  auto ids = m.register_buffer("ids", at::arange(777, at::kLong));
+  const auto big0 = big.clone(), half0 = half.clone(), ids0 = ids.clone();
+  const DtypeByName convert = {{"half", at::kFloat}};
+  auto unit = OffloadUnit::layout_only(
+      "resident", {{"big", big}, {"half", half}, {"empty", empty}, {"ids", ids}}, &convert);
+  EXPECT_FALSE(unit->host());
+  EXPECT_EQ(engine->host_counter()->current(), 0u);
+  EXPECT_EQ(big.numel(), 3000);  // untouched until streamed
+
+  DeviceBuffer slot = engine->allocate_device(unit->bytes() + 512);
+  const size_t staging = 4096;
+  unit->stream_to_device(*engine, slot, 512, staging, /*pin=*/true);
+  EXPECT_TRUE(unit->bound());
+  EXPECT_LE(engine->host_counter()->peak(), staging);
+  EXPECT_EQ(engine->host_counter()->current(), 0u);  // the staging buffer is gone
+  EXPECT_EQ(big.device(), engine->compute_device());
+  EXPECT_EQ(static_cast<const uint8_t*>(big.data_ptr()), slot.data() + 512);
+  EXPECT_TRUE(at::equal(big.cpu(), big0));
+  EXPECT_EQ(half.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(half.cpu(), half0.to(at::kFloat)));
+  EXPECT_EQ(empty.numel(), 0);
+  EXPECT_TRUE(at::equal(ids.cpu(), ids0));
+
+  // A unit with a host slab (or already streamed) cannot be streamed again.
+  EXPECT_THROW(unit->stream_to_device(*engine, slot, 512, staging, true), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, WeightStoreTest,

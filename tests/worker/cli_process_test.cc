@@ -100,7 +100,7 @@ TEST(VllmOmniProcess, GenerateHelpListsEveryOptionWithItsDefault) {
                             "--stage-init-timeout SECONDS=600",
                             "--layerwise-num-gpu-layers N=1",
                             "--device cpu|cuda=cpu",
-                            "--dtype float32|bfloat16|float16=float32"}) {
+                            "--dtype auto|float32|bfloat16|float16=auto"}) {
     EXPECT_CONTAINS(r.out, shown);
   }
 }

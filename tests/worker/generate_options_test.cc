@@ -85,7 +85,7 @@ TEST(GenerateOptions, DefaultsAreTheRunners) {
   const models::OmniRunnerOptions runner = to_runner_options(o);
   const models::OmniOffloadOptions offload_default;
   EXPECT_EQ(runner.model_dir, "m");
-  EXPECT_EQ(runner.dtype, at::kFloat);
+  EXPECT_EQ(runner.dtype, at::ScalarType::Undefined);  // auto: the checkpoint's
   EXPECT_FALSE(runner.offload.cpu_offload_enabled);
   EXPECT_EQ(runner.offload.components, offload_default.components);
   EXPECT_EQ(runner.offload.strategy, "alternating");
@@ -307,7 +307,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "--modalities: expected one of text, audio; got 'video'" + kSee},
         BadCase{{"--device", "tpu"}, "--device: expected one of cpu, cuda; got 'tpu'" + kSee},
         BadCase{{"--dtype", "int8"},
-                "--dtype: expected one of float32, bfloat16, float16; got 'int8'" + kSee},
+                "--dtype: expected one of auto, float32, bfloat16, float16; got 'int8'" + kSee},
         BadCase{{"--seed", "-1"}, "--seed: expected an unsigned 64-bit integer, got '-1'" + kSee},
         BadCase{{"--seed", "99999999999999999999"},
                 "--seed: expected an unsigned 64-bit integer, got '99999999999999999999'" + kSee},

@@ -339,16 +339,19 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
   app.add_option("--device", o.device, "cpu (the simulated device) or cuda")
       ->type_name("cpu|cuda")
       ->check(one_of({"cpu", "cuda"}));
-  app.add_option("--dtype", o.dtype, "compute dtype; checkpoint weights are converted to it")
-      ->type_name("float32|bfloat16|float16")
-      ->check(one_of({"float32", "bfloat16", "float16"}));
+  app.add_option("--dtype", o.dtype,
+                 "compute dtype; checkpoint weights of another dtype are converted to it (auto: "
+                 "the checkpoint's own)")
+      ->type_name("auto|float32|bfloat16|float16")
+      ->check(one_of({"auto", "float32", "bfloat16", "float16"}));
 }
 
 at::ScalarType parse_dtype(const std::string& name) {
+  if (name == "auto") return at::ScalarType::Undefined;  // the runner reads the checkpoint's
   if (name == "float32") return at::kFloat;
   if (name == "bfloat16") return at::kBFloat16;
   if (name == "float16") return at::kHalf;
-  OMNI_THROW("unknown dtype '", name, "' (float32, bfloat16, float16)");
+  OMNI_THROW("unknown dtype '", name, "' (auto, float32, bfloat16, float16)");
 }
 
 models::OmniRunnerOptions to_runner_options(const GenerateOptions& o) {

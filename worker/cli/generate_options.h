@@ -84,7 +84,7 @@ struct GenerateOptions {
   int layerwise_num_gpu_layers = 1;
 
   std::string device = "cpu";  // cpu (the simulated device) | cuda
-  std::string dtype = "float32";
+  std::string dtype = "auto";
 
   // Every default from the runner's headers.
   GenerateOptions();

@@ -117,8 +117,8 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
   app.add_option("--device", o.device, "with --model: cpu (the simulated device) or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  app.add_option("--dtype", o.dtype, "with --model: compute dtype")
-      ->check(CLI::IsMember({"float32", "bfloat16", "float16"}))
+  app.add_option("--dtype", o.dtype, "with --model: compute dtype (auto: the checkpoint's)")
+      ->check(CLI::IsMember({"auto", "float32", "bfloat16", "float16"}))
       ->capture_default_str();
   app.parse_complete_callback([model, configs] {
     if (model->count() == 0 && configs->count() == 0) {

@@ -28,7 +28,7 @@ struct ServeOptions {
   size_t max_request_bytes = size_t{64} << 20;
   int max_concurrent_requests = 8;
   std::string device = "cpu";
-  std::string dtype = "float32";
+  std::string dtype = "auto";
   // The pipeline's global offload flags (the ones given; stage names select stages, other names
   // modules, as for generate --stage-configs-path). With --model they apply to the checkpoint's
   // three stages in this process, with the same device ledger as the workers.

@@ -65,7 +65,7 @@ struct StageEngineArgs {
   // Bytes; 0 = none. YAML: an integer, or a string with a suffix KB/MB/GB/TB (powers of 1000) or
   // KiB/MiB/GiB/TiB (powers of 1024), e.g. 20GiB.
   uint64_t gpu_memory_budget = 0;
-  std::string dtype;  // "" = the runner's default; float32 | bfloat16 | float16 (normalised)
+  std::string dtype;  // "" (auto) = the checkpoint's; float32 | bfloat16 | float16 (normalised)
   // The stage's weights leave the device when another stage on the same device needs room. Set by
   // the global --cpu-offload-components when it names this stage (thinker/talker/code2wav).
   bool offload_stage = false;

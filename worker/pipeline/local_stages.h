@@ -29,7 +29,7 @@ struct LocalStageOptions {
   std::string name;         // "stage 1 (talker)"
   std::string model_stage;  // thinker | talker | code2wav
   std::string model_dir;
-  at::ScalarType dtype = at::kFloat;
+  at::ScalarType dtype = at::ScalarType::Undefined;  // Undefined: the checkpoint's
   // Component names as the pipeline's list writes them: each stage keeps the names of its part.
   models::RunnerOffloadOptions offload;
   // The whole stage gives its device memory back when the pipeline's device ledger asks

@@ -91,6 +91,7 @@ std::string resolved_stage_overrides(const config::StageConfig& s) {
 
 namespace {
 
+// "" (auto) is handled by the caller: the runner then reads the checkpoint's dtype.
 at::ScalarType dtype_of(const std::string& name) {
   if (name == "bfloat16") return at::kBFloat16;
   if (name == "float16") return at::kHalf;
@@ -104,7 +105,7 @@ LocalStageOptions local_stage_options(const config::StageConfig& s, const std::s
   o.name = stage_name(s);
   o.model_stage = s.engine.model_stage;
   o.model_dir = s.engine.model;
-  o.dtype = s.engine.dtype.empty() ? at::kFloat : dtype_of(s.engine.dtype);
+  o.dtype = s.engine.dtype.empty() ? at::ScalarType::Undefined : dtype_of(s.engine.dtype);
   auto& off = o.offload;
   off.cpu_offload_enabled = s.engine.cpu_offload_enabled;
   off.components = s.engine.cpu_offload_components;

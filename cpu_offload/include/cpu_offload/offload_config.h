@@ -1,8 +1,11 @@
 // What the user asks of the engine. Parsed at the edges (CLI, YAML) into this struct.
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <cstddef>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace omni::offload {
@@ -18,6 +21,14 @@ enum class ComponentPolicy {
 Strategy parse_strategy(const std::string& text);        // none | model | layerwise | component
 Granularity parse_granularity(const std::string& text);  // block | phase
 ComponentPolicy parse_component_policy(const std::string& text);  // alternating | sequential
+// Expert offload: what a miss in the device expert cache does (expert_cache.h).
+enum class ExpertMissPolicy {
+  kFetch,  // copy the expert to the device
+  kHost,   // compute it from its host slab on the host CPU
+  kAuto,   // whichever measured link bandwidth and host compute rate say is faster
+};
+ExpertMissPolicy parse_expert_miss_policy(const std::string& text);  // fetch | host | auto
+std::string to_string(ExpertMissPolicy policy);
 std::string to_string(Strategy strategy);
 std::string to_string(Granularity granularity);
 std::string to_string(ComponentPolicy policy);
@@ -57,6 +68,28 @@ struct OffloadConfig {
   // Component: the budget as a fraction of the device's memory (used when > 0 and no byte
   // budget is set).
   double device_budget_fraction = 0;
+
+  // Weights to convert while packing, by dotted name from the root module: the dtype the
+  // model wants for each. A loader that leaves weights in the checkpoint's dtype and names
+  // them here never holds a converted copy of the whole model (weight_store.h).
+  std::unordered_map<std::string, at::ScalarType> convert_dtypes;
+  // Pinned host memory through which resident weights go to the device (two halves used in
+  // turn): the most host memory loading resident weights takes beyond the checkpoint itself.
+  size_t staging_bytes = size_t{64} << 20;
+
+  // Expert-level offload (MoE): modules matched by these dotted patterns ('*' within a
+  // segment, e.g. "model.layers.*.mlp.experts.*") are carved out of whatever the strategy
+  // places: each becomes a unit of its own in a device expert cache (expert_cache.h, made by
+  // make_expert_cache from OffloadPlan::experts). The rest of each layer follows the strategy.
+  std::vector<std::string> expert_modules;
+  // Modules kept resident whatever the strategy (same patterns), e.g. the routers a next-layer
+  // expert prediction reads while their layer is not on the device.
+  std::vector<std::string> resident_modules;
+  // Device bytes of the expert cache; 0: expert_cache_budget_fraction of all experts' bytes.
+  size_t expert_cache_budget_bytes = 0;
+  // The budget as a fraction of all experts' bytes (used when no byte budget is set).
+  double expert_cache_budget_fraction = 0.25;
+  ExpertMissPolicy expert_miss_policy = ExpertMissPolicy::kFetch;
 
   static OffloadConfig for_strategy(Strategy strategy);
   // The strategy that runs; when several are enabled: layerwise, then component, then

@@ -5,7 +5,8 @@
 //   cpu   a simulated device: compute runs on the CPU, device memory is separate accounted
 //         buffers, the copy stream is a worker thread and events are futures. It runs the
 //         same schedulers as CUDA, so ordering, overlap and memory bounds are tested for real
-//         without a GPU (and under ThreadSanitizer).
+//         without a GPU (and under ThreadSanitizer). In strict mode it also enforces CUDA's
+//         ordering rules, which the CPU would forgive (TransferEngineOptions::sim_strict).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -16,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,20 +60,39 @@ class DeviceMemoryCounter {
 };
 
 // Device memory owned by the engine: a byte tensor on the compute device (a separate CPU
-// allocation for the simulated device). Freed, and un-counted, with its last handle.
+// allocation for the simulated device). Freed, and un-counted, with its last handle: from then
+// on the engine may hand the memory to someone else.
 class DeviceBuffer {
  public:
+  // What an engine wants to know about the use of its buffers beyond copies. The simulated
+  // device's strict mode checks CUDA's ordering rules with it (src/sim_device_rules.h); the
+  // CUDA engine attaches none.
+  class Observer {
+   public:
+    virtual ~Observer() = default;
+    // Compute starts reading [offset, offset + bytes): a unit's parameters became views of it.
+    virtual void on_bind(size_t offset, size_t bytes) = 0;
+    // The views of that range are gone (compute that was queued may still be reading).
+    virtual void on_unbind(size_t offset, size_t bytes) = 0;
+    // The last handle is being dropped. Must not throw.
+    virtual void on_free() = 0;
+  };
+
   DeviceBuffer() = default;
-  DeviceBuffer(at::Tensor bytes, std::shared_ptr<DeviceMemoryCounter> counter);
+  DeviceBuffer(at::Tensor bytes, std::shared_ptr<DeviceMemoryCounter> counter,
+               std::shared_ptr<Observer> observer = nullptr);
   const at::Tensor& bytes_tensor() const { return state_->bytes; }
   uint8_t* data() const;
   size_t bytes() const { return state_ ? static_cast<size_t>(state_->bytes.numel()) : 0; }
   explicit operator bool() const { return state_ != nullptr; }
+  // Null when the engine observes nothing (CUDA, the relaxed simulated device).
+  std::shared_ptr<Observer> observer() const { return state_ ? state_->observer : nullptr; }
 
  private:
   struct State {
     at::Tensor bytes;
     std::shared_ptr<DeviceMemoryCounter> counter;
+    std::shared_ptr<Observer> observer;
     ~State();
   };
   std::shared_ptr<State> state_;
@@ -126,13 +147,55 @@ struct TransferCounters {
   double stall_ms = 0;  // time compute waited for copies
 };
 
+// A use of device memory that is a bug on CUDA, found by the simulated device's strict mode
+// (the rules, and why they are CUDA's: cpu_offload/src/sim_device_rules.h).
+struct DeviceRuleViolation {
+  enum class Kind {
+    // A buffer's last handle was dropped while a copy into it was pending: neither waited for
+    // by compute nor observed by the host. On CUDA the allocator hands the memory to the next
+    // allocation while the copy still writes into it.
+    kFreedWhileCopyPending,
+    // A range was bound as parameters (compute reads it) before compute waited for the copy
+    // into it: compute reads whatever the copy has not written yet.
+    kBoundBeforeCopyWaited,
+    // A copy was enqueued into a range still bound as parameters: compute may read it while
+    // the copy overwrites it.
+    kCopyIntoBoundRange,
+    // A copy into a range that compute read (bound since the previous copy) does not name, in
+    // `after`, an event recorded after that compute: the copy may overwrite it mid-read.
+    kCopyNotOrderedAfterReaders,
+  };
+  Kind kind = Kind::kFreedWhileCopyPending;
+  size_t buffer_bytes = 0;  // size of the device buffer concerned
+  size_t offset = 0;        // the range concerned in it
+  size_t bytes = 0;
+  uint64_t copy_id = 0;  // the copy concerned (numbered from 1 in submission order)
+  std::string message;   // all of the above in words
+};
+std::string to_string(DeviceRuleViolation::Kind kind);
+using DeviceRuleViolationHandler = std::function<void(const DeviceRuleViolation&)>;
+
 struct TransferEngineOptions {
   // Simulated device only: throttle copies to this many bytes per second (0: memcpy speed).
   double sim_bandwidth_bytes_per_s = 0;
   // Simulated device only: the memory size it reports (0: unknown).
   size_t sim_device_memory_bytes = 0;
+  // Simulated device only: enforce CUDA's ordering rules instead of forgiving what the CPU
+  // happens to tolerate (cpu_offload/src/sim_device_rules.h). Violations (DeviceRuleViolation)
+  // are reported, and a copy's bytes land only when someone waits for it: until then its
+  // destination reads as 0xFF (NaN), so compute that reads too early computes garbage,
+  // deterministically. Costs a memset per copy and moves the memcpy to the thread that waits
+  // (offload-bench small, 2-core VM: layerwise steps 29% longer, model-level 2%); copy_ms and
+  // h2d figures then time the poisoning, so measure in relaxed mode. Unset: the environment
+  // variable OMNI_SIM_STRICT (1 on, 0 off), else off. The engine test suites turn it on.
+  std::optional<bool> sim_strict;
+  // Strict mode: called once per violation, on the thread that made it (for a free: the one
+  // that dropped the last handle). Unset: the violation is logged and the process aborts.
+  DeviceRuleViolationHandler sim_violation_handler;
   int cuda_device_index = 0;
 };
+// Whether a simulated device made with `options` runs in strict mode.
+bool sim_strict_enabled(const TransferEngineOptions& options);
 
 class TransferEngine {
  public:
@@ -207,7 +270,10 @@ bool cuda_engine_built();
 
 // Byte alignment of slabs and of each tensor inside one.
 constexpr size_t kSlabAlignment = 256;
-constexpr size_t kTensorAlignment = 64;
+// 256 for tensors too: cuBLASLt picks its algorithms by the operands' pointer alignment (up to
+// 256 B), so a weight at a less aligned address than the caching allocator's (512 B) may take
+// another kernel than the same weight resident, and outputs would no longer be bitwise equal.
+constexpr size_t kTensorAlignment = 256;
 inline size_t align_up(size_t value, size_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }

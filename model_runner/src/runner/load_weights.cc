@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -22,7 +23,7 @@ std::string shape_str(at::IntArrayRef shape) {
 }  // namespace
 
 LoadWeightsReport load_weights(torch::nn::Module& module, const SafetensorsCheckpoint& checkpoint,
-                               const std::string& prefix) {
+                               const std::string& prefix, bool defer_conversion) {
   LoadWeightsReport report;
   std::set<std::string> expected;
   for (auto& item : module.named_parameters(/*recurse=*/true)) {
@@ -39,7 +40,11 @@ LoadWeightsReport load_weights(torch::nn::Module& module, const SafetensorsCheck
     }
     at::Tensor source = checkpoint.tensor(name);
     if (source.scalar_type() != param.scalar_type()) {
-      source = source.to(param.scalar_type());
+      if (defer_conversion) {
+        report.deferred.emplace(item.key(), param.scalar_type());
+      } else {
+        source = source.to(param.scalar_type());
+      }
       ++report.converted;
     }
     at::NoGradGuard no_grad;
@@ -63,6 +68,28 @@ LoadWeightsReport load_weights(torch::nn::Module& module, const SafetensorsCheck
                "\" that the model (from config.json) does not have: ", list.str());
   }
   return report;
+}
+
+void defer_conversions(const LoadWeightsReport& report, const std::string& root_prefix,
+                       std::unordered_map<std::string, at::ScalarType>& convert_dtypes) {
+  for (const auto& [name, dtype] : report.deferred) convert_dtypes[root_prefix + name] = dtype;
+}
+
+at::ScalarType resolve_dtype(at::ScalarType requested, const SafetensorsCheckpoint& checkpoint,
+                             const std::string& prefix) {
+  if (requested != at::ScalarType::Undefined) return requested;
+  std::map<at::ScalarType, int64_t> bytes;
+  for (const auto& name : checkpoint.names()) {
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const TensorInfo& info = checkpoint.info(name);
+    if (at::isFloatingType(info.dtype)) bytes[info.dtype] += static_cast<int64_t>(info.nbytes);
+  }
+  at::ScalarType best = at::kFloat;
+  int64_t most = 0;
+  for (const auto& [dtype, n] : bytes) {
+    if (n > most) best = dtype, most = n;
+  }
+  return best;
 }
 
 }  // namespace omni::models

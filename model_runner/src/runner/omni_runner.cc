@@ -174,11 +174,18 @@ std::unique_ptr<OmniRunner> OmniRunner::load(const OmniRunnerOptions& options,
   s.preprocessor = ChatPreprocessor::load(options.model_dir, s.thinker_cfg);
 
   s.model = std::make_shared<Qwen3Omni>(s.thinker_cfg, s.has_talker ? &s.talker_cfg : nullptr,
-                                        s.has_talker ? &s.code2wav_cfg : nullptr, options.dtype);
-  auto report = load_weights(s.model->thinker(), checkpoint, s.thinker_cfg.weight_prefix);
+                                        s.has_talker ? &s.code2wav_cfg : nullptr,
+                                        resolve_dtype(options.dtype, checkpoint, ""));
+  // Conversions (when the dtype asked for is not the checkpoint's) are left to the offload
+  // engine, unit by unit.
+  std::unordered_map<std::string, at::ScalarType> convert;
+  auto report = load_weights(s.model->thinker(), checkpoint, s.thinker_cfg.weight_prefix, true);
+  defer_conversions(report, "thinker.", convert);
   if (s.has_talker) {
-    const auto talker = load_weights(s.model->talker(), checkpoint, "talker.");
-    const auto code2wav = load_weights(s.model->code2wav(), checkpoint, "code2wav.");
+    const auto talker = load_weights(s.model->talker(), checkpoint, "talker.", true);
+    const auto code2wav = load_weights(s.model->code2wav(), checkpoint, "code2wav.", true);
+    defer_conversions(talker, "talker.", convert);
+    defer_conversions(code2wav, "code2wav.", convert);
     report.tensors += talker.tensors + code2wav.tensors;
     report.bytes += talker.bytes + code2wav.bytes;
     report.converted += talker.converted + code2wav.converted;
@@ -188,8 +195,8 @@ std::unique_ptr<OmniRunner> OmniRunner::load(const OmniRunnerOptions& options,
            s.has_talker ? "" : " (no talker: text output only)");
 
   // Offload after the weights are bound: the backend moves them into its stores.
-  const auto [oc, spec] =
-      offload_setup(options.offload, "thinker.", s.has_talker, omni_component_paths);
+  auto [oc, spec] = offload_setup(options.offload, "thinker.", s.has_talker, omni_component_paths);
+  oc.convert_dtypes = std::move(convert);
   s.backend = offload::apply_offload(*s.model, spec, oc, engine);
   s.model->set_device(engine->compute_device());
 

@@ -75,8 +75,9 @@ std::unique_ptr<TalkerRunner> TalkerRunner::load(const SpeechRunnerOptions& opti
   r->cfg_ = qwen3_omni::parse_talker_config(config, r->thinker_cfg_);
   r->ids_ = qwen3_omni::parse_omni_token_ids(config, r->thinker_cfg_);
   const auto checkpoint = SafetensorsCheckpoint::open(options.model_dir);
-  r->talker_ = std::make_shared<qwen3_omni::Talker>(r->cfg_, options.dtype);
-  const auto report = load_weights(*r->talker_, checkpoint, "talker.");
+  r->talker_ = std::make_shared<qwen3_omni::Talker>(
+      r->cfg_, resolve_dtype(options.dtype, checkpoint, "talker."));
+  const auto report = load_weights(*r->talker_, checkpoint, "talker.", /*defer_conversion=*/true);
   log_info("loaded ", report.tensors, " talker tensors (", report.bytes, " bytes) from ",
            options.model_dir);
 
@@ -98,6 +99,7 @@ std::unique_ptr<TalkerRunner> TalkerRunner::load(const SpeechRunnerOptions& opti
       oc.device_budget_fraction = o.device_budget_fraction;
     }
   }
+  defer_conversions(report, "", oc.convert_dtypes);
   oc.validate();
   r->backend_ = offload::apply_offload(*r->talker_, spec, oc, engine);
   r->talker_->set_device(engine->compute_device());
@@ -226,8 +228,10 @@ std::unique_ptr<Code2WavRunner> Code2WavRunner::load(
   r->engine_ = engine;
   r->cfg_ = qwen3_omni::parse_code2wav_config(config);
   const auto checkpoint = SafetensorsCheckpoint::open(options.model_dir);
-  r->code2wav_ = std::make_shared<qwen3_omni::Code2Wav>(r->cfg_, options.dtype);
-  const auto report = load_weights(*r->code2wav_, checkpoint, "code2wav.");
+  r->code2wav_ = std::make_shared<qwen3_omni::Code2Wav>(
+      r->cfg_, resolve_dtype(options.dtype, checkpoint, "code2wav."));
+  const auto report =
+      load_weights(*r->code2wav_, checkpoint, "code2wav.", /*defer_conversion=*/true);
   log_info("loaded ", report.tensors, " code2wav tensors (", report.bytes, " bytes) from ",
            options.model_dir);
   r->root_ = std::make_shared<torch::nn::Module>("Code2WavStage");
@@ -244,6 +248,7 @@ std::unique_ptr<Code2WavRunner> Code2WavRunner::load(
     oc.device_budget_bytes = o.device_budget_bytes;
     oc.device_budget_fraction = o.device_budget_fraction;
   }
+  defer_conversions(report, "code2wav.", oc.convert_dtypes);
   oc.validate();
   r->backend_ = offload::apply_offload(*r->root_, offload::ModelSpec{}, oc, engine);
   return r;

@@ -44,19 +44,23 @@ std::unique_ptr<ThinkerRunner> ThinkerRunner::load(
   r->tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::load(options.model_dir));
   r->preprocessor_ = ChatPreprocessor::load(options.model_dir, cfg);
 
-  r->thinker_ = std::make_shared<Thinker>(cfg, options.dtype);
-  const auto report = load_weights(*r->thinker_, checkpoint, cfg.weight_prefix);
+  r->options_.dtype = resolve_dtype(options.dtype, checkpoint, cfg.weight_prefix);
+  r->thinker_ = std::make_shared<Thinker>(cfg, r->options_.dtype);
+  const auto report =
+      load_weights(*r->thinker_, checkpoint, cfg.weight_prefix, /*defer_conversion=*/true);
   omni::log_info("loaded ", report.tensors, " tensors (", report.bytes, " bytes) from ",
                  options.model_dir, report.converted ? " with dtype conversion" : "");
   for (const auto& child : r->thinker_->named_children()) {
     int64_t bytes = 0;
-    for (const auto& p : child.value()->parameters()) bytes += static_cast<int64_t>(p.nbytes());
+    for (const auto& p : child.value()->parameters()) {  // in the dtype they are converted to
+      bytes += p.numel() * static_cast<int64_t>(c10::elementSize(r->options_.dtype));
+    }
     r->module_bytes_[child.key()] = bytes;
   }
 
   // Offload after the weights are bound: the backend moves them into its stores.
-  const auto [oc, spec] =
-      offload_setup(options.offload, "", /*talker=*/false, thinker_component_paths);
+  auto [oc, spec] = offload_setup(options.offload, "", /*talker=*/false, thinker_component_paths);
+  defer_conversions(report, "", oc.convert_dtypes);
   r->backend_ = offload::apply_offload(*r->thinker_, spec, oc, engine);
   r->thinker_->set_device(engine->compute_device());
 

@@ -67,6 +67,14 @@ std::shared_ptr<const uint8_t> map_readonly(const std::string& path, size_t* siz
   });
 }
 
+// Takes the pages of [data, data + bytes) out of the resident set (see SafetensorsFile::tensor).
+void drop_pages(void* data, size_t bytes) {
+  static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(data) & ~(page - 1);
+  const auto end = (reinterpret_cast<uintptr_t>(data) + bytes + page - 1) & ~(page - 1);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 // Shape dimensions and offsets: JSON integers >= 0 that fit in int64 (ATen sizes are int64).
 // The parser stores non-negative integers as number_unsigned, negative ones as
 // number_integer, so a negative value or a float fails the first test.
@@ -250,9 +258,16 @@ at::Tensor SafetensorsFile::tensor(const std::string& name) const {
     if (ti.nbytes > 0) std::memcpy(copy.data_ptr(), bytes, ti.nbytes);
     return copy;
   }
-  // The deleter holds the mapping: it stays mapped while any view of it is alive.
+  // The deleter holds the mapping: it stays mapped while any view of it is alive. When this
+  // view dies (e.g. the offload engine has packed the weight into its own slab and let the
+  // parameter go), its pages leave the process's resident set: the mapping is a private,
+  // read-only view of the file, so dropping them loses nothing (a later read of the same bytes
+  // faults them in again from the page cache). Without this, loading holds every weight twice,
+  // once in the file's pages and once in the engine's slabs. The range is widened to whole pages,
+  // which may drop a neighbour's edge page: that neighbour only refaults it.
   return at::from_blob(
-      bytes, ti.shape, [keep = mapping_](void*) {}, options);
+      bytes, ti.shape,
+      [keep = mapping_, nbytes = ti.nbytes](void* data) { drop_pages(data, nbytes); }, options);
 }
 
 }  // namespace omni::models

@@ -31,7 +31,9 @@ using OmniOffloadOptions = RunnerOffloadOptions;
 
 struct OmniRunnerOptions {
   std::string model_dir;
-  at::ScalarType dtype = at::kFloat;  // compute dtype; other checkpoint dtypes are converted
+  // Compute dtype; weights of another dtype are converted at load. Undefined ("auto"): the
+  // checkpoint's own (resolve_dtype).
+  at::ScalarType dtype = at::ScalarType::Undefined;
   OmniOffloadOptions offload;
 };
 

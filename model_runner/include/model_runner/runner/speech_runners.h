@@ -27,7 +27,9 @@ namespace omni::models {
 
 struct SpeechRunnerOptions {
   std::string model_dir;
-  at::ScalarType dtype = at::kFloat;
+  // Compute dtype; weights of another dtype are converted at load. Undefined ("auto"): the
+  // checkpoint's own (resolve_dtype).
+  at::ScalarType dtype = at::ScalarType::Undefined;
   // Component names as the talker stage sees them: talker.* / code_predictor /
   // talker.model.layers.* (a leading "talker." is optional); names of other parts are ignored,
   // since a pipeline-wide list names modules of every stage. Layerwise streams the talker's

@@ -14,9 +14,12 @@
 namespace omni::models {
 
 // "tiny" (the test fixture's shapes, ~2 MB), "small" (~0.25 GB fp32: 8 MoE layers of 16
-// experts), "medium" (~1 GB fp32: 12 layers of 32 experts, larger encoders) or "speech-real"
+// experts), "medium" (~1 GB fp32: 12 layers of 32 experts, larger encoders), "speech-real"
 // (hidden 2048 like the real thinker, which the real talker's projections read, but only 2
-// small MoE layers and small encoders: a cheap thinker in front of a real-size talker).
+// small MoE layers and small encoders: a cheap thinker in front of a real-size talker) or
+// "real" (Qwen3-Omni-30B-A3B's text model: hidden 2048, 32/4 heads of 128, 48 layers of 128
+// experts top-8, moe_intermediate 768, vocab 152064; small encoders; ~1.25 GB per layer in
+// bf16, set num_hidden_layers for fewer).
 qwen3_omni::ThinkerConfig synthetic_thinker_config(const std::string& preset);
 
 // The speech half of a synthetic checkpoint (talker_config, code2wav_config, token ids).
@@ -36,7 +39,9 @@ SyntheticSpeech synthetic_speech_config(const std::string& preset,
 
 // Writes the checkpoint into `dir` (created; existing files replaced). Weights ~ N(0, 0.02)
 // (norm weights 1) from `seed`, stored as `dtype`; with `speech`, the talker and code2wav too
-// (enable_audio_output true). Returns the parameter bytes written.
+// (enable_audio_output true). Returns the parameter bytes written. A directory that already
+// holds this exact checkpoint (config, dtype and seed, recorded in synthetic.json once the
+// files are complete) is reused as it is.
 int64_t write_synthetic_checkpoint(const std::string& dir, const qwen3_omni::ThinkerConfig& cfg,
                                    const std::string& assets_dir, at::ScalarType dtype = at::kFloat,
                                    uint64_t seed = 0, const SyntheticSpeech* speech = nullptr);

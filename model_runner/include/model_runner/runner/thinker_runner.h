@@ -26,8 +26,9 @@ using ThinkerOffloadOptions = RunnerOffloadOptions;
 
 struct ThinkerRunnerOptions {
   std::string model_dir;
-  // Compute dtype; weights of another dtype are converted at load.
-  at::ScalarType dtype = at::kFloat;
+  // Compute dtype; weights of another dtype are converted at load. Undefined ("auto"): the
+  // checkpoint's own (resolve_dtype).
+  at::ScalarType dtype = at::ScalarType::Undefined;
   ThinkerOffloadOptions offload;
 };
 
