@@ -114,6 +114,7 @@ Measured run_pipeline(const omni::models::TinyDiffusionConfig& model, const Offl
   omni::models::TinyDiffusionPipeline pipe(model);
   auto engine = omni::offload::make_transfer_engine(device, engine_options);
   auto backend = omni::offload::apply_offload(pipe, pipe.offload_spec(), config, engine);
+  auto forward = backend->forward_scope();  // every forward runs in it
   const auto prompt = omni::models::example_prompt(1, 8, model.vocab, 1);
   const auto negative = omni::models::example_prompt(1, 8, model.vocab, 2);
   // Warm-up: first-touch allocations, kernel selection, the first cycle of prefetches.

@@ -41,7 +41,13 @@ struct Options {
   bool no_pin = false;
   std::optional<int> threads;
   std::string text = "What do you hear and see?";
+  // Expert offload strategies (experts, experts-layerwise): one run per budget.
+  std::string expert_cache_budgets = "25%";
+  bool no_expert_prefetch = false;
+  std::string expert_miss_policy = "fetch";
 };
+
+bool is_expert_strategy(const std::string& s) { return s == "experts" || s == "experts-layerwise"; }
 
 void add_options(CLI::App& app, Options& o) {
   using omni::bench::at_least;
@@ -73,17 +79,21 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--strategies", o.strategies,
                  "comma-separated: none, alternating, sequential, layerwise (decoder + encoder "
                  "layers), layerwise-decoder (decoder layers only), budget (alternating under "
-                 "--budget-bytes)")
+                 "--budget-bytes), experts (MoE experts in a device expert cache, the rest "
+                 "resident), experts-layerwise (experts cached, the rest of each decoder layer "
+                 "layerwise)")
       ->type_name("LIST")
       ->check(CLI::Validator(
           [](std::string& list) -> std::string {
             const std::vector<std::string> known = {"none",      "alternating",       "sequential",
-                                                    "layerwise", "layerwise-decoder", "budget"};
+                                                    "layerwise", "layerwise-decoder", "budget",
+                                                    "experts",   "experts-layerwise"};
             std::stringstream in(list);
             for (std::string name; std::getline(in, name, ',');) {
               if (!name.empty() && std::find(known.begin(), known.end(), name) == known.end()) {
                 return "unknown strategy '" + name +
-                       "' (none, alternating, sequential, layerwise, layerwise-decoder, budget)";
+                       "' (none, alternating, sequential, layerwise, layerwise-decoder, budget, "
+                       "experts, experts-layerwise)";
               }
             }
             return "";
@@ -115,12 +125,37 @@ void add_options(CLI::App& app, Options& o) {
       ->type_name("N")
       ->check(at_least(1));
   app.add_option("--text", o.text, "the user's text")->type_name("T");
+  app.add_option("--expert-cache-budgets", o.expert_cache_budgets,
+                 "experts strategies: comma-separated expert cache budgets, each a percentage "
+                 "of all experts' bytes (10%) or bytes (768MiB); one run per budget")
+      ->type_name("LIST");
+  app.add_flag("--no-expert-prefetch", o.no_expert_prefetch,
+               "experts strategies: no next-layer expert prediction and prefetch");
+  app.add_option("--expert-miss-policy", o.expert_miss_policy,
+                 "experts strategies: a miss is fetched, computed on the host, or auto")
+      ->type_name("fetch|host|auto")
+      ->check(parsed_by(omni::offload::parse_expert_miss_policy));
 }
 
-ThinkerOffloadOptions offload_for(const std::string& strategy, const Options& opt) {
+ThinkerOffloadOptions offload_for(const std::string& strategy, const Options& opt,
+                                  const std::string& expert_budget = "25%") {
   ThinkerOffloadOptions o;
   o.pin_memory = !opt.no_pin;
   if (strategy == "none") return o;
+  if (is_expert_strategy(strategy)) {
+    o.cpu_offload_experts = true;
+    omni::models::parse_expert_cache_budget(expert_budget, "--expert-cache-budgets",
+                                            &o.expert_cache_budget_bytes,
+                                            &o.expert_cache_budget_fraction);
+    o.expert_prefetch = !opt.no_expert_prefetch;
+    o.expert_miss_policy = opt.expert_miss_policy;
+    if (strategy == "experts-layerwise") {
+      o.layerwise = true;
+      o.layerwise_encoders = false;
+      o.num_gpu_layers = opt.num_gpu_layers;
+    }
+    return o;
+  }
   if (strategy == "layerwise" || strategy == "layerwise-decoder") {
     o.layerwise = true;
     o.layerwise_encoders = strategy == "layerwise";
@@ -140,14 +175,29 @@ ThinkerOffloadOptions offload_for(const std::string& strategy, const Options& op
     return o;
   }
   OMNI_THROW("--strategies: unknown strategy '", strategy,
-             "' (none, alternating, sequential, layerwise, layerwise-decoder, budget)");
+             "' (none, alternating, sequential, layerwise, layerwise-decoder, budget, experts, "
+             "experts-layerwise)");
 }
 
 int run(const Options& o) {
   if (o.threads) at::set_num_threads(*o.threads);
   const auto strategies = omni::bench::split_list(o.strategies);
   OMNI_CHECK(!strategies.empty(), "--strategies is empty");
-  for (const auto& strategy : strategies) offload_for(strategy, o);  // reject typos up front
+  const auto expert_budgets = omni::bench::split_list(o.expert_cache_budgets);
+  OMNI_CHECK(!expert_budgets.empty(), "--expert-cache-budgets is empty");
+  // (strategy, expert budget) runs, in order; typos rejected up front.
+  std::vector<std::pair<std::string, std::string>> runs;
+  for (const auto& strategy : strategies) {
+    if (!is_expert_strategy(strategy)) {
+      offload_for(strategy, o);
+      runs.emplace_back(strategy, "");
+      continue;
+    }
+    for (const auto& budget : expert_budgets) {
+      offload_for(strategy, o, budget);
+      runs.emplace_back(strategy, budget);
+    }
+  }
   const std::string& assets = o.assets;
   std::string model_dir = o.model;
   if (model_dir.empty()) {
@@ -181,11 +231,11 @@ int run(const Options& o) {
   request.image_files = {assets + "/image.png"};
 
   std::vector<int64_t> baseline;
-  for (const auto& strategy : strategies) {
+  for (const auto& [strategy, expert_budget] : runs) {
     omni::models::ThinkerRunnerOptions options;
     options.model_dir = model_dir;
     options.dtype = omni::bench::parse_dtype(o.dtype);
-    options.offload = offload_for(strategy, o);
+    options.offload = offload_for(strategy, o, expert_budget);
     auto engine = omni::offload::make_transfer_engine(device, engine_options);
     auto runner = omni::models::ThinkerRunner::load(options, engine);
     const auto inputs = runner->prepare(request);
@@ -197,10 +247,20 @@ int run(const Options& o) {
     runner->generate(inputs, params);
     engine->synchronize();
     runner->offload().reset_stats();
+    auto* experts = runner->expert_cache();
+    if (experts) experts->reset_stats();
     Clock::time_point first_token;
+    // Bytes moved by the prefill (engine counter when the first token arrives): the rest are
+    // the decode steps'.
+    uint64_t prefill_h2d = 0;
+    omni::offload::ExpertCacheStats prefill_experts;
     const auto start = Clock::now();
     const auto result = runner->generate(inputs, params, [&](int64_t) {
-      if (first_token == Clock::time_point()) first_token = Clock::now();
+      if (first_token == Clock::time_point()) {
+        first_token = Clock::now();
+        prefill_h2d = engine->counters().bytes_h2d;
+        if (experts) prefill_experts = experts->stats();
+      }
       return true;
     });
     engine->synchronize();
@@ -210,6 +270,31 @@ int run(const Options& o) {
     const double decode_s = std::chrono::duration<double>(end - first_token).count();
     if (strategy == "none") baseline = result.tokens;
     const auto s = runner->offload().stats();
+    const size_t decode_steps = result.tokens.size() > 1 ? result.tokens.size() - 1 : 1;
+    std::ostringstream expert_json;
+    if (experts) {
+      const auto e = experts->stats();
+      // The decode steps alone (the prefill hits most experts of every layer).
+      const uint64_t hits = e.hits - prefill_experts.hits;
+      const uint64_t uses = e.uses() - prefill_experts.uses();
+      const uint64_t prefetched = e.prefetched - prefill_experts.prefetched;
+      const uint64_t prefetch_hits = e.prefetch_hits - prefill_experts.prefetch_hits;
+      expert_json << ", \"expert_cache_budget\": \"" << expert_budget
+                  << "\", \"expert_cache_bytes\": " << e.device_bytes
+                  << ", \"expert_slots\": " << e.slots << ", \"experts\": " << e.experts
+                  << ", \"expert_hit_rate\": " << e.hit_rate()
+                  << ", \"expert_prefetch_hit_rate\": " << e.prefetch_hit_rate()
+                  << ", \"decode_expert_hit_rate\": "
+                  << (uses ? static_cast<double>(hits) / static_cast<double>(uses) : 0.0)
+                  << ", \"decode_expert_prefetch_hit_rate\": "
+                  << (prefetched
+                          ? static_cast<double>(prefetch_hits) / static_cast<double>(prefetched)
+                          : 0.0)
+                  << ", \"decode_expert_bytes_per_token\": "
+                  << static_cast<double>(e.bytes_h2d - prefill_experts.bytes_h2d) /
+                         static_cast<double>(decode_steps)
+                  << ", \"expert_stats\": " << e.to_json();
+    }
     std::cout << "{\"strategy\": \"" << strategy << "\", \"device\": \"" << s.device
               << "\", \"model_dir\": \"" << model_dir << "\", \"param_bytes\": " << s.param_bytes
               << ", \"prompt_tokens\": " << inputs.input_ids.size()
@@ -220,7 +305,10 @@ int run(const Options& o) {
               << result.tokens.size() / std::chrono::duration<double>(end - start).count()
               << ", \"peak_device_bytes\": " << s.peak_device_bytes
               << ", \"resident_bytes\": " << s.resident_bytes << ", \"bytes_h2d\": " << s.bytes_h2d
-              << ", \"loads\": " << s.loads << ", \"stall_ms\": " << s.stall_ms
+              << ", \"bytes_h2d_per_decode_token\": "
+              << static_cast<double>(s.bytes_h2d - std::min<uint64_t>(prefill_h2d, s.bytes_h2d)) /
+                     static_cast<double>(decode_steps)
+              << ", \"loads\": " << s.loads << ", \"stall_ms\": " << s.stall_ms << expert_json.str()
               << ", \"tokens_equal_to_none\": "
               << (baseline.empty() || strategy == "none"
                       ? "null"

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
     config.num_gpu_layers = 1;
     auto engine = off::make_transfer_engine(device);
     auto backend = off::apply_offload(pipe, pipe.offload_spec(), config, engine);
+    auto forward = backend->forward_scope();  // every forward runs in it
 
     const auto prompt = omni::models::example_prompt(1, 8, pipe.config().vocab, 1);
     const auto negative = omni::models::example_prompt(1, 8, pipe.config().vocab, 2);

@@ -61,10 +61,21 @@ void BackendBase::make_resident() {
                               config_.pin_memory);
 }
 
-int BackendBase::add_unit(const UnitPlan& plan) {
-  units_.push_back(std::make_unique<OffloadUnit>(plan.name, lookup(tensors_, plan.tensor_names),
-                                                 *engine_, config_.pin_memory,
-                                                 &config_.convert_dtypes));
+int BackendBase::add_unit(const UnitPlan& plan, bool prefetched) {
+  auto unit = std::make_unique<OffloadUnit>(plan.name, lookup(tensors_, plan.tensor_names),
+                                            *engine_, config_.pin_memory, &config_.convert_dtypes);
+  // A copy from pageable memory is staged by the driver and returns only when done: a
+  // prefetch would no longer overlap compute, and the "offload" would silently run at copy
+  // plus compute speed. Better a clear error than that, unless pinning was turned off.
+  OMNI_CHECK(!prefetched || !config_.pin_memory || unit->host().pinned(), "pinning ", unit->bytes(),
+             " bytes of host memory for unit '", plan.name, "' failed (",
+             engine_->host_counter()->current(),
+             " bytes of host slabs held): ", to_string(strategy()),
+             " offload prefetches while computing, which needs pinned memory. Free host "
+             "memory or raise the locked-memory limit (ulimit -l), or turn pinning off "
+             "(pin_memory = false, --no-cpu-offload-pin-memory) to accept copies that do not "
+             "overlap compute");
+  units_.push_back(std::move(unit));
   counters_.push_back(std::make_unique<UnitCounters>());
   return static_cast<int>(units_.size()) - 1;
 }
@@ -125,12 +136,9 @@ void BackendBase::reset_stats() {
   engine_->collect_timings();
   engine_->reset_counters();
   for (auto& k : counters_) {
-    k->copy.total_ns = 0;
-    k->copy.count = 0;
-    k->compute.total_ns = 0;
-    k->compute.count = 0;
-    k->stall.total_ns = 0;
-    k->stall.count = 0;
+    k->copy.reset();
+    k->compute.reset();
+    k->stall.reset();
     k->loads = 0;
     k->sync_loads = 0;
   }

@@ -49,10 +49,13 @@ class BackendBase : public OffloadBackend {
   BackendBase(torch::nn::Module& root, OffloadPlan plan, std::shared_ptr<TransferEngine> engine,
               const OffloadConfig& config);
 
-  // Packs the plan's resident tensors, copies them to the device once and binds them.
+  // Streams the plan's resident tensors to the device through a staging buffer (no host
+  // slab) and binds them there.
   void make_resident();
   // Packs one planned unit into its host slab; returns its index in units_.
-  int add_unit(const UnitPlan& plan);
+  // `prefetched`: the backend copies this unit while another computes (layerwise,
+  // model-level), so its slab must be pinned unless pin_memory is off (throws otherwise).
+  int add_unit(const UnitPlan& plan, bool prefetched = false);
   // Units whose module is `path`, lies under it, or contains it.
   std::vector<int> units_at(const std::string& path) const;
   // Attaches `hook` to every hookable method of the module at `path`.

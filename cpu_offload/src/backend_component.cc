@@ -61,6 +61,7 @@ class ComponentBackend final : public BackendBase {
   Strategy strategy() const override { return Strategy::kComponent; }
 
   void ensure_on_device(const std::string& path) override {
+    auto forward = forward_scope();  // a load is compute-stream work, like a forward's
     BackendBase::ensure_on_device(path);
     for (int c : units_at(path)) {
       if (!components_[c].buffer) load(c);
@@ -69,6 +70,7 @@ class ComponentBackend final : public BackendBase {
   }
 
   size_t release_device() override {
+    auto forward = forward_scope();
     size_t freed = 0;
     for (size_t c = 0; c < components_.size(); ++c) {
       if (!components_[c].buffer || components_[c].depth > 0) continue;

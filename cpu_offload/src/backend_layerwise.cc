@@ -24,7 +24,7 @@ class LayerwiseBackend final : public BackendBase {
         window_(config.num_gpu_layers) {
     make_resident();
     for (const auto& unit_plan : plan_.units) {
-      const int u = add_unit(unit_plan);
+      const int u = add_unit(unit_plan, /*prefetched=*/true);
       const int group = unit_plan.order_group;
       if (static_cast<int>(orders_.size()) <= group) orders_.resize(group + 1);
       position_.push_back(static_cast<int>(orders_[group].size()));

@@ -26,7 +26,7 @@ class ModelLevelBackend final : public BackendBase {
       Group group;
       size_t offset = 0;
       for (const auto& unit_plan : plan_.groups[g].units) {
-        const int u = add_unit(unit_plan);
+        const int u = add_unit(unit_plan, /*prefetched=*/config_.device_budget_bytes > 0);
         group.units.push_back(u);
         group.offsets.push_back(offset);
         offset = align_up(offset + units_[u]->bytes(), kSlabAlignment);
@@ -72,6 +72,7 @@ class ModelLevelBackend final : public BackendBase {
   Strategy strategy() const override { return Strategy::kModelLevel; }
 
   void ensure_on_device(const std::string& path) override {
+    auto forward = forward_scope();  // a load is compute-stream work, like a forward's
     BackendBase::ensure_on_device(path);
     for (int u : units_at(path)) {
       for (size_t g = 0; g < groups_.size(); ++g) {

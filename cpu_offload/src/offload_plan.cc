@@ -2,6 +2,8 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <map>
 #include <set>
@@ -17,6 +19,10 @@ namespace {
 
 // Every distinct tensor of the model by name, in registration order.
 struct TensorTable {
+  // Carved out of every strategy's placement (OffloadConfig::resident_modules,
+  // expert_modules): module paths kept resident, and module paths of expert units.
+  std::vector<std::string> keep_resident;
+  std::vector<std::string> experts;
   std::vector<std::string> names;
   std::unordered_map<std::string, at::Tensor> by_name;
   std::unordered_map<std::string, const void*> impl_of;  // tied weights share an impl
@@ -52,6 +58,15 @@ class Assignment {
     }
   }
   void finish(OffloadPlan& plan, std::vector<UnitPlan*> units) {
+    // Carve-outs win over the strategy: buckets <= -2 are expert units (-2 - index).
+    for (const auto& path : table_.keep_resident) assign_prefix(path, -1);
+    for (size_t e = 0; e < table_.experts.size(); ++e) {
+      assign_prefix(table_.experts[e], -2 - static_cast<int>(e));
+    }
+    if (!table_.experts.empty()) {
+      plan.experts.clear();
+      for (const auto& path : table_.experts) plan.experts.push_back({path, {}, 0, 0});
+    }
     std::map<const void*, int> impl_bucket;
     std::set<const void*> tied_across;
     for (const auto& n : table_.names) {
@@ -69,7 +84,12 @@ class Assignment {
       if (tied_across.count(impl)) {
         log_info("tensor '", n, "' is shared by parts placed differently: kept resident");
       }
-      if (bucket < 0) {
+      if (bucket <= -2) {
+        auto& expert = plan.experts[static_cast<size_t>(-2 - bucket)];
+        expert.tensor_names.push_back(n);
+        expert.bytes += bytes;
+        plan.expert_bytes += bytes;
+      } else if (bucket < 0) {
         plan.resident_tensors.push_back(n);
         plan.resident_bytes += bytes;
       } else {
@@ -245,6 +265,34 @@ void plan_components(torch::nn::Module& root, const OffloadConfig& config, const
   assignment.finish(plan, units);
 }
 
+// Modules matching any of `patterns` (outermost matches only), in module order. A pattern that
+// matches nothing is an error naming `what`.
+std::vector<std::string> matched_modules(torch::nn::Module& root,
+                                         const std::vector<std::string>& patterns,
+                                         const char* what) {
+  if (patterns.empty()) return {};
+  std::vector<std::string> matched;
+  std::vector<size_t> found(patterns.size(), 0);
+  for (const auto& item : root.named_modules("", /*include_self=*/false)) {
+    bool hit = false;
+    for (size_t i = 0; i < patterns.size(); ++i) {
+      if (matches_pattern(patterns[i], item.key())) {
+        ++found[i];
+        hit = true;
+      }
+    }
+    if (!hit) continue;
+    const bool nested = std::any_of(matched.begin(), matched.end(), [&](const std::string& o) {
+      return path_is_under(item.key(), o);
+    });
+    if (!nested) matched.push_back(item.key());
+  }
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    OMNI_CHECK(found[i] > 0, what, " pattern '", patterns[i], "' matches no module");
+  }
+  return matched;
+}
+
 }  // namespace
 
 OffloadPlan make_offload_plan(torch::nn::Module& root, const ModelSpec& spec,
@@ -252,7 +300,9 @@ OffloadPlan make_offload_plan(torch::nn::Module& root, const ModelSpec& spec,
   config.validate();
   OffloadPlan plan;
   plan.strategy = config.strategy();
-  const TensorTable table = collect_tensors(root);
+  TensorTable table = collect_tensors(root);
+  table.keep_resident = matched_modules(root, config.resident_modules, "resident module");
+  table.experts = matched_modules(root, config.expert_modules, "expert module");
   switch (plan.strategy) {
     case Strategy::kNone: {
       Assignment assignment(table);
@@ -276,6 +326,9 @@ std::string OffloadPlan::describe() const {
   std::string out = detail::str_cat("strategy ", to_string(strategy), ": ", resident_tensors.size(),
                                     " resident tensors (", resident_bytes, " bytes)");
   if (!units.empty()) out += detail::str_cat(", ", units.size(), " streamed units");
+  if (!experts.empty()) {
+    out += detail::str_cat(", ", experts.size(), " experts (", expert_bytes, " bytes)");
+  }
   for (const auto& g : groups) {
     out +=
         detail::str_cat(", group ", g.name, " (", g.units.size(), " units, ", g.bytes, " bytes)");

@@ -1,6 +1,7 @@
 #include "cpu_offload/transfer_engine.h"
 
 #include <cstdlib>
+#include <string>
 
 #include "cpu_offload/check.h"
 
@@ -24,8 +25,16 @@ std::string to_string(DeviceRuleViolation::Kind kind) {
       return "copy into a range still bound as parameters";
     case DeviceRuleViolation::Kind::kCopyNotOrderedAfterReaders:
       return "copy not ordered after the compute that read the range";
+    case DeviceRuleViolation::Kind::kComputeOutsideScope:
+      return "compute outside the engine's compute scope";
   }
   return "unknown violation";
+}
+
+bool cuda_timing_enabled(const TransferEngineOptions& options) {
+  if (options.cuda_timing) return *options.cuda_timing;
+  const char* env = std::getenv("OMNI_CUDA_TIMING");
+  return env != nullptr && std::string(env) == "1";
 }
 
 bool sim_strict_enabled(const TransferEngineOptions& options) {
@@ -71,6 +80,7 @@ TransferCounters TransferEngine::counters() {
   c.copies = copies_.load();
   c.copy_ms = static_cast<double>(copy_ns_.load()) / 1e6;
   c.stall_ms = static_cast<double>(stall_ns_.load()) / 1e6;
+  c.timings_dropped = timings_dropped_.load();
   return c;
 }
 
@@ -79,6 +89,7 @@ void TransferEngine::reset_counters() {
   copies_ = 0;
   copy_ns_ = 0;
   stall_ns_ = 0;
+  timings_dropped_ = 0;
   memory_->reset_peak();
 }
 

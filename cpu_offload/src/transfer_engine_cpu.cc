@@ -5,6 +5,7 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <deque>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "cpu_offload/check.h"
@@ -28,11 +30,22 @@ int64_t now_ns() {
       .count();
 }
 
+// Compute scopes entered on this thread (any simulated engine's): strict mode checks that the
+// engine's compute calls come from inside one, as they must on CUDA.
+thread_local int compute_scope_depth = 0;
+
+class SimComputeScope final : public TransferEngine::ComputeScope {
+ public:
+  SimComputeScope() { ++compute_scope_depth; }
+  ~SimComputeScope() override { --compute_scope_depth; }
+};
+
 class CpuSimTransferEngine final : public TransferEngine {
  public:
   explicit CpuSimTransferEngine(const TransferEngineOptions& options)
       : bandwidth_(options.sim_bandwidth_bytes_per_s),
         memory_size_(options.sim_device_memory_bytes),
+        pinned_limit_(options.sim_pinned_limit_bytes),
         rules_(sim_strict_enabled(options)
                    ? std::make_shared<sim::Rules>(options.sim_violation_handler)
                    : nullptr),
@@ -59,12 +72,23 @@ class CpuSimTransferEngine final : public TransferEngine {
                            rules_ ? ", strict" : "", ")");
   }
 
-  HostBuffer allocate_host(size_t bytes, bool /*pin*/) override {
-    // Nothing to pin on the simulated device: the slab is plain aligned memory.
+  HostBuffer allocate_host(size_t bytes, bool pin) override {
+    // Nothing to pin on the simulated device: the slab is plain aligned memory, reported as
+    // pinned when asked for and within sim_pinned_limit_bytes (as cudaHostAlloc would).
     const size_t padded = align_up(std::max<size_t>(bytes, 1), kSlabAlignment);
     auto* data = static_cast<uint8_t*>(std::aligned_alloc(kSlabAlignment, padded));
     OMNI_CHECK(data != nullptr, "out of host memory allocating ", bytes, " bytes");
-    return make_host_buffer(data, bytes, /*pinned=*/false, [](uint8_t* p) { std::free(p); });
+    bool pinned = false;
+    if (pin) {
+      const size_t held = pinned_bytes_->fetch_add(bytes) + bytes;
+      pinned = pinned_limit_ == 0 || held <= pinned_limit_;
+      if (!pinned) pinned_bytes_->fetch_sub(bytes);
+    }
+    auto counter = pinned ? pinned_bytes_ : nullptr;
+    return make_host_buffer(data, bytes, pinned, [counter, bytes](uint8_t* p) {
+      std::free(p);
+      if (counter) counter->fetch_sub(bytes);
+    });
   }
 
   DeviceBuffer allocate_device(size_t bytes) override {
@@ -90,7 +114,7 @@ class CpuSimTransferEngine final : public TransferEngine {
     }
     Task task;
     task.after = after;
-    task.time = time;
+    if (time) task.time = *time;
     for (const auto& op : ops) task.bytes += op.bytes;
     task.waits = rules_ && std::any_of(after.begin(), after.end(), compute_in_flight);
     std::shared_future<void> done = task.done.get_future().share();
@@ -123,6 +147,7 @@ class CpuSimTransferEngine final : public TransferEngine {
   }
 
   void compute_wait(const Event& event, TimeAccumulator* stall) override {
+    check_in_scope("compute_wait");
     if (event.ready()) {
       event.host_wait();  // surfaces a failed copy
       return;
@@ -137,7 +162,14 @@ class CpuSimTransferEngine final : public TransferEngine {
   // Compute is synchronous on the host thread: when this is called, it has happened. Strict
   // mode numbers the point, so that a copy's `after` can be checked against the binds it
   // must follow.
-  Event record_compute() override { return rules_ ? rules_->record_compute() : Event(); }
+  Event record_compute() override {
+    check_in_scope("record_compute");
+    return rules_ ? rules_->record_compute() : Event();
+  }
+
+  std::unique_ptr<ComputeScope> enter_compute() override {
+    return std::make_unique<SimComputeScope>();
+  }
 
   int64_t begin_compute_timing() override { return now_ns(); }
   void end_compute_timing(int64_t token, TimeAccumulator* time) override {
@@ -159,13 +191,25 @@ class CpuSimTransferEngine final : public TransferEngine {
   void collect_timings() override { synchronize(); }
 
  private:
+  void check_in_scope(const char* call) const {
+    if (!rules_ || compute_scope_depth > 0) return;
+    DeviceRuleViolation v;
+    v.kind = DeviceRuleViolation::Kind::kComputeOutsideScope;
+    v.message = detail::str_cat(
+        call,
+        "() outside a compute scope: run forwards inside OffloadBackend::forward_scope() "
+        "(or TransferEngine::enter_compute()); on CUDA the engine's events are on its own "
+        "compute stream and kernels queued elsewhere would not wait for their weights");
+    rules_->report({v});
+  }
+
   struct Task {
     uint64_t id = 0;
     std::vector<sim::CopyPart> parts;  // relaxed mode: what to write (strict: the rules hold it)
     uint64_t bytes = 0;
     std::vector<Event> after;
-    bool waits = false;  // strict mode: counted in waiting_copies_
-    TimeAccumulator* time = nullptr;
+    bool waits = false;                   // strict mode: counted in waiting_copies_
+    std::optional<TimeAccumulator> time;  // a handle: shares the caller's total
     std::promise<void> done;
   };
 
@@ -246,6 +290,8 @@ class CpuSimTransferEngine final : public TransferEngine {
 
   const double bandwidth_;
   const size_t memory_size_;
+  const size_t pinned_limit_;
+  std::shared_ptr<std::atomic<size_t>> pinned_bytes_ = std::make_shared<std::atomic<size_t>>(0);
   const std::shared_ptr<sim::Rules> rules_;  // strict mode only
   std::mutex mutex_;
   std::condition_variable wake_;

@@ -1,7 +1,8 @@
-// The CUDA transfer engine: a high-priority copy stream, events between the copy and the
-// compute streams (compute waits on the GPU, the host never blocks), exact-size pinned host
+// The CUDA transfer engine: a high-priority copy stream and a compute stream of its own, events
+// between them (compute waits on the GPU, the host never blocks), exact-size pinned host
 // memory from cudaHostAlloc. LibTorch's caching host allocator rounds every block up to a
-// power of two, which can double the host memory a model needs, so we do not use it.
+// power of two, which can double the host memory a model needs, so we do not use it. Timing
+// (opt-in) uses pooled events, resolved as they complete, at most kMaxPendingTimings waiting.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/ops/empty.h>
@@ -12,8 +13,12 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <deque>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
+#include <vector>
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
@@ -41,13 +46,87 @@ class CudaEvent final : public Event::Impl {
   CudaEventPtr event_;
 };
 
-CudaEventPtr timing_event() { return std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault); }
+// Events with timing, reused: a timing costs two, and creating events per copy in a long-running
+// server is wasted work. An event goes back to the pool when its last handle is dropped (it
+// is then complete or abandoned; re-recording it is allowed either way).
+class TimingEventPool : public std::enable_shared_from_this<TimingEventPool> {
+ public:
+  ~TimingEventPool() {
+    for (auto* e : free_) delete e;
+  }
+  CudaEventPtr get() {
+    at::cuda::CUDAEvent* event = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_.empty()) {
+        event = free_.back();
+        free_.pop_back();
+      }
+    }
+    if (event == nullptr) event = new at::cuda::CUDAEvent(cudaEventDefault);
+    std::weak_ptr<TimingEventPool> pool = shared_from_this();
+    return CudaEventPtr(event, [pool](at::cuda::CUDAEvent* e) {
+      if (auto p = pool.lock()) {
+        std::lock_guard<std::mutex> lock(p->mutex_);
+        if (p->free_.size() < kMaxFree) {
+          p->free_.push_back(e);
+          return;
+        }
+      }
+      delete e;
+    });
+  }
+
+ private:
+  static constexpr size_t kMaxFree = 256;
+  std::mutex mutex_;
+  std::vector<at::cuda::CUDAEvent*> free_;
+};
+
+// While alive, the calling thread's current stream is the engine's compute stream, ordered after
+// what the caller had queued on its own stream; at the end the caller's stream waits for the
+// forward (its outputs are then safe to read there).
+class CudaComputeScope final : public TransferEngine::ComputeScope {
+ public:
+  CudaComputeScope(c10::cuda::CUDAStream compute)
+      : caller_(c10::cuda::getCurrentCUDAStream(compute.device_index())), guard_(compute) {
+    if (caller_ != compute) {
+      at::cuda::CUDAEvent queued;
+      queued.record(caller_);
+      queued.block(compute);
+    }
+  }
+  ~CudaComputeScope() override {
+    const auto compute = c10::cuda::getCurrentCUDAStream(caller_.device_index());
+    if (caller_ != compute) {
+      at::cuda::CUDAEvent done;
+      done.record(compute);
+      done.block(caller_);
+    }
+  }
+
+ private:
+  c10::cuda::CUDAStream caller_;
+  c10::cuda::CUDAStreamGuard guard_;
+};
 
 class CudaTransferEngine final : public TransferEngine {
  public:
   explicit CudaTransferEngine(const TransferEngineOptions& options)
       : device_(c10::kCUDA, static_cast<c10::DeviceIndex>(options.cuda_device_index)),
-        copy_stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device_.index())) {}
+        copy_stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device_.index())),
+        compute_stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_.index())),
+        timing_(cuda_timing_enabled(options)) {
+    int runtime = 0, driver = 0;
+    cudaRuntimeGetVersion(&runtime);
+    cudaDriverGetVersion(&driver);
+    log_info("CUDA engine on ", describe(), ": runtime ", runtime / 1000, ".", runtime % 1000 / 10,
+             ", driver supports ", driver / 1000, ".", driver % 1000 / 10,
+             timing_ ? ", timing on" : "");
+    OMNI_CHECK(driver >= runtime, "the CUDA driver (", driver / 1000, ".", driver % 1000 / 10,
+               ") is older than the CUDA runtime this build uses (", runtime / 1000, ".",
+               runtime % 1000 / 10, "): update the driver");
+  }
 
   ~CudaTransferEngine() override {
     try {
@@ -90,11 +169,13 @@ class CudaTransferEngine final : public TransferEngine {
 
   DeviceBuffer allocate_device(size_t bytes) override {
     // The caching allocator may hand out memory that kernels already queued on the compute
-    // stream still read (it orders reuse on that stream only). Our copies run on another
-    // stream: make it wait for everything queued so far before it can write here.
+    // stream still read (it orders reuse on the stream current at allocation: ours, under a
+    // ComputeScope). Our copies run on another stream: make it wait for everything queued so
+    // far before it can write here.
+    c10::cuda::CUDAStreamGuard on_compute(compute_stream_);
     c10::cuda::CUDAGuard guard(device_);
     at::cuda::CUDAEvent allocated;
-    allocated.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+    allocated.record(compute_stream_);
     allocated.block(copy_stream_);
     return DeviceBuffer(
         at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions(at::kByte).device(device_)),
@@ -123,8 +204,11 @@ class CudaTransferEngine final : public TransferEngine {
         e.host_wait();
       }
     }
-    auto start = timing_event();
-    start->record(copy_stream_);
+    CudaEventPtr start;
+    if (timing_) {
+      start = events_->get();
+      start->record(copy_stream_);
+    }
     uint64_t bytes = 0;
     for (const auto& op : ops) {
       OMNI_CUDA_CHECK(cudaMemcpyAsync(op.dst.data() + op.dst_offset, op.src.data() + op.src_offset,
@@ -137,14 +221,11 @@ class CudaTransferEngine final : public TransferEngine {
                                                     copy_stream_);
       bytes += op.bytes;
     }
-    auto end = timing_event();
+    auto end = timing_ ? events_->get() : std::make_shared<at::cuda::CUDAEvent>();
     end->record(copy_stream_);
     bytes_h2d_ += bytes;
     copies_ += 1;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      pending_.push_back({start, end, time, Kind::kCopy});
-    }
+    if (timing_) add_pending({start, end, optional_time(time), Kind::kCopy});
     return Event(std::make_shared<CudaEvent>(end));
   }
 
@@ -154,42 +235,62 @@ class CudaTransferEngine final : public TransferEngine {
       event.host_wait();
       return;
     }
-    auto compute = c10::cuda::getCurrentCUDAStream(device_.index());
+    check_in_scope("compute_wait");
     if (cuda_event->ready()) return;
-    // The copy is still running: the compute stream will wait on the GPU. Bracket the wait
-    // with timing events to learn how long it stalled.
-    auto before = timing_event();
-    before->record(compute);
-    cuda_event->event()->block(compute);
-    auto after = timing_event();
-    after->record(compute);
-    std::lock_guard<std::mutex> lock(mutex_);
-    pending_.push_back({before, after, stall, Kind::kStall});
+    // The copy is still running: the compute stream will wait on the GPU. With timing, the
+    // wait is bracketed with events to learn how long it stalled.
+    if (!timing_) {
+      cuda_event->event()->block(compute_stream_);
+      return;
+    }
+    auto before = events_->get();
+    before->record(compute_stream_);
+    cuda_event->event()->block(compute_stream_);
+    auto after = events_->get();
+    after->record(compute_stream_);
+    add_pending({before, after, optional_time(stall), Kind::kStall});
   }
 
   Event record_compute() override {
+    check_in_scope("record_compute");
     auto event = std::make_shared<at::cuda::CUDAEvent>();
-    event->record(c10::cuda::getCurrentCUDAStream(device_.index()));
+    event->record(compute_stream_);
     return Event(std::make_shared<CudaEvent>(event));
   }
 
+  std::unique_ptr<ComputeScope> enter_compute() override {
+    return std::make_unique<CudaComputeScope>(compute_stream_);
+  }
+
   int64_t begin_compute_timing() override {
-    auto start = timing_event();
-    start->record(c10::cuda::getCurrentCUDAStream(device_.index()));
+    if (!timing_) return -1;
+    auto start = events_->get();
+    start->record(compute_stream_);
     std::lock_guard<std::mutex> lock(mutex_);
+    // Bounded like the pending timings: a begin without its end (a forward that threw) must
+    // not keep its event forever.
+    if (open_timings_.size() >= kMaxPendingTimings) {
+      open_timings_.erase(open_timings_.begin());
+      timings_dropped_ += 1;
+    }
     const int64_t token = next_token_++;
     open_timings_[token] = start;
     return token;
   }
 
   void end_compute_timing(int64_t token, TimeAccumulator* time) override {
-    auto end = timing_event();
-    end->record(c10::cuda::getCurrentCUDAStream(device_.index()));
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = open_timings_.find(token);
-    if (it == open_timings_.end()) return;
-    pending_.push_back({it->second, end, time, Kind::kCompute});
-    open_timings_.erase(it);
+    if (token < 0) return;
+    auto end = events_->get();
+    end->record(compute_stream_);
+    CudaEventPtr start;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = open_timings_.find(token);
+      if (it == open_timings_.end()) return;
+      start = std::move(it->second);
+      open_timings_.erase(it);
+    }
+    add_pending({start, end, optional_time(time), Kind::kCompute});
   }
 
   size_t device_memory_bytes() override {
@@ -214,40 +315,73 @@ class CudaTransferEngine final : public TransferEngine {
   void synchronize() override {
     c10::cuda::CUDAGuard guard(device_);
     copy_stream_.synchronize();
+    compute_stream_.synchronize();
     c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
   }
 
   void collect_timings() override {
     synchronize();
-    std::vector<Pending> pending;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      pending.swap(pending_);
+    std::lock_guard<std::mutex> lock(mutex_);
+    resolve_ready_locked();
+  }
+
+ private:
+  // The forward's kernels go to the current stream; the engine's events are on its compute
+  // stream. Outside a ComputeScope the two differ and the kernels would not wait for their
+  // weights: refuse rather than compute with half-copied weights.
+  void check_in_scope(const char* call) const {
+    OMNI_CHECK(c10::cuda::getCurrentCUDAStream(device_.index()) == compute_stream_, call,
+               "() outside the engine's compute scope: run forwards inside "
+               "OffloadBackend::forward_scope() (or TransferEngine::enter_compute())");
+  }
+
+  enum class Kind { kCopy, kStall, kCompute };
+  struct Pending {
+    CudaEventPtr start;
+    CudaEventPtr end;
+    std::optional<TimeAccumulator> time;  // a handle, never a pointer into a backend
+    Kind kind;
+  };
+
+  static std::optional<TimeAccumulator> optional_time(const TimeAccumulator* time) {
+    if (time == nullptr) return std::nullopt;
+    return *time;
+  }
+
+  // Queues a timing and resolves the ones already complete, without waiting; beyond
+  // kMaxPendingTimings the oldest are dropped (counted): nobody is collecting them.
+  void add_pending(Pending p) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_.push_back(std::move(p));
+    resolve_ready_locked();
+    while (pending_.size() > kMaxPendingTimings) {
+      pending_.pop_front();
+      timings_dropped_ += 1;
     }
-    for (const auto& p : pending) {
+  }
+
+  // Oldest first, up to the first whose end has not happened yet (never blocks).
+  void resolve_ready_locked() {
+    while (!pending_.empty() && pending_.front().end->query()) {
+      const Pending& p = pending_.front();
       const auto ns =
           static_cast<int64_t>(static_cast<double>(p.start->elapsed_time(*p.end)) * 1e6);
       if (p.kind == Kind::kCopy) copy_ns_ += ns;
       if (p.kind == Kind::kStall) count_stall(ns);
       if (p.time) p.time->add(ns);
+      pending_.pop_front();
     }
   }
 
- private:
-  enum class Kind { kCopy, kStall, kCompute };
-  struct Pending {
-    CudaEventPtr start;
-    CudaEventPtr end;
-    TimeAccumulator* time;
-    Kind kind;
-  };
-
   c10::Device device_;
   c10::cuda::CUDAStream copy_stream_;
+  c10::cuda::CUDAStream compute_stream_;
+  const bool timing_;
+  std::shared_ptr<TimingEventPool> events_ = std::make_shared<TimingEventPool>();
   std::once_flag pin_warning_;
   std::mutex mutex_;
-  std::vector<Pending> pending_;
-  std::unordered_map<int64_t, CudaEventPtr> open_timings_;
+  std::deque<Pending> pending_;
+  std::map<int64_t, CudaEventPtr> open_timings_;  // by token: the oldest first
   int64_t next_token_ = 0;
 };
 

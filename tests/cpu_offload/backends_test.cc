@@ -55,6 +55,7 @@ RunResult run(DeviceKind device, const OffloadConfig& config, bool two_transform
   options.sim_bandwidth_bytes_per_s = bandwidth;
   auto engine = make_transfer_engine(device, options);
   auto backend = apply_offload(pipe, pipe.offload_spec(), config, engine);
+  auto forward = backend->forward_scope();  // every forward runs in it
   RunResult r;
   r.image = pipe.generate(prompt(), negative(), generate_options(), engine->compute_device()).cpu();
   r.stats = backend->stats();
@@ -211,6 +212,7 @@ TEST(LayerwiseBackend, BlockRunOutOfOrderIsLoadedSynchronouslyAndComputesCorrect
   auto engine = make_cpu_sim_engine({});
   auto backend = apply_offload(pipe, pipe.offload_spec(),
                                OffloadConfig::for_strategy(Strategy::kLayerwise), engine);
+  auto forward = backend->forward_scope();  // every forward runs in it
   c10::InferenceMode inference;
   const auto x = at::randn({1, 16, 64});
   const auto ctx = at::randn({1, 6, 64});
@@ -237,6 +239,7 @@ TEST(LayerwiseBackend, AFailedForwardLeavesTheEngineConsistent) {
   auto engine = make_cpu_sim_engine({});
   auto backend = apply_offload(pipe, pipe.offload_spec(),
                                OffloadConfig::for_strategy(Strategy::kLayerwise), engine);
+  auto forward = backend->forward_scope();  // every forward runs in it
   auto* block = dynamic_cast<DiTBlock*>(find_module(pipe, "transformer.blocks.5").get());
   ASSERT_NE(block, nullptr);
   {
@@ -279,6 +282,7 @@ TEST(ModelLevelBackend, EnsureOnDeviceSwapsInTheGroup) {
   auto engine = make_cpu_sim_engine({});
   auto backend = apply_offload(pipe, pipe.offload_spec(),
                                OffloadConfig::for_strategy(Strategy::kModelLevel), engine);
+  auto forward = backend->forward_scope();  // every forward runs in it
   pipe.generate(prompt(), negative(), generate_options(), engine->compute_device());
   const auto encoder_weight = pipe.named_parameters()["text_encoder.embed.weight"];
   const auto dit_weight = pipe.named_parameters()["transformer.patch_embed.weight"];
@@ -288,6 +292,37 @@ TEST(ModelLevelBackend, EnsureOnDeviceSwapsInTheGroup) {
   EXPECT_EQ(dit_weight.numel(), 0);  // mutual exclusion holds
   const auto s = backend->stats();
   EXPECT_LE(s.peak_device_bytes, s.resident_bytes + s.max_unit_bytes);
+}
+
+// Pinning fails (the simulated device's pinned memory runs out, as cudaHostAlloc would): a
+// layerwise backend refuses pageable slabs, whose copies could not overlap compute, unless
+// pinning was turned off; the module is left as it was.
+TEST(ApplyOffload, LayerwiseRefusesUnpinnedSlabsUnlessPinningIsOff) {
+  TransferEngineOptions options;
+  options.sim_pinned_limit_bytes = 64 << 10;  // far below one block
+  {
+    TinyDiffusionPipeline pipe(pipeline_config());
+    auto engine = make_cpu_sim_engine(options);
+    try {
+      apply_offload(pipe, pipe.offload_spec(), OffloadConfig::for_strategy(Strategy::kLayerwise),
+                    engine);
+      ADD_FAILURE() << "expected an error";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("pinning"), std::string::npos) << what;
+      EXPECT_NE(what.find("transformer.blocks.0"), std::string::npos) << what;
+      EXPECT_NE(what.find("pin_memory = false"), std::string::npos) << what;
+    }
+  }
+  TinyDiffusionPipeline pipe(pipeline_config());
+  auto engine = make_cpu_sim_engine(options);
+  auto config = OffloadConfig::for_strategy(Strategy::kLayerwise);
+  config.pin_memory = false;
+  auto backend = apply_offload(pipe, pipe.offload_spec(), config, engine);
+  auto forward = backend->forward_scope();  // every forward runs in it
+  const auto image =
+      pipe.generate(prompt(), negative(), generate_options(), c10::Device(c10::kCPU));
+  EXPECT_TRUE(at::equal(image, plain_image(false)));
 }
 
 TEST(ApplyOffload, StatsJsonNamesTheFigures) {

@@ -150,6 +150,7 @@ TEST_P(ComponentOffload, SameTokensAndPeakDropsByTheOffloadedComponents) {
     auto engine = make_transfer_engine(GetParam());
     auto backend =
         apply_offload(model, {}, component_config({"visual", "audio_tower"}, policy), engine);
+    auto forward = backend->forward_scope();  // every forward runs in it
     EXPECT_EQ(model.generate(32, engine->compute_device()), reference_tokens());
     const auto s = backend->stats();
     const size_t visual = unit_bytes(s, "visual"), audio = unit_bytes(s, "audio_tower");
@@ -171,6 +172,7 @@ TEST_P(ComponentOffload, DecoderLayersAsComponentsByGlob) {
   auto backend = apply_offload(
       model, {}, component_config({"language_model.layers.*"}, ComponentPolicy::kAlternating),
       engine);
+  auto forward = backend->forward_scope();  // every forward runs in it
   EXPECT_EQ(model.generate(8, engine->compute_device()), reference_tokens_prefix(8));
   const auto s = backend->stats();
   ASSERT_EQ(s.units.size(), 3u);
@@ -188,6 +190,7 @@ TEST_P(ComponentOffload, BudgetEvictsLeastRecentlyUsedAndPeakStaysUnderIt) {
     TinyOmni model;
     auto backend = apply_offload(model, {}, component_config(parts, ComponentPolicy::kSequential),
                                  make_transfer_engine(GetParam()));
+    auto forward = backend->forward_scope();  // every forward runs in it
     const auto s = backend->stats();
     resident = s.resident_bytes;
     a = unit_bytes(s, "audio_tower");
@@ -199,6 +202,7 @@ TEST_P(ComponentOffload, BudgetEvictsLeastRecentlyUsedAndPeakStaysUnderIt) {
   auto engine = make_transfer_engine(GetParam());
   auto backend = apply_offload(
       model, {}, component_config(parts, ComponentPolicy::kAlternating, budget), engine);
+  auto forward = backend->forward_scope();  // every forward runs in it
   // audio, visual, then the layer evicts audio (least recently used); visual stays.
   EXPECT_EQ(model.generate(32, engine->compute_device()), reference_tokens());
   auto s = backend->stats();
@@ -225,6 +229,7 @@ TEST_P(ComponentOffload, WithRoomForEverythingNothingMovesTwice) {
       model, {},
       component_config({"visual", "audio_tower"}, ComponentPolicy::kAlternating, size_t{1} << 30),
       engine);
+  auto forward = backend->forward_scope();  // every forward runs in it
   for (int i = 0; i < 3; ++i)
     EXPECT_EQ(model.generate(32, engine->compute_device()), reference_tokens());
   EXPECT_EQ(backend->stats().loads, 2u);
@@ -236,6 +241,7 @@ TEST_P(ComponentOffload, EnsureOnDeviceBeforeAHandOff) {
   auto engine = make_transfer_engine(GetParam());
   auto backend = apply_offload(
       model, {}, component_config({"visual", "audio_tower"}, ComponentPolicy::kSequential), engine);
+  auto forward = backend->forward_scope();  // every forward runs in it
   model.generate(2, engine->compute_device());
   const auto before = backend->stats();
   EXPECT_EQ(before.current_device_bytes, before.resident_bytes);
@@ -260,6 +266,7 @@ TEST_P(ComponentOffload, ReleaseDeviceGivesBackEveryLoadedComponent) {
                                component_config({"visual", "audio_tower", "language_model"},
                                                 ComponentPolicy::kAlternating, size_t{1} << 30),
                                engine);
+  auto forward = backend->forward_scope();   // every forward runs in it
   EXPECT_EQ(backend->release_device(), 0u);  // nothing loaded yet
   EXPECT_EQ(model.generate(8, engine->compute_device()), reference_tokens_prefix(8));
   const auto loaded = backend->stats();
@@ -315,6 +322,7 @@ TEST(ComponentOffloadConfig, BudgetAsAFractionOfTheDevice) {
   config.device_budget_fraction = 0.5;
   TinyOmni model;
   auto backend = apply_offload(model, {}, config, engine);
+  auto forward = backend->forward_scope();  // every forward runs in it
   EXPECT_EQ(model.generate(32, engine->compute_device()), reference_tokens());
   const auto s = backend->stats();
   EXPECT_LE(s.peak_device_bytes, 2u << 20);

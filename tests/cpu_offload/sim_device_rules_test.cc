@@ -84,6 +84,7 @@ bool all_poison(const at::Tensor& bytes) { return bytes.eq(0xFF).all().item<bool
 TEST(SimDeviceRules, FreeingABufferWhileItsCopyRunsIsReportedAndDoesNotCrash) {
   Recorder recorder;
   auto engine = make_cpu_sim_engine(strict(recorder, /*bandwidth=*/50e6));  // 1 MB: 20 ms
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   HostBuffer src = filled_host(*engine, 1 << 20, 1);
   {
     DeviceBuffer dst = engine->allocate_device((1 << 20) + 512);
@@ -106,6 +107,7 @@ TEST(SimDeviceRules, FreeingAfterTheCopyEndedButUnobservedIsStillReported) {
   // On CUDA nobody knows a copy ended until they ask: freeing on the assumption is a race.
   Recorder recorder;
   auto engine = make_cpu_sim_engine(strict(recorder));
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   HostBuffer src = filled_host(*engine, 4096, 2);
   {
     DeviceBuffer dst = engine->allocate_device(4096);
@@ -118,6 +120,7 @@ TEST(SimDeviceRules, FreeingAfterTheCopyEndedButUnobservedIsStillReported) {
 TEST(SimDeviceRules, FreeingAfterAnyWayOfWaitingIsClean) {
   Recorder recorder;
   auto engine = make_cpu_sim_engine(strict(recorder, /*bandwidth=*/1e9));
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   HostBuffer src = filled_host(*engine, 1 << 16, 3);
   const std::vector<std::function<void(const Event&)>> waits = {
       [&](const Event& e) { engine->compute_wait(e); },
@@ -147,6 +150,7 @@ TEST(SimDeviceRules, FreeingAfterAnyWayOfWaitingIsClean) {
 TEST(SimDeviceRules, AReadBeforeTheWaitReadsPoisonWhateverTheTiming) {
   Recorder recorder;
   auto engine = make_cpu_sim_engine(strict(recorder));
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   HostBuffer src = filled_host(*engine, 4096, 5);
   DeviceBuffer dst = engine->allocate_device(4096 + 128);
   dst.bytes_tensor().fill_(7);
@@ -172,6 +176,7 @@ TEST(SimDeviceRules, FreshDeviceMemoryReadsAsPoisonNotAsTheBufferFreedBefore) {
   // this, a read before the wait would see its old weights and compute the right thing.
   Recorder recorder;
   auto engine = make_cpu_sim_engine(strict(recorder));
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   HostBuffer src = filled_host(*engine, 1 << 16, 9);
   for (int i = 0; i < 3; ++i) {
     DeviceBuffer dst = engine->allocate_device(1 << 16);
@@ -185,6 +190,7 @@ TEST(SimDeviceRules, FreshDeviceMemoryReadsAsPoisonNotAsTheBufferFreedBefore) {
 TEST(SimDeviceRules, WaitingForAnEarlierCopyDoesNotRevealALaterOneIntoTheSameRange) {
   Recorder recorder;
   auto engine = make_cpu_sim_engine(strict(recorder));
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   HostBuffer a = filled_host(*engine, 1024, 10);
   HostBuffer b = filled_host(*engine, 1024, 20);
   DeviceBuffer dst = engine->allocate_device(1024);
@@ -215,6 +221,7 @@ TEST(SimDeviceRules, ACopyBehindACallersPendingEventDoesNotPoisonWhatThatCompute
   };
   Recorder recorder;
   auto engine = make_cpu_sim_engine(strict(recorder));
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   HostBuffer src = filled_host(*engine, 256, 30);
   DeviceBuffer dst = engine->allocate_device(256);
   dst.bytes_tensor().zero_();
@@ -254,6 +261,7 @@ struct Weights {
 TEST(SimDeviceRules, BindingBeforeWaitingIsReportedAndComputeReadsNaN) {
   Recorder recorder;
   auto engine = make_cpu_sim_engine(strict(recorder));
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   Weights w(*engine, 256);
   DeviceBuffer slot = engine->allocate_device(w.unit->bytes());
   const Event loaded = engine->copy_async({w.unit->copy_to(slot, 0)}, {});
@@ -268,6 +276,7 @@ TEST(SimDeviceRules, BindingBeforeWaitingIsReportedAndComputeReadsNaN) {
 TEST(SimDeviceRules, CopyingIntoARangeStillBoundIsReported) {
   Recorder recorder;
   auto engine = make_cpu_sim_engine(strict(recorder));
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   Weights a(*engine, 256), b(*engine, 256, 1000);
   DeviceBuffer slot = engine->allocate_device(a.unit->bytes());
   engine->compute_wait(engine->copy_async({a.unit->copy_to(slot, 0)}, {}));
@@ -285,6 +294,7 @@ TEST(SimDeviceRules, CopyingIntoARangeStillBoundIsReported) {
 TEST(SimDeviceRules, ReusingASlotMustBeOrderedAfterTheComputeThatReadIt) {
   Recorder recorder;
   auto engine = make_cpu_sim_engine(strict(recorder));
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   Weights a(*engine, 256), b(*engine, 256, 1000);
   DeviceBuffer slot = engine->allocate_device(a.unit->bytes());
   const Event before_bind = engine->record_compute();
@@ -305,6 +315,7 @@ TEST(SimDeviceRules, TheCorrectSlotCycleReportsNothingAndReadsExactWeights) {
   // recorded event; a never-bound prefetch may be overwritten without one.
   Recorder recorder;
   auto engine = make_cpu_sim_engine(strict(recorder, /*bandwidth=*/2e9));
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   Weights a(*engine, 4096), b(*engine, 4096, 5000);
   DeviceBuffer slot = engine->allocate_device(a.unit->bytes());
   Event released;  // nothing has read the slot yet
@@ -332,6 +343,7 @@ TEST(SimDeviceRulesDeathTest, WithoutAHandlerAViolationAbortsNamingTheBufferAndT
         TransferEngineOptions o;
         o.sim_strict = true;
         auto engine = make_cpu_sim_engine(o);
+        auto compute_scope = engine->enter_compute();  // compute calls need one
         HostBuffer src = engine->allocate_host(3000, false);
         DeviceBuffer dst = engine->allocate_device(3000);
         engine->copy_async({CopyOp{src, 0, dst, 0, 3000}}, {});
@@ -364,6 +376,7 @@ TEST(SimDeviceRules, RelaxedModeChecksNothingButACopyNoLongerHoldsItsBufferAlive
   o.sim_strict = false;
   o.sim_bandwidth_bytes_per_s = 50e6;
   auto engine = make_cpu_sim_engine(o);
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   HostBuffer src = engine->allocate_host(1 << 20, false);
   {
     DeviceBuffer dst = engine->allocate_device(1 << 20);
@@ -451,9 +464,11 @@ TEST_P(StrictBackends, AWholeRunAndTheTeardownBreakNoRuleAndStayBitwiseExact) {
   Recorder recorder;
   TinyDiffusionPipeline pipe(pipeline_config(c.two_transformers));
   auto engine = make_cpu_sim_engine(strict(recorder, c.bandwidth));
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   at::Tensor image;
   {
     auto backend = apply_offload(pipe, pipe.offload_spec(), c.config, engine);
+    auto forward = backend->forward_scope();  // every forward runs in it
     image = generate(pipe, engine->compute_device());
     image = generate(pipe, engine->compute_device());  // slots reused across runs
   }
@@ -469,9 +484,11 @@ TEST_P(StrictBackends, HandOffsAndReleasesBetweenRunsBreakNoRule) {
   Recorder recorder;
   TinyDiffusionPipeline pipe(pipeline_config(c.two_transformers));
   auto engine = make_cpu_sim_engine(strict(recorder, c.bandwidth));
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   at::Tensor image;
   {
     auto backend = apply_offload(pipe, pipe.offload_spec(), c.config, engine);
+    auto forward = backend->forward_scope();  // every forward runs in it
     generate(pipe, engine->compute_device());
     backend->ensure_on_device("text_encoder");
     backend->release_device();
@@ -486,6 +503,30 @@ TEST_P(StrictBackends, HandOffsAndReleasesBetweenRunsBreakNoRule) {
 
 INSTANTIATE_TEST_SUITE_P(Strategies, StrictBackends, ::testing::ValuesIn(strict_cases()),
                          [](const auto& info) { return info.param.name; });
+
+// ---- The compute scope: compute calls from inside OffloadBackend::forward_scope() ----------
+
+TEST(SimDeviceRules, ComputeCallsOutsideAComputeScopeAreReported) {
+  Recorder recorder;
+  auto engine = make_cpu_sim_engine(strict(recorder));
+  HostBuffer src = filled_host(*engine, 4096, 3);
+  DeviceBuffer dst = engine->allocate_device(4096);
+  const Event copied = engine->copy_async({CopyOp{src, 0, dst, 0, 4096}}, {});
+  engine->compute_wait(copied);  // on CUDA: the caller's kernels would not wait for it
+  engine->record_compute();
+  EXPECT_EQ(recorder.kinds(),
+            (std::vector<Kind>{Kind::kComputeOutsideScope, Kind::kComputeOutsideScope}));
+  EXPECT_NE(recorder.seen()[0].message.find("forward_scope"), std::string::npos);
+  {
+    auto outer = engine->enter_compute();
+    { auto inner = engine->enter_compute(); }  // scopes nest
+    engine->compute_wait(copied);
+    engine->record_compute();
+  }
+  EXPECT_EQ(recorder.seen().size(), 2u) << recorder.describe();
+  engine->compute_wait(copied);  // the scope has ended
+  EXPECT_EQ(recorder.seen().size(), 3u);
+}
 
 }  // namespace
 }  // namespace omni::offload

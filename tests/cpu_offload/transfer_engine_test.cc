@@ -34,6 +34,7 @@ at::Tensor host_bytes(const HostBuffer& buffer) {
 TEST_P(TransferEngineTest, CopyMovesBytesAndCountsMemoryExactly) {
   OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
   auto engine = make_transfer_engine(GetParam());
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   {
     HostBuffer src = engine->allocate_host(1000, /*pin=*/true);
     EXPECT_EQ(src.bytes(), 1000u);  // exact size, no rounding
@@ -59,6 +60,7 @@ TEST_P(TransferEngineTest, CopyMovesBytesAndCountsMemoryExactly) {
 TEST_P(TransferEngineTest, CopiesRunInSubmissionOrder) {
   OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
   auto engine = make_transfer_engine(GetParam());
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   HostBuffer a = engine->allocate_host(4096, true);
   HostBuffer b = engine->allocate_host(4096, true);
   fill(a, 1);
@@ -73,6 +75,7 @@ TEST_P(TransferEngineTest, CopiesRunInSubmissionOrder) {
 TEST_P(TransferEngineTest, OutOfBoundsCopyIsRejected) {
   OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
   auto engine = make_transfer_engine(GetParam());
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   HostBuffer src = engine->allocate_host(100, false);
   DeviceBuffer dst = engine->allocate_device(64);
   EXPECT_THROW(engine->copy_async({CopyOp{src, 0, dst, 0, 100}}, {}), Error);
@@ -84,6 +87,7 @@ TEST_P(TransferEngineTest, AGroupCopyWithOneBadOpMovesNothing) {
   // half a slot when the second one is rejected.
   OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
   auto engine = make_transfer_engine(GetParam());
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   HostBuffer src = engine->allocate_host(256, true);
   fill(src, 5);
   DeviceBuffer dst = engine->allocate_device(512);
@@ -116,6 +120,7 @@ class ManualEvent final : public Event::Impl {
 
 TEST(CpuSimEngine, CopyWaitsForTheEventsItIsOrderedAfter) {
   auto engine = make_cpu_sim_engine({});
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   HostBuffer src = engine->allocate_host(256, false);
   fill(src, 9);
   DeviceBuffer dst = engine->allocate_device(256);
@@ -134,6 +139,7 @@ TEST(CpuSimEngine, AFinishedCopyHoldsNoReferenceToItsBuffers) {
   // Once compute has waited for a copy, freeing its destination must free (and un-count) the
   // memory at once: the copy thread may not keep it alive a little longer.
   auto engine = make_cpu_sim_engine({});
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   HostBuffer src = engine->allocate_host(1 << 16, false);
   for (int i = 0; i < 300; ++i) {
     DeviceBuffer dst = engine->allocate_device(1 << 16);
@@ -147,6 +153,7 @@ TEST(CpuSimEngine, BandwidthLimitThrottlesCopiesAndStallsAreMeasured) {
   TransferEngineOptions options;
   options.sim_bandwidth_bytes_per_s = 100e6;  // 4 MB take 40 ms
   auto engine = make_cpu_sim_engine(options);
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   HostBuffer src = engine->allocate_host(4 << 20, false);
   DeviceBuffer dst = engine->allocate_device(4 << 20);
   TimeAccumulator copy_time, stall;
@@ -164,12 +171,13 @@ TEST(CpuSimEngine, BandwidthLimitThrottlesCopiesAndStallsAreMeasured) {
 
 TEST(CpuSimEngine, ComputeTimingAccumulates) {
   auto engine = make_cpu_sim_engine({});
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   TimeAccumulator t;
   const int64_t token = engine->begin_compute_timing();
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
   engine->end_compute_timing(token, &t);
   EXPECT_GE(t.total_ms(), 5.0);
-  EXPECT_EQ(t.count.load(), 1);
+  EXPECT_EQ(t.count(), 1);
 }
 
 TEST(TransferEngineFactory, ParsesDevicesAndExplainsMissingCuda) {

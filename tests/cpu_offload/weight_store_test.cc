@@ -30,6 +30,7 @@ class WeightStoreTest : public ::testing::TestWithParam<DeviceKind> {};
 TEST_P(WeightStoreTest, PacksEveryDtypeIntoOneAlignedSlabAndReleasesOriginals) {
   OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
   auto engine = make_transfer_engine(GetParam());
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   Mixed m;
   const auto w = m.w.clone(), h = m.h.clone(), bf = m.bf.clone(), ids = m.ids.clone();
   OffloadUnit unit("mixed", named(m), *engine, /*pin=*/true);
@@ -67,6 +68,7 @@ TEST_P(WeightStoreTest, PacksEveryDtypeIntoOneAlignedSlabAndReleasesOriginals) {
 TEST_P(WeightStoreTest, BindRejectsABufferTooSmall) {
   OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
   auto engine = make_transfer_engine(GetParam());
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   Mixed m;
   OffloadUnit unit("mixed", named(m), *engine, false);
   DeviceBuffer small = engine->allocate_device(unit.bytes() - 1);
@@ -76,6 +78,7 @@ TEST_P(WeightStoreTest, BindRejectsABufferTooSmall) {
 TEST_P(WeightStoreTest, ConvertsWhilePackingStraightIntoTheSlab) {
   OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
   auto engine = make_transfer_engine(GetParam());
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   Mixed m;
   const auto w = m.w.clone(), h = m.h.clone();
   const DtypeByName convert = {{"w", at::kBFloat16}, {"h", at::kFloat}};
@@ -101,6 +104,7 @@ TEST_P(WeightStoreTest, ConvertsWhilePackingStraightIntoTheSlab) {
 TEST_P(WeightStoreTest, StreamsToTheDeviceThroughASmallStagingBuffer) {
   OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
   auto engine = make_transfer_engine(GetParam());
+  auto compute_scope = engine->enter_compute();  // compute calls need one
   torch::nn::Module m;
   auto big = m.register_parameter("big", at::randn({3000}), false);  // 12000 bytes
   auto half = m.register_parameter("half", at::randn({2500}).to(at::kHalf), false);

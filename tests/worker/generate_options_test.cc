@@ -232,6 +232,32 @@ TEST(GenerateOptions, ModalitiesAndOffloadLists) {
   EXPECT_EQ(to_runner_options(generate({"--dtype", "float16"})).dtype, at::kHalf);
 }
 
+TEST(GenerateOptions, ExpertOffloadFlags) {
+  const auto off = to_runner_options(generate({})).offload;
+  EXPECT_FALSE(off.cpu_offload_experts);
+  const auto pct =
+      to_runner_options(generate({"--cpu-offload-experts", "--expert-cache-budget", "10%"}));
+  EXPECT_TRUE(pct.offload.cpu_offload_experts);
+  EXPECT_DOUBLE_EQ(pct.offload.expert_cache_budget_fraction, 0.10);
+  EXPECT_EQ(pct.offload.expert_cache_budget_bytes, 0u);
+  const auto bytes =
+      to_runner_options(generate({"--cpu-offload-experts", "--expert-cache-budget", "2GiB"}));
+  EXPECT_EQ(bytes.offload.expert_cache_budget_bytes, size_t{2} << 30);
+  // The default budget: a quarter of all experts' bytes.
+  const auto plain = to_runner_options(generate({"--cpu-offload-experts"}));
+  EXPECT_DOUBLE_EQ(plain.offload.expert_cache_budget_fraction, 0.25);
+  const Parsed bad = parse({"generate", "--model", "m", "--prompt", "p", "--cpu-offload-experts",
+                            "--expert-cache-budget", "lots"});
+  ASSERT_TRUE(bad.status.has_value());
+  EXPECT_NE(bad.err.find("--expert-cache-budget"), std::string::npos) << bad.err;
+  const Parsed alone =
+      parse({"generate", "--model", "m", "--prompt", "p", "--expert-cache-budget", "10%"});
+  ASSERT_TRUE(alone.status.has_value());
+  EXPECT_NE(alone.err.find("--expert-cache-budget requires --cpu-offload-experts"),
+            std::string::npos)
+      << alone.err;
+}
+
 struct BadCase {
   std::vector<std::string> args;  // after `generate --model m --prompt p` unless `whole`
   std::string message;            // the line, after "vllm-omni: error: "

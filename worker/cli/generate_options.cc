@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cpu_offload/check.h"
+#include "model_runner/runner/expert_offload.h"
 
 namespace omni::cli {
 namespace {
@@ -336,6 +337,29 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
       ->check(integer_at_least(1))
       ->needs(layerwise);
 
+  auto* experts = app.add_flag(
+      "--cpu-offload-experts", o.cpu_offload_experts,
+      "expert-level MoE offload: the thinker's experts live in a device expert cache "
+      "(fetched when routed, next layer's predicted experts prefetched); the rest of each layer "
+      "follows the other offload flags");
+  app.add_option("--expert-cache-budget", o.expert_cache_budget,
+                 "device bytes of the expert cache: a percentage of all experts' bytes (25%) or "
+                 "bytes (805306368, 768MiB, 1.5GiB)")
+      ->type_name("PERCENT|BYTES")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            try {
+              size_t bytes = 0;
+              double fraction = 0;
+              models::parse_expert_cache_budget(text, "--expert-cache-budget", &bytes, &fraction);
+              return "";
+            } catch (const std::exception& e) {
+              return e.what();
+            }
+          },
+          ""))
+      ->needs(experts);
+
   app.add_option("--device", o.device, "cpu (the simulated device) or cuda")
       ->type_name("cpu|cuda")
       ->check(one_of({"cpu", "cuda"}));
@@ -374,6 +398,10 @@ models::OmniRunnerOptions to_runner_options(const GenerateOptions& o) {
   offload.pin_memory = !o.no_pin_memory;
   offload.layerwise = o.enable_layerwise_offload;
   offload.num_gpu_layers = o.layerwise_num_gpu_layers;
+  offload.cpu_offload_experts = o.cpu_offload_experts;
+  models::parse_expert_cache_budget(o.expert_cache_budget, "--expert-cache-budget",
+                                    &offload.expert_cache_budget_bytes,
+                                    &offload.expert_cache_budget_fraction);
   return r;
 }
 

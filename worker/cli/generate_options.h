@@ -82,6 +82,9 @@ struct GenerateOptions {
   bool no_pin_memory = false;
   bool enable_layerwise_offload = false;
   int layerwise_num_gpu_layers = 1;
+  // Expert-level MoE offload of the thinker (RunnerOffloadOptions::cpu_offload_experts).
+  bool cpu_offload_experts = false;
+  std::string expert_cache_budget = "25%";  // "25%" of all experts' bytes, or bytes
 
   std::string device = "cpu";  // cpu (the simulated device) | cuda
   std::string dtype = "auto";

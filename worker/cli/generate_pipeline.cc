@@ -35,6 +35,8 @@ config::GlobalStageFlags stage_flags(const GenerateOptions& o) {
   }
   if (given("--cpu-offload-budget")) f.gpu_memory_budget = o.cpu_offload_budget;
   if (given("--dtype")) f.dtype = o.dtype;
+  if (given("--cpu-offload-experts")) f.cpu_offload_experts = o.cpu_offload_experts;
+  if (given("--expert-cache-budget")) f.expert_cache_budget = o.expert_cache_budget;
   return f;
 }
 

@@ -10,6 +10,7 @@
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
 #include "model_runner/qwen3_omni/config.h"
+#include "model_runner/runner/expert_offload.h"
 #include "model_runner/weights/hf_config.h"
 #include "worker/cli/generate_command.h"
 #include "worker/cli/generate_options.h"
@@ -76,6 +77,27 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
           [](std::string& text) -> std::string {
             try {
               config::parse_byte_size(text);
+              return "";
+            } catch (const std::exception& e) {
+              return e.what();
+            }
+          },
+          ""));
+
+  app.add_flag_callback(
+      "--cpu-offload-experts", [&f] { f.cpu_offload_experts = true; },
+      "expert-level MoE offload of the thinker's experts (a device expert cache)");
+  app.add_option_function<std::string>(
+         "--expert-cache-budget", [&f](const std::string& v) { f.expert_cache_budget = v; },
+         "device bytes of the expert cache: a percentage of all experts' bytes (25%) or bytes "
+         "(768MiB)")
+      ->type_name("PERCENT|BYTES")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            try {
+              size_t bytes = 0;
+              double fraction = 0;
+              models::parse_expert_cache_budget(text, "--expert-cache-budget", &bytes, &fraction);
               return "";
             } catch (const std::exception& e) {
               return e.what();

@@ -44,7 +44,8 @@ const std::vector<std::string> kEngineKeys = {
     "model_stage", "model_arch", "model", "cpu_offload_enabled", "cpu_offload_components",
     "cpu_offload_strategy", "cpu_offload_pin_memory", "enable_cpu_offload",
     "enable_layerwise_offload", "layerwise_num_gpu_layers", "gpu_memory_budget", "dtype",
-    "offload_stage"};
+    "offload_stage", "cpu_offload_experts", "expert_cache_budget", "expert_prefetch",
+    "expert_miss_policy"};
 const std::vector<std::string> kRuntimeKeys = {"devices", "address", "max_batch_size", "process"};
 const std::vector<std::string> kSamplingKeys = {
     "temperature", "top_p", "top_k", "max_tokens", "seed", "repetition_penalty",
@@ -332,6 +333,30 @@ uint64_t to_byte_size(const std::string& key, const RawValue& v) {
   }
 }
 
+// "25%" (of all experts' bytes, in (0, 100]) as is; a byte size as its decimal bytes.
+std::string to_expert_budget(const std::string& key, const RawValue& v) {
+  if (v.kind != Kind::kScalar) {
+    wrong_type(key, v, "a percentage of the experts' bytes (\"25%\") or a byte size");
+  }
+  const std::string text = trim(v.text);
+  if (!text.empty() && text.back() == '%') {
+    double percent = 0;
+    size_t used = 0;
+    try {
+      percent = std::stod(text.substr(0, text.size() - 1), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != text.size() - 1 || !(percent > 0 && percent <= 100)) {
+      fail(v.where, key + ": '" + text + "' must be a percentage in (0%, 100%]");
+    }
+    return text;
+  }
+  const uint64_t bytes = to_byte_size(key, v);
+  if (bytes == 0) fail(v.where, key + ": 0 bytes (give a percentage such as 25%, or bytes)");
+  return std::to_string(bytes);
+}
+
 // --- the sections ------------------------------------------------------------------------------
 
 bool set_stage_key(StageConfig& s, const std::string& key, const RawValue& v) {
@@ -388,6 +413,14 @@ bool set_engine_key(StageEngineArgs& e, const std::string& key, const RawValue& 
     e.dtype = null ? d.dtype : to_dtype(key, v);
   } else if (key == "offload_stage") {
     e.offload_stage = null ? d.offload_stage : to_bool(key, v);
+  } else if (key == "cpu_offload_experts") {
+    e.cpu_offload_experts = null ? d.cpu_offload_experts : to_bool(key, v);
+  } else if (key == "expert_cache_budget") {
+    e.expert_cache_budget = null ? d.expert_cache_budget : to_expert_budget(key, v);
+  } else if (key == "expert_prefetch") {
+    e.expert_prefetch = null ? d.expert_prefetch : to_bool(key, v);
+  } else if (key == "expert_miss_policy") {
+    e.expert_miss_policy = null ? d.expert_miss_policy : one_of(key, v, {"fetch", "host", "auto"});
   } else if (contains(kIgnoredEngineKeys, key)) {
     e.ignored[key] = v.text;
   } else {

@@ -69,6 +69,14 @@ struct StageEngineArgs {
   // The stage's weights leave the device when another stage on the same device needs room. Set by
   // the global --cpu-offload-components when it names this stage (thinker/talker/code2wav).
   bool offload_stage = false;
+  // Expert-level MoE offload of the thinker's experts (a device expert cache; the rest of each
+  // layer follows the offload above). expert_cache_budget: "25%" (of all experts' bytes), or
+  // bytes as gpu_memory_budget takes them (805306368, 768MiB). expert_miss_policy: fetch | host |
+  // auto. expert_prefetch: predict and prefetch the next MoE layer's experts.
+  bool cpu_offload_experts = false;
+  std::string expert_cache_budget = "25%";
+  bool expert_prefetch = true;
+  std::string expert_miss_policy = "fetch";
   // vLLM-Omni keys that are read and have no effect here, with their raw text for logging: the
   // engine_args keys by name, the stage keys too, "runtime.KEY" and
   // "default_sampling_params.KEY" for those sections' (README lists them).

@@ -124,6 +124,11 @@ void apply_flags(PipelineConfig& config, const GlobalStageFlags& flags) {
             scalar(std::to_string(*flags.gpu_memory_budget), "--gpu-memory-budget", false));
   }
   if (flags.dtype) set_all(config, "dtype", scalar(*flags.dtype, "--dtype", true));
+  flag_bool(flags.cpu_offload_experts, "--cpu-offload-experts", "cpu_offload_experts");
+  if (flags.expert_cache_budget) {
+    set_all(config, "expert_cache_budget",
+            scalar(*flags.expert_cache_budget, "--expert-cache-budget", true));
+  }
 }
 
 [[noreturn]] void overrides_error(const std::string& message) {

@@ -32,6 +32,8 @@ struct GlobalStageFlags {
   std::optional<int64_t> layerwise_num_gpu_layers;  // --layerwise-num-gpu-layers
   std::optional<uint64_t> gpu_memory_budget;        // --gpu-memory-budget (bytes)
   std::optional<std::string> dtype;                 // --dtype
+  std::optional<bool> cpu_offload_experts;          // --cpu-offload-experts
+  std::optional<std::string> expert_cache_budget;   // --expert-cache-budget ("25%", "768MiB")
 };
 
 // Applies `flags` to every stage, then `stage_overrides_json` (may be empty): a JSON object keyed

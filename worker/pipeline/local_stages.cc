@@ -9,6 +9,7 @@
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
@@ -202,6 +203,7 @@ class ThinkerStage : public LocalStageBase {
            const CancelToken& cancel) override {
     const auto params = thinker_params(call.params_json);
     std::lock_guard<std::mutex> lock(mutex_);
+    auto forward = backend().forward_scope();
     check_going(call, cancel);
     translate_errors([&] { generate(call, params, sink, cancel); });
   }
@@ -429,6 +431,7 @@ class Code2WavStage : public LocalStageBase {
     const auto params = code2wav_params(call.params_json);
     translate_errors([&] { params.stream.validate(); });
     std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
+    std::optional<offload::OffloadBackend::ForwardScope> forward;  // with the lock
     std::unique_ptr<models::qwen3_omni::Code2WavStreamer> streamer;
     std::vector<std::vector<int64_t>> frames;
     std::string upstream_reason = "none";
@@ -444,7 +447,10 @@ class Code2WavStage : public LocalStageBase {
       if (packet->finished) upstream_reason = packet->finish_reason;
       if (packet->frames.empty()) continue;
       check_going(call, cancel);
-      if (!lock.owns_lock()) lock.lock();  // the first frame: this request takes the model
+      if (!lock.owns_lock()) {  // the first frame: this request takes the model
+        lock.lock();
+        forward.emplace(backend().forward_scope());
+      }
       frames.insert(frames.end(), packet->frames.begin(), packet->frames.end());
       if (!params.stream_audio) continue;
       translate_errors([&] {
@@ -464,7 +470,10 @@ class Code2WavStage : public LocalStageBase {
     last.finished = true;
     last.finish_reason = upstream_reason;
     if (!frames.empty() && upstream_reason != "cancelled") {
-      if (!lock.owns_lock()) lock.lock();
+      if (!lock.owns_lock()) {
+        lock.lock();
+        forward.emplace(backend().forward_scope());
+      }
       translate_errors([&] {
         at::NoGradGuard no_grad;
         if (streamer) {

@@ -8,6 +8,7 @@
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
+#include "model_runner/runner/expert_offload.h"
 
 namespace omni::pipeline {
 namespace {
@@ -83,7 +84,11 @@ std::string resolved_stage_overrides(const config::StageConfig& s) {
                  {"enable_layerwise_offload", e.enable_layerwise_offload},
                  {"layerwise_num_gpu_layers", e.layerwise_num_gpu_layers},
                  {"gpu_memory_budget", e.gpu_memory_budget},
-                 {"offload_stage", e.offload_stage}};
+                 {"offload_stage", e.offload_stage},
+                 {"cpu_offload_experts", e.cpu_offload_experts},
+                 {"expert_cache_budget", e.expert_cache_budget},
+                 {"expert_prefetch", e.expert_prefetch},
+                 {"expert_miss_policy", e.expert_miss_policy}};
   if (!e.dtype.empty()) engine["dtype"] = e.dtype;
   engine["runtime"] = Json{{"devices", s.runtime.devices}};
   return Json{{std::to_string(s.stage_id), engine}}.dump();
@@ -114,6 +119,12 @@ LocalStageOptions local_stage_options(const config::StageConfig& s, const std::s
   off.device_budget_bytes = s.engine.gpu_memory_budget;
   off.layerwise = s.engine.enable_layerwise_offload;
   off.num_gpu_layers = static_cast<int>(s.engine.layerwise_num_gpu_layers);
+  off.cpu_offload_experts = s.engine.cpu_offload_experts;
+  models::parse_expert_cache_budget(s.engine.expert_cache_budget, "expert_cache_budget",
+                                    &off.expert_cache_budget_bytes,
+                                    &off.expert_cache_budget_fraction);
+  off.expert_prefetch = s.engine.expert_prefetch;
+  off.expert_miss_policy = s.engine.expert_miss_policy;
   o.offload_stage = s.engine.offload_stage || s.engine.enable_cpu_offload;
   const std::string kind = !device.empty() ? device : s.runtime.devices == "cpu" ? "cpu" : "cuda";
   o.device = offload::parse_device_kind(kind);

@@ -9,12 +9,14 @@
 //                when called; they leave after each forward (sequential), or when another
 //                needs the room, least recently used first (alternating)
 //
-// After apply_offload, run the model on engine->compute_device() as usual.
+// After apply_offload, run the model on engine->compute_device() as usual, each forward inside
+// a backend->forward_scope().
 #pragma once
 
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "cpu_offload/model_spec.h"
@@ -31,6 +33,24 @@ class OffloadBackend {
   virtual Strategy strategy() const = 0;
   const OffloadPlan& plan() const { return plan_; }
   TransferEngine& engine() { return *engine_; }
+
+  // Held across one forward, or one request's forwards (a prefill and its decode steps, a
+  // talker run): the backend's lock, so that concurrent requests cannot rebind each other's
+  // weights mid-forward (requests on one backend run one at a time; batching them is a later
+  // step), and the engine's compute stream (TransferEngine::ComputeScope): on CUDA the
+  // engine's events order its copies against that stream, so kernels queued outside a scope
+  // would not wait for their weights (the engine refuses such calls; the simulated device's
+  // strict mode reports them). Recursive: the same thread may nest scopes.
+  class ForwardScope {
+   public:
+    ForwardScope(std::recursive_mutex& mutex, TransferEngine& engine)
+        : lock_(mutex), compute_(engine.enter_compute()) {}
+
+   private:
+    std::unique_lock<std::recursive_mutex> lock_;
+    std::unique_ptr<TransferEngine::ComputeScope> compute_;
+  };
+  ForwardScope forward_scope() { return ForwardScope(forward_mutex_, *engine_); }
 
   // Waits for outstanding copies and compute, then reports.
   virtual OffloadStats stats() = 0;
@@ -51,6 +71,7 @@ class OffloadBackend {
       : plan_(std::move(plan)), engine_(std::move(engine)) {}
   OffloadPlan plan_;
   std::shared_ptr<TransferEngine> engine_;
+  std::recursive_mutex forward_mutex_;
 };
 
 // Moves `root`'s weights into the engine's stores and attaches the hooks the strategy needs.

@@ -35,6 +35,10 @@ struct OffloadPlan {
   std::vector<UnitPlan> units;
   std::vector<GroupPlan> groups;  // model-level: the mutually exclusive groups
   size_t param_bytes = 0;         // every distinct parameter and buffer of the model
+  // Expert offload (OffloadConfig::expert_modules): one unit per matched module, carved out
+  // of the resident set and of the strategy's units; they go to an ExpertCache.
+  std::vector<UnitPlan> experts;
+  size_t expert_bytes = 0;
 
   std::string describe() const;
 };

@@ -128,16 +128,29 @@ struct CopyOp {
   size_t bytes = 0;
 };
 
-// Time accumulators a caller hands to the engine; filled when the timed work has finished
-// (CUDA: resolved from events at collect_timings()).
-struct TimeAccumulator {
-  std::atomic<int64_t> total_ns{0};
-  std::atomic<int64_t> count{0};
-  void add(int64_t ns) {
-    total_ns += ns;
-    count += 1;
+// A time total a caller hands to the engine, which adds to it when the timed work has
+// finished (CUDA: when its events are found complete, at the latest at collect_timings()).
+// A handle: copies share one total. The engine keeps a copy, never a pointer, so a pending
+// timing outlives nothing: the backend that owns the total may be gone by then.
+class TimeAccumulator {
+ public:
+  void add(int64_t ns) const {
+    state_->total_ns += ns;
+    state_->count += 1;
   }
-  double total_ms() const { return static_cast<double>(total_ns.load()) / 1e6; }
+  double total_ms() const { return static_cast<double>(state_->total_ns.load()) / 1e6; }
+  int64_t count() const { return state_->count.load(); }
+  void reset() const {
+    state_->total_ns = 0;
+    state_->count = 0;
+  }
+
+ private:
+  struct State {
+    std::atomic<int64_t> total_ns{0};
+    std::atomic<int64_t> count{0};
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
 };
 
 struct TransferCounters {
@@ -145,6 +158,9 @@ struct TransferCounters {
   uint64_t copies = 0;
   double copy_ms = 0;   // time the copy stream spent copying
   double stall_ms = 0;  // time compute waited for copies
+  // CUDA with timing on: timings given up because more than kMaxPendingTimings were waiting
+  // for their events (nobody collected them); their time is missing from the totals.
+  uint64_t timings_dropped = 0;
 };
 
 // A use of device memory that is a bug on CUDA, found by the simulated device's strict mode
@@ -164,6 +180,10 @@ struct DeviceRuleViolation {
     // A copy into a range that compute read (bound since the previous copy) does not name, in
     // `after`, an event recorded after that compute: the copy may overwrite it mid-read.
     kCopyNotOrderedAfterReaders,
+    // compute_wait or record_compute outside a ComputeScope (OffloadBackend::forward_scope):
+    // on CUDA the engine's events are on its own compute stream, and kernels the caller
+    // queues on another stream would not wait for the copies.
+    kComputeOutsideScope,
   };
   Kind kind = Kind::kFreedWhileCopyPending;
   size_t buffer_bytes = 0;  // size of the device buffer concerned
@@ -178,6 +198,9 @@ using DeviceRuleViolationHandler = std::function<void(const DeviceRuleViolation&
 struct TransferEngineOptions {
   // Simulated device only: throttle copies to this many bytes per second (0: memcpy speed).
   double sim_bandwidth_bytes_per_s = 0;
+  // Simulated device only: pinned host memory it can give (0: no limit). A pin request beyond
+  // it gets pageable memory, as cudaHostAlloc failing would (for tests of that path).
+  size_t sim_pinned_limit_bytes = 0;
   // Simulated device only: the memory size it reports (0: unknown).
   size_t sim_device_memory_bytes = 0;
   // Simulated device only: enforce CUDA's ordering rules instead of forgiving what the CPU
@@ -193,7 +216,16 @@ struct TransferEngineOptions {
   // that dropped the last handle). Unset: the violation is logged and the process aborts.
   DeviceRuleViolationHandler sim_violation_handler;
   int cuda_device_index = 0;
+  // CUDA: time copies, stalls and compute with events (copy_ms, stall_ms, the units'
+  // compute_ms). Off by default: each timing costs two events and a query. Unset: the
+  // environment variable OMNI_CUDA_TIMING (1 on). The simulated device always times (clocks).
+  std::optional<bool> cuda_timing;
 };
+// Whether a CUDA engine made with `options` times its work.
+bool cuda_timing_enabled(const TransferEngineOptions& options);
+// CUDA: timings waiting for their events beyond this many are dropped (counted), so a process
+// that never asks for stats holds a bounded number of events.
+constexpr size_t kMaxPendingTimings = 4096;
 // Whether a simulated device made with `options` runs in strict mode.
 bool sim_strict_enabled(const TransferEngineOptions& options);
 
@@ -222,13 +254,27 @@ class TransferEngine {
   // An event at the current point of the compute stream.
   virtual Event record_compute() = 0;
 
+  // The compute stream is the engine's own: a forward runs inside a ComputeScope, which makes
+  // the calling thread's device work go to that stream until it ends (CUDA: a stream from the
+  // pool, ordered after the work the caller had queued on its current stream when the scope
+  // began, and the caller's stream ordered after the forward when it ends). The engine's
+  // events (record_compute, compute_wait) are on that stream, so they order copies against
+  // exactly the forward's kernels, whatever stream the caller had current. The simulated
+  // device computes on the calling thread: its scope does nothing. Scopes nest.
+  class ComputeScope {
+   public:
+    virtual ~ComputeScope() = default;
+  };
+  virtual std::unique_ptr<ComputeScope> enter_compute() { return std::make_unique<ComputeScope>(); }
+
   // Compute timing: begin returns a token; end adds the elapsed compute time to `time`.
   virtual int64_t begin_compute_timing() = 0;
   virtual void end_compute_timing(int64_t token, TimeAccumulator* time) = 0;
 
   // Waits for every copy and every compute submitted so far.
   virtual void synchronize() = 0;
-  // Synchronizes, then resolves pending timings into their accumulators.
+  // Synchronizes, then resolves pending timings into their accumulators (CUDA resolves those
+  // whose events are complete along the way too, without waiting).
   virtual void collect_timings() = 0;
 
   // Total memory of the device; 0 when unknown (the simulated device without a size).
@@ -259,6 +305,7 @@ class TransferEngine {
   std::atomic<uint64_t> copies_{0};
   std::atomic<int64_t> copy_ns_{0};
   std::atomic<int64_t> stall_ns_{0};
+  std::atomic<uint64_t> timings_dropped_{0};
 };
 
 // The engine for `kind`. Throws when CUDA is asked for but not built in or not available.

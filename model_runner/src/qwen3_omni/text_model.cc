@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -216,8 +217,39 @@ at::Tensor SparseMoe::forward(const at::Tensor& x) {
     outputs.reserve(routing.experts.size());
     {
       const auto rows = flat.index_select(0, routing.tokens);
-      for (const auto& e : routing.experts) {
-        outputs.push_back(run_expert(e.expert, rows.slice(0, e.begin, e.end)));
+      // With expert offload, the provider makes each chunk of at most capacity() experts
+      // usable before it runs: one chunk (one call per layer) unless the cache is smaller than
+      // the hit experts. The next layer's prediction follows the first prepare, so that its
+      // copies overlap these experts' compute and never evict them.
+      const size_t n = routing.experts.size();
+      const size_t chunk = provider_ ? std::max<size_t>(1, provider_->capacity()) : n;
+      for (size_t first = 0; first < n; first += chunk) {
+        const size_t last = std::min(n, first + chunk);
+        std::vector<bool> on_host(last - first, false);
+        if (provider_) {
+          std::vector<int64_t> ids, counts;
+          for (size_t i = first; i < last; ++i) {
+            ids.push_back(routing.experts[i].expert);
+            counts.push_back(routing.experts[i].end - routing.experts[i].begin);
+          }
+          on_host = provider_->prepare(layer_, ids, counts);
+          if (first == 0 && last == n) predict_next(flat);
+        }
+        for (size_t i = first; i < last; ++i) {
+          const auto& e = routing.experts[i];
+          const auto expert_rows = rows.slice(0, e.begin, e.end);
+          if (!on_host[i - first]) {
+            outputs.push_back(run_expert(e.expert, expert_rows));
+            continue;
+          }
+          // Computed where its weights lie (the host), as llama.cpp's --cpu-moe does.
+          const auto start = std::chrono::steady_clock::now();
+          auto out = run_expert(e.expert, expert_rows.to(at::kCPU)).to(expert_rows.device());
+          const std::chrono::duration<double, std::milli> took =
+              std::chrono::steady_clock::now() - start;
+          provider_->host_computed(layer_, e.expert, e.end - e.begin, took.count());
+          outputs.push_back(std::move(out));
+        }
       }
     }
     auto sorted_outputs = at::cat(outputs);
@@ -233,6 +265,32 @@ at::Tensor SparseMoe::forward(const at::Tensor& x) {
 at::Tensor SparseMoe::run_expert(int64_t expert, const at::Tensor& rows) {
   ++counters_.expert_calls;
   return experts_[expert]->forward(rows);
+}
+
+void SparseMoe::set_expert_provider(ExpertProvider* provider, int64_t layer,
+                                    std::shared_ptr<Linear> next_router, int64_t next_layer) {
+  provider_ = provider;
+  layer_ = layer;
+  next_router_ = std::move(next_router);
+  next_layer_ = next_layer;
+}
+
+void SparseMoe::predict_next(const at::Tensor& flat) {
+  if (!next_router_ || !provider_->wants_prediction()) return;
+  // The next router's top-k on this layer's MoE input (softmax keeps the order: no need for
+  // it), counted per expert on the device; one small host copy.
+  const auto logits = next_router_->forward(flat);
+  const auto top = std::get<1>(at::topk(logits, top_k_, -1));
+  const auto counts =
+      at::bincount(top.reshape({-1}), {}, logits.size(-1)).to(at::kCPU).contiguous();
+  const auto* c = counts.data_ptr<int64_t>();
+  std::vector<int64_t> experts;
+  for (int64_t e = 0; e < counts.numel(); ++e) {
+    if (c[e] > 0) experts.push_back(e);
+  }
+  std::stable_sort(experts.begin(), experts.end(),
+                   [&](int64_t a, int64_t b) { return c[a] > c[b]; });
+  provider_->prefetch(next_layer_, experts);
 }
 
 MoeStats SparseMoe::stats() const {
@@ -286,6 +344,19 @@ TextModel::TextModel(const TextConfig& cfg, at::ScalarType dtype, const std::str
   }
   norm_ =
       register_module("norm", std::make_shared<RMSNorm>(cfg.hidden_size, dtype, cfg.rms_norm_eps));
+}
+
+void TextModel::set_expert_provider(ExpertProvider* provider) {
+  std::vector<std::pair<int64_t, SparseMoe*>> moes;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (auto* moe = layers_[i]->moe()) moes.emplace_back(static_cast<int64_t>(i), moe);
+  }
+  for (size_t k = 0; k < moes.size(); ++k) {
+    const bool has_next = k + 1 < moes.size();
+    moes[k].second->set_expert_provider(provider, moes[k].first,
+                                        has_next ? moes[k + 1].second->router() : nullptr,
+                                        has_next ? moes[k + 1].first : -1);
+  }
 }
 
 at::Tensor TextModel::embed(const at::Tensor& ids) {

@@ -31,6 +31,13 @@ std::pair<offload::OffloadConfig, offload::ModelSpec> offload_setup(
     oc.device_budget_bytes = o.device_budget_bytes;
     oc.device_budget_fraction = o.device_budget_fraction;
   }
+  if (o.cpu_offload_experts) {
+    oc.expert_modules = {t + "model.layers.*.mlp.experts.*"};
+    if (o.expert_prefetch) oc.resident_modules = {t + "model.layers.*.mlp.gate"};
+    oc.expert_cache_budget_bytes = o.expert_cache_budget_bytes;
+    oc.expert_cache_budget_fraction = o.expert_cache_budget_fraction;
+    oc.expert_miss_policy = offload::parse_expert_miss_policy(o.expert_miss_policy);
+  }
   oc.validate();
   return {oc, spec};
 }

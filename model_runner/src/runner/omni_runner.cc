@@ -15,6 +15,7 @@
 #include "model_runner/qwen3_omni/talker_generate.h"
 #include "model_runner/qwen3_omni/talker_handoff.h"
 #include "model_runner/runner/chat_inputs.h"
+#include "model_runner/runner/expert_offload.h"
 #include "model_runner/weights/hf_config.h"
 #include "model_runner/weights/load_weights.h"
 #include "model_runner/weights/safetensors.h"
@@ -127,6 +128,9 @@ struct OmniRunner::State {
   std::unique_ptr<Tokenizer> tokenizer;
   ChatPreprocessor preprocessor;
   std::unique_ptr<offload::OffloadBackend> backend;
+  // Expert offload of the thinker's MoE experts (cpu_offload_experts); gone before backend.
+  std::unique_ptr<offload::ExpertCache> expert_cache;
+  std::unique_ptr<ExpertOffload> expert_offload;
   std::vector<int64_t> stop_tokens;
   double load_ms = 0;
   // One request at a time: the stages share the model's weights, KV-free modules and the
@@ -198,6 +202,12 @@ std::unique_ptr<OmniRunner> OmniRunner::load(const OmniRunnerOptions& options,
   auto [oc, spec] = offload_setup(options.offload, "thinker.", s.has_talker, omni_component_paths);
   oc.convert_dtypes = std::move(convert);
   s.backend = offload::apply_offload(*s.model, spec, oc, engine);
+  s.expert_cache = offload::make_expert_cache(*s.model, s.backend->plan(), oc, engine);
+  if (s.expert_cache) {
+    s.expert_offload =
+        std::make_unique<ExpertOffload>(s.model->thinker().language_model(), "thinker.model.",
+                                        *s.expert_cache, options.offload.expert_prefetch);
+  }
   s.model->set_device(engine->compute_device());
 
   for (const char* name : {"<|im_end|>", "<|endoftext|>"}) {
@@ -224,11 +234,13 @@ std::string OmniRunner::default_speaker() const {
 
 const Tokenizer& OmniRunner::tokenizer() const { return *s_->tokenizer; }
 offload::OffloadBackend& OmniRunner::offload() { return *s_->backend; }
+offload::ExpertCache* OmniRunner::expert_cache() { return s_->expert_cache.get(); }
 qwen3_omni::Qwen3Omni& OmniRunner::model() { return *s_->model; }
 
 OmniResult OmniRunner::generate(const OmniRequest& request, const OmniCallbacks& callbacks) {
   State& s = *s_;
   std::lock_guard<std::mutex> lock(s.mutex);
+  auto forward = s.backend->forward_scope();  // every stage's forwards of this request
   const auto start = Clock::now();
   OMNI_CHECK(request.text_output || request.audio_output,
              "the request asks for no output: set text and/or audio");

@@ -127,6 +127,7 @@ qwen3_omni::TalkerRun TalkerRunner::generate(
     const std::vector<std::array<int64_t, 3>>& image_grids, const Request& request,
     const std::function<bool(const std::vector<int64_t>&)>& on_frame) {
   at::NoGradGuard no_grad;
+  auto forward = backend_->forward_scope();  // the whole run: one request at a time
   const std::string name = request.speaker.empty() ? default_speaker() : request.speaker;
   const int64_t speaker = qwen3_omni::speaker_codec_id(cfg_, name);
   const auto hids = qwen3_omni::handoff_ids(thinker_cfg_, cfg_, ids_, speaker, thinker_stop_tokens);
@@ -163,6 +164,7 @@ qwen3_omni::TalkerRun TalkerRunner::generate_streaming(
     StreamingHandoff& h, const std::function<bool()>& pull, const Request& request,
     const std::function<bool(const std::vector<int64_t>&)>& on_frame) {
   at::NoGradGuard no_grad;
+  auto forward = backend_->forward_scope();  // the whole run: one request at a time
   const auto more = [&] {
     if (h.finished) return false;
     if (!pull()) h.finished = true;

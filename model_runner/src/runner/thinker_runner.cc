@@ -62,6 +62,13 @@ std::unique_ptr<ThinkerRunner> ThinkerRunner::load(
   auto [oc, spec] = offload_setup(options.offload, "", /*talker=*/false, thinker_component_paths);
   defer_conversions(report, "", oc.convert_dtypes);
   r->backend_ = offload::apply_offload(*r->thinker_, spec, oc, engine);
+  // The experts the plan carved out (cpu_offload_experts) go to a device expert cache.
+  r->expert_cache_ = offload::make_expert_cache(*r->thinker_, r->backend_->plan(), oc, engine);
+  if (r->expert_cache_) {
+    r->expert_offload_ =
+        std::make_unique<ExpertOffload>(r->thinker_->language_model(), "model.", *r->expert_cache_,
+                                        options.offload.expert_prefetch);
+  }
   r->thinker_->set_device(engine->compute_device());
 
   for (const char* name : {"<|im_end|>", "<|endoftext|>"}) {
@@ -79,6 +86,7 @@ GenerationResult ThinkerRunner::generate(const ThinkerInputs& inputs, SamplingPa
   if (params.stop_token_ids.empty()) params.stop_token_ids = stop_tokens_;
   params.max_context = thinker_->config().text.max_position_embeddings;
   at::NoGradGuard no_grad;
+  auto forward = backend_->forward_scope();  // one request's forwards (recursive: nests)
   auto state = thinker_->new_state();
   at::Tensor first = thinker_->prefill(inputs, state)[0];
   return generate_tokens(
@@ -91,6 +99,7 @@ GenerationResult ThinkerRunner::generate(const ThinkerInputs& inputs, SamplingPa
 
 at::Tensor ThinkerRunner::prompt_logits(const ThinkerInputs& inputs) {
   at::NoGradGuard no_grad;
+  auto forward = backend_->forward_scope();
   auto state = thinker_->new_state();
   return thinker_->prefill(inputs, state, /*all_logits=*/true);
 }

@@ -929,5 +929,45 @@ TEST(ParseByteSize, UnitsAndErrors) {
   EXPECT_NE(reason("20000000TiB").find("too large"), std::string::npos);
 }
 
+TEST_F(StageConfigTest, ExpertOffloadKeysAndFlags) {
+  auto config =
+      parse(one_stage("      cpu_offload_experts: true\n      expert_cache_budget: 10%\n"
+                      "      expert_prefetch: false\n      expert_miss_policy: host\n"));
+  const auto& e = config.stages.at(0).engine;
+  EXPECT_TRUE(e.cpu_offload_experts);
+  EXPECT_EQ(e.expert_cache_budget, "10%");
+  EXPECT_FALSE(e.expert_prefetch);
+  EXPECT_EQ(e.expert_miss_policy, "host");
+  EXPECT_EQ(parse(one_stage("      expert_cache_budget: 768MiB\n"))
+                .stages.at(0)
+                .engine.expert_cache_budget,
+            "805306368");
+  const StageEngineArgs defaults;
+  EXPECT_FALSE(defaults.cpu_offload_experts);
+  EXPECT_EQ(defaults.expert_cache_budget, "25%");
+
+  std::string yaml = one_stage("      expert_cache_budget: 150%\n");
+  EXPECT_TRUE(IsError(parse_error(yaml), pos_of(yaml, "150%"),
+                      "expert_cache_budget: '150%' must be a percentage in (0%, 100%]"));
+  yaml = one_stage("      expert_cache_budget: 0\n");
+  EXPECT_TRUE(IsError(parse_error(yaml), pos_of(yaml, "0\n", 2), "expert_cache_budget: 0 bytes"));
+  yaml = one_stage("      expert_miss_policy: sometimes\n");
+  EXPECT_TRUE(IsError(parse_error(yaml), pos_of(yaml, "sometimes"), "unknown value 'sometimes'"));
+
+  // The global flags set every stage; a bad budget names the flag.
+  config = parse(kThree);
+  GlobalStageFlags flags;
+  flags.cpu_offload_experts = true;
+  flags.expert_cache_budget = "50%";
+  apply_stage_flags(config, flags, "");
+  for (const auto& stage : config.stages) {
+    EXPECT_TRUE(stage.engine.cpu_offload_experts);
+    EXPECT_EQ(stage.engine.expert_cache_budget, "50%");
+  }
+  flags.expert_cache_budget = "lots";
+  EXPECT_TRUE(IsError(error_of([&] { apply_stage_flags(config, flags, ""); }),
+                      "--expert-cache-budget", "expert_cache_budget"));
+}
+
 }  // namespace
 }  // namespace omni::config

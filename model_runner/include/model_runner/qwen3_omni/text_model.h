@@ -78,6 +78,29 @@ struct MoeStats {
   int64_t expert_calls = 0;      // run_expert calls: one per hit expert per forward
 };
 
+// Expert-level offload's hook into SparseMoe (the runner sets one on a TextModel): told which
+// experts a forward hit before any of them runs, so that it brings them to the device in one go
+// (one call per MoE layer and forward, or per chunk of capacity() experts), and given the
+// experts the next MoE layer is predicted to use so that it can fetch them ahead.
+class ExpertProvider {
+ public:
+  virtual ~ExpertProvider() = default;
+  // The most experts one prepare() call can make usable (the device cache's slots).
+  virtual size_t capacity() const = 0;
+  // Makes `experts` of MoE layer `layer` usable before they run; rows[i] tokens go to
+  // experts[i]. Returns, per expert, whether it runs on the host (its weights are host tensors:
+  // the rows go to the CPU and the output comes back) instead of the compute device.
+  virtual std::vector<bool> prepare(int64_t layer, const std::vector<int64_t>& experts,
+                                    const std::vector<int64_t>& rows) = 0;
+  // Whether SparseMoe should predict the next MoE layer's experts (one extra router product
+  // and one small host copy per layer).
+  virtual bool wants_prediction() const = 0;
+  // The next MoE layer `layer`'s likely experts, most likely first.
+  virtual void prefetch(int64_t layer, const std::vector<int64_t>& experts) = 0;
+  // A host-placed expert with `rows` tokens took `ms` (the auto miss policy learns from it).
+  virtual void host_computed(int64_t layer, int64_t expert, int64_t rows, double ms) = 0;
+};
+
 // Router ("gate") + experts stored one module per expert, as on disk
 // (mlp.experts.{e}.{gate,up,down}_proj). The talker's adds a shared expert that every token
 // uses, scaled by sigmoid(shared_expert_gate(x)). Tokens are grouped by expert on the device
@@ -87,8 +110,18 @@ class SparseMoe : public torch::nn::Module {
   SparseMoe(const TextConfig& cfg, at::ScalarType dtype);
   at::Tensor forward(const at::Tensor& x);
   MoeStats stats() const;
+  // Expert offload: `provider` (null: none) is asked for the hit experts of each forward as
+  // MoE layer `layer`; with `next_router` (the router of the next MoE layer, `next_layer`), the
+  // next layer's experts are predicted from this layer's MoE input (the post-attention-norm
+  // hidden state of this layer, which the next router would see after one more layer) and
+  // handed to provider->prefetch().
+  void set_expert_provider(ExpertProvider* provider, int64_t layer,
+                           std::shared_ptr<Linear> next_router, int64_t next_layer);
+  const std::shared_ptr<Linear>& router() const { return gate_; }
 
  private:
+  // Experts of the next MoE layer predicted from `flat` (most tokens first), to prefetch.
+  void predict_next(const at::Tensor& flat);
   // The one place an expert's weights are used: `rows` [n, hidden] routed to `expert` ->
   // [n, hidden]. Expert offload hooks in here (fetch the expert before it runs, or run it on
   // the host).
@@ -104,6 +137,9 @@ class SparseMoe : public torch::nn::Module {
   std::vector<std::shared_ptr<TextMlp>> experts_;
   std::shared_ptr<TextMlp> shared_expert_;  // null without one
   std::shared_ptr<Linear> shared_expert_gate_;
+  ExpertProvider* provider_ = nullptr;
+  int64_t layer_ = 0, next_layer_ = -1;
+  std::shared_ptr<Linear> next_router_;
 };
 
 class DecoderLayer : public offload::HookableModule {
@@ -111,6 +147,8 @@ class DecoderLayer : public offload::HookableModule {
   DecoderLayer(const TextConfig& cfg, int64_t index, at::ScalarType dtype);
   at::Tensor forward(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
                      KvCache* cache);
+  // The routed MLP; null in a dense layer.
+  SparseMoe* moe() const { return moe_.get(); }
 
  private:
   int64_t index_;
@@ -151,6 +189,9 @@ class TextModel : public offload::HookableModule {
   // hidden @ embedding^T: the lm_head of a model with tied word embeddings.
   at::Tensor tied_logits(const at::Tensor& hidden);
   const TextConfig& config() const { return cfg_; }
+  // Expert offload: every MoE layer asks `provider` (null: none) for its hit experts, and
+  // predicts the next MoE layer's for it (SparseMoe::set_expert_provider).
+  void set_expert_provider(ExpertProvider* provider);
 
  private:
   TextConfig cfg_;

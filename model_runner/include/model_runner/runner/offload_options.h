@@ -38,6 +38,19 @@ struct RunnerOffloadOptions {
   // same slots (their convolutions, position tables and mergers stay resident), so the encoders
   // leave the device too. They run once per request, so this costs one copy of each.
   bool layerwise_encoders = true;
+  // cpu_offload_experts: the thinker's MoE experts (model.layers.*.mlp.experts.*) become
+  // offload units of their own in a device expert cache (cpu_offload/expert_cache.h); the rest
+  // of each layer follows the strategy above (resident, component or layerwise).
+  bool cpu_offload_experts = false;
+  // expert_cache_budget: device bytes of the expert cache, or (when 0) a fraction of all
+  // experts' bytes ("25%" in the CLI and YAML: parse_expert_cache_budget, expert_offload.h).
+  size_t expert_cache_budget_bytes = 0;
+  double expert_cache_budget_fraction = 0.25;
+  // expert_prefetch: each MoE layer predicts the next one's experts with the next router
+  // (kept resident) and prefetches them.
+  bool expert_prefetch = true;
+  // expert_miss_policy: fetch | host | auto (offload::ExpertMissPolicy).
+  std::string expert_miss_policy = "fetch";
 };
 
 // The engine's view of `options` for a root holding the thinker at `thinker_prefix` ("" or

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_offload/expert_cache.h"
 #include "cpu_offload/offload_backend.h"
 #include "cpu_offload/transfer_engine.h"
 #include "model_runner/generation/sampler.h"
@@ -135,6 +136,8 @@ class OmniRunner {
   std::string default_speaker() const;
   const Tokenizer& tokenizer() const;
   offload::OffloadBackend& offload();
+  // The thinker's device expert cache with cpu_offload_experts; null without.
+  offload::ExpertCache* expert_cache();
   qwen3_omni::Qwen3Omni& model();
   int64_t sample_rate() const { return 24000; }
 

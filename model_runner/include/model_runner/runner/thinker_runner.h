@@ -9,12 +9,14 @@
 #include <string>
 #include <vector>
 
+#include "cpu_offload/expert_cache.h"
 #include "cpu_offload/offload_backend.h"
 #include "cpu_offload/transfer_engine.h"
 #include "model_runner/generation/generate.h"
 #include "model_runner/generation/sampler.h"
 #include "model_runner/qwen3_omni/thinker.h"
 #include "model_runner/runner/chat_inputs.h"
+#include "model_runner/runner/expert_offload.h"
 #include "model_runner/runner/offload_options.h"
 #include "model_runner/tokenizer/tokenizer.h"
 #include "model_runner/weights/safetensors.h"
@@ -51,6 +53,9 @@ class ThinkerRunner {
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   offload::OffloadBackend& offload() { return *backend_; }
   offload::TransferEngine& engine() { return *engine_; }
+  // The device expert cache with cpu_offload_experts; null without. Its stats() give hits,
+  // misses, prefetches, host-computed experts, bytes moved and stall time.
+  offload::ExpertCache* expert_cache() { return expert_cache_.get(); }
   // The thinker's parameter bytes under each top-level part (audio_tower, visual, model, lm_head).
   int64_t module_bytes(const std::string& path) const;
   const std::vector<int64_t>& default_stop_tokens() const { return stop_tokens_; }
@@ -66,6 +71,9 @@ class ThinkerRunner {
   std::unique_ptr<offload::OffloadBackend> backend_;
   std::vector<int64_t> stop_tokens_;
   std::map<std::string, int64_t> module_bytes_;
+  // Expert offload (declared after backend_ and thinker_: gone before them).
+  std::unique_ptr<offload::ExpertCache> expert_cache_;
+  std::unique_ptr<ExpertOffload> expert_offload_;
 };
 
 // Maps the stage-config component names onto the thinker's module paths: "visual",

@@ -1,0 +1,158 @@
+// Expert-level offload for mixture-of-experts models: a device cache of experts.
+//
+// Each expert is an offload unit of its own (one host slab, packed at setup, originals
+// released). The device holds a pool of equal slots, as many as a byte budget allows (every
+// expert of a model has the same size; a budget below one expert is an error). A model calls
+// ensure() with the experts its router chose, once per MoE layer, before they run:
+//   - hits (on the device, or on their way from a prefetch) only refresh their LRU place;
+//   - misses take the least recently used slots not in the current request: the victims are
+//     unbound, then every miss is copied in ONE copy_async group ordered after a compute event
+//     recorded after the victims' last use, compute waits for it, and the misses are bound.
+// prefetch() does the same for experts a model expects to need soon, without waiting: the
+// ensure() that uses them waits (on the device, not the host). Model-agnostic: keys are unit
+// indices, found by module path with key_of().
+//
+// Miss policy `host` (ExpertMissPolicy, offload_config.h): a miss is not fetched but bound to
+// views of its host slab, and the model computes it where it lies (the host CPU), as llama.cpp's
+// --cpu-moe does for every expert and Fiddler per expert. `auto` picks, per miss, whichever the
+// measured link bandwidth and host compute rate say is faster.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cpu_offload/offload_config.h"
+#include "cpu_offload/offload_plan.h"
+#include "cpu_offload/transfer_engine.h"
+#include "cpu_offload/weight_store.h"
+
+namespace omni::offload {
+
+struct ExpertCacheStats {
+  uint64_t requests = 0;       // ensure() calls
+  uint64_t hits = 0;           // experts asked for that were on the device or arriving
+  uint64_t misses = 0;         // experts asked for that were not (fetched or host-computed)
+  uint64_t host_computed = 0;  // misses computed from the host slab (miss policy host/auto)
+  uint64_t prefetched = 0;     // experts copied by prefetch()
+  uint64_t prefetch_hits = 0;  // prefetched experts that a later ensure() used
+  uint64_t loads = 0;          // copies of experts to the device (fetched misses + prefetched)
+  uint64_t evictions = 0;      // experts that left the device to make room
+  uint64_t bytes_h2d = 0;      // loads x expert bytes
+  double stall_ms = 0;         // time compute waited for expert copies
+  size_t expert_bytes = 0;     // one expert's slab (the slot size)
+  size_t experts = 0;          // experts under the cache
+  size_t slots = 0;            // device slots: budget / expert_bytes, at most `experts`
+  size_t budget_bytes = 0;     // the budget asked for
+  size_t device_bytes = 0;     // slots x expert_bytes (<= budget_bytes)
+
+  uint64_t uses() const { return hits + misses; }
+  double hit_rate() const { return uses() ? static_cast<double>(hits) / uses() : 0.0; }
+  // Of the prefetched experts, the fraction used before being evicted.
+  double prefetch_hit_rate() const {
+    return prefetched ? static_cast<double>(prefetch_hits) / prefetched : 0.0;
+  }
+  std::string to_json() const;
+};
+
+struct ExpertCacheOptions {
+  size_t budget_bytes = 0;  // device bytes for expert slots; must hold at least one expert
+  ExpertMissPolicy miss_policy = ExpertMissPolicy::kFetch;
+  // Auto policy: host compute rate (FLOP/s) when nothing was measured yet (0: fetch until a
+  // host computation was measured).
+  double host_flops_hint = 0;
+};
+
+class ExpertCache {
+ public:
+  // Where an expert runs after ensure().
+  enum class Placement { kDevice, kHost };
+
+  // Packed units (host slabs) of equal size. Throws omni::Error when the budget cannot hold
+  // one expert.
+  ExpertCache(std::vector<std::unique_ptr<OffloadUnit>> units,
+              std::shared_ptr<TransferEngine> engine, const ExpertCacheOptions& options);
+  // Waits for copies in flight, then unbinds every expert (the model is unusable afterwards).
+  ~ExpertCache();
+  ExpertCache(const ExpertCache&) = delete;
+  ExpertCache& operator=(const ExpertCache&) = delete;
+
+  // The key of the unit at module path `name`; -1 when there is none.
+  int key_of(const std::string& name) const;
+  size_t size() const { return units_.size(); }
+  const OffloadUnit& unit(int key) const { return *units_.at(key); }
+  size_t slots() const { return slots_.size(); }
+  size_t expert_bytes() const { return slot_bytes_; }
+  const ExpertCacheOptions& options() const { return options_; }
+
+  // Makes `keys` (distinct, at most slots()) usable by compute: bound to device slots, or with
+  // the host miss policy, misses bound to their host slabs. `rows` (tokens per key, optional)
+  // feeds the auto policy. Returns each key's placement.
+  std::vector<Placement> ensure(const std::vector<int>& keys,
+                                const std::vector<int64_t>& rows = {});
+  // Starts copies of those of `keys` not on the device, into slots that hold neither the last
+  // ensure()'s keys nor earlier keys of this call, as many as there are such slots; does not
+  // wait. Returns the number of copies issued.
+  size_t prefetch(const std::vector<int>& keys);
+  // Host-computation time of `flops` floating-point operations that took `ms` (the model
+  // reports it for host-placed experts; the auto policy reads the rate).
+  void record_host_compute(double flops, double ms);
+
+  // Waits for outstanding work (timings resolve), then reports.
+  ExpertCacheStats stats();
+  void reset_stats();
+  // Unbinds every expert and forgets the device copies (slots stay allocated); returns 0
+  // bytes freed as the pool is kept. For a stage that must stop using the weights.
+  void clear();
+
+ private:
+  struct Entry {
+    int slot = -1;            // device slot held or arriving; -1 when not on the device
+    Event ready;              // its copy
+    bool waited = false;      // compute waited for `ready`
+    bool prefetched = false;  // arrived by prefetch and not used since
+    bool host_bound = false;  // bound to its host slab (miss policy host)
+    uint64_t last_use = 0;
+  };
+  struct Slot {
+    int key = -1;
+  };
+
+  // A slot for a new copy, not holding any of `protect`; -1 when none.
+  int pick_victim(const std::vector<char>& protect) const;
+  // Empties `slot` (unbinding its expert) for `key`.
+  void evict(int slot);
+  // Issues one copy of `keys` into `slots`, ordered after the compute that last read them.
+  Event copy_in(const std::vector<int>& keys, const std::vector<int>& slots);
+  void bind_host(int key);
+  void unbind_host_bound();
+  bool fetch_is_faster(int key, int64_t rows) const;
+
+  std::shared_ptr<TransferEngine> engine_;
+  ExpertCacheOptions options_;
+  std::vector<std::unique_ptr<OffloadUnit>> units_;
+  std::unordered_map<std::string, int> key_by_name_;
+  std::vector<Entry> entries_;
+  std::vector<Slot> slots_;
+  size_t slot_bytes_ = 0;
+  DeviceBuffer pool_;
+  std::vector<int> current_;  // keys of the last ensure()
+  std::vector<int> host_bound_;
+  uint64_t tick_ = 0;
+  ExpertCacheStats stats_;
+  TimeAccumulator stall_;
+  double host_flops_ = 0, host_ms_ = 0;
+};
+
+// Packs the plan's experts (OffloadPlan::experts) of `root` into an ExpertCache under
+// `config` (expert_cache_budget_bytes, or expert_cache_budget_fraction of all experts' bytes;
+// expert_miss_policy). Null when the plan has no experts. Tensors named in
+// config.convert_dtypes are converted while packing.
+std::unique_ptr<ExpertCache> make_expert_cache(torch::nn::Module& root, const OffloadPlan& plan,
+                                               const OffloadConfig& config,
+                                               std::shared_ptr<TransferEngine> engine);
+
+}  // namespace omni::offload

@@ -1,0 +1,264 @@
+// The device expert cache (expert_cache.h) on a toy MoE: LRU order, the byte budget held
+// exactly (engine memory counter peak), outputs bitwise equal to resident weights, prefetch,
+// host compute on a miss, the plan's carve-out of experts; in strict mode (CUDA's ordering
+// rules, strict_sim_default.cc) so that every ordering mistake aborts.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../common/test_devices.h"
+#include "cpu_offload/check.h"
+#include "cpu_offload/expert_cache.h"
+#include "cpu_offload/offload_plan.h"
+
+namespace omni::offload {
+namespace {
+
+constexpr int64_t kHidden = 16;
+constexpr int64_t kInter = 24;
+constexpr size_t kExtra = 17;  // budget bytes beyond whole experts: not used
+
+class Expert : public torch::nn::Module {
+ public:
+  Expert() {
+    up = register_parameter("up", at::randn({kInter, kHidden}), false);
+    down = register_parameter("down", at::randn({kHidden, kInter}), false);
+  }
+  at::Tensor forward(const at::Tensor& x) { return at::linear(at::relu(at::linear(x, up)), down); }
+  at::Tensor up, down;
+};
+
+// layers.{l}.attn (a weight) and layers.{l}.mlp.experts.{e}.
+class ToyMoe : public torch::nn::Module {
+ public:
+  ToyMoe(int layers, int experts) {
+    auto holder = register_module("layers", std::make_shared<torch::nn::Module>());
+    for (int l = 0; l < layers; ++l) {
+      auto layer =
+          holder->register_module(std::to_string(l), std::make_shared<torch::nn::Module>());
+      attn.push_back(layer->register_parameter("attn", at::randn({kHidden, kHidden}), false));
+      auto mlp = layer->register_module("mlp", std::make_shared<torch::nn::Module>());
+      auto ex = mlp->register_module("experts", std::make_shared<torch::nn::Module>());
+      this->experts.emplace_back();
+      for (int e = 0; e < experts; ++e) {
+        this->experts.back().push_back(
+            ex->register_module(std::to_string(e), std::make_shared<Expert>()));
+      }
+    }
+  }
+  static std::string path(int l, int e) {
+    return "layers." + std::to_string(l) + ".mlp.experts." + std::to_string(e);
+  }
+  std::vector<at::Tensor> attn;
+  std::vector<std::vector<std::shared_ptr<Expert>>> experts;
+};
+
+OffloadConfig expert_config(size_t budget) {
+  OffloadConfig config;
+  config.expert_modules = {"layers.*.mlp.experts.*"};
+  config.expert_cache_budget_bytes = budget;
+  return config;
+}
+
+struct Setup {
+  std::shared_ptr<TransferEngine> engine;
+  std::unique_ptr<ToyMoe> model;
+  OffloadPlan plan;
+  std::unique_ptr<ExpertCache> cache;
+  size_t expert_bytes = 0;
+  std::unique_ptr<TransferEngine::ComputeScope> scope;
+};
+
+// Experts of a 1-layer toy in a cache of `slots` experts (+ `extra` bytes of budget).
+Setup make(DeviceKind kind, int experts, size_t slots, size_t extra = 0,
+           ExpertMissPolicy policy = ExpertMissPolicy::kFetch, int layers = 1) {
+  Setup s;
+  s.engine = make_transfer_engine(kind);
+  s.model = std::make_unique<ToyMoe>(layers, experts);
+  auto config = expert_config(1);
+  s.plan = make_offload_plan(*s.model, {}, config);
+  s.expert_bytes = s.plan.experts.front().bytes;  // tensor bytes; slab adds padding
+  // Slab bytes: up and down each at a 256-byte boundary.
+  const size_t slab = align_up(kInter * kHidden * 4, kTensorAlignment) * 2;
+  s.expert_bytes = slab;
+  config.expert_cache_budget_bytes = slots * slab + extra;
+  config.expert_miss_policy = policy;
+  s.cache = make_expert_cache(*s.model, s.plan, config, s.engine);
+  s.scope = s.engine->enter_compute();  // the tests' forwards
+  return s;
+}
+
+std::vector<int> keys(const Setup& s, std::vector<int> experts) {
+  std::vector<int> out;
+  for (int e : experts) out.push_back(s.cache->key_of(ToyMoe::path(0, e)));
+  return out;
+}
+
+class ExpertCacheTest : public ::testing::TestWithParam<DeviceKind> {};
+
+TEST_P(ExpertCacheTest, PlanCarvesExpertsOutOfResidentAndLayerwiseUnits) {
+  ToyMoe model(2, 4);
+  auto config = expert_config(1 << 20);
+  auto plan = make_offload_plan(model, {}, config);
+  ASSERT_EQ(plan.experts.size(), 8u);
+  EXPECT_EQ(plan.experts[5].name, "layers.1.mlp.experts.1");
+  EXPECT_EQ(plan.experts[5].tensor_names,
+            (std::vector<std::string>{"layers.1.mlp.experts.1.up", "layers.1.mlp.experts.1.down"}));
+  EXPECT_EQ(plan.resident_tensors, (std::vector<std::string>{"layers.0.attn", "layers.1.attn"}));
+  EXPECT_EQ(plan.expert_bytes, 8u * 2 * kHidden * kInter * 4);
+
+  config.layerwise = true;
+  ModelSpec spec;
+  spec.dits = {"layers"};
+  spec.block_lists = {{"layers", {}}};
+  plan = make_offload_plan(model, spec, config);
+  ASSERT_EQ(plan.units.size(), 2u);
+  EXPECT_EQ(plan.units[1].tensor_names, (std::vector<std::string>{"layers.1.attn"}));
+  EXPECT_EQ(plan.experts.size(), 8u);
+  EXPECT_TRUE(plan.resident_tensors.empty());
+
+  config.resident_modules = {"layers.1"};  // kept resident, experts still carved out
+  plan = make_offload_plan(model, spec, config);
+  EXPECT_EQ(plan.resident_tensors, (std::vector<std::string>{"layers.1.attn"}));
+  EXPECT_EQ(plan.experts.size(), 8u);
+
+  config.expert_modules = {"layers.*.nothing.*"};
+  EXPECT_THROW(make_offload_plan(model, spec, config), Error);
+}
+
+TEST_P(ExpertCacheTest, LeastRecentlyUsedLeavesFirst) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  auto s = make(GetParam(), 4, 2);
+  ASSERT_EQ(s.cache->slots(), 2u);
+  auto& cache = *s.cache;
+  cache.ensure(keys(s, {0}));
+  cache.ensure(keys(s, {1}));
+  cache.ensure(keys(s, {0}));  // hit: 0 becomes the most recent
+  cache.ensure(keys(s, {2}));  // evicts 1, the least recently used
+  EXPECT_TRUE(cache.unit(keys(s, {0})[0]).bound());
+  EXPECT_FALSE(cache.unit(keys(s, {1})[0]).bound());
+  EXPECT_TRUE(cache.unit(keys(s, {2})[0]).bound());
+  cache.ensure(keys(s, {0}));  // hit
+  cache.ensure(keys(s, {1}));  // miss: evicts 2
+  EXPECT_FALSE(cache.unit(keys(s, {2})[0]).bound());
+  const auto st = cache.stats();
+  EXPECT_EQ(st.requests, 6u);
+  EXPECT_EQ(st.hits, 2u);
+  EXPECT_EQ(st.misses, 4u);
+  EXPECT_EQ(st.evictions, 2u);
+  EXPECT_EQ(st.loads, 4u);
+  EXPECT_EQ(st.bytes_h2d, 4 * s.expert_bytes);
+  // A request never evicts its own experts.
+  cache.ensure(keys(s, {2, 3}));
+  EXPECT_TRUE(cache.unit(keys(s, {2})[0]).bound());
+  EXPECT_TRUE(cache.unit(keys(s, {3})[0]).bound());
+  EXPECT_THROW(cache.ensure(keys(s, {0, 1, 2})), Error);  // more than the slots
+}
+
+TEST_P(ExpertCacheTest, BudgetHeldExactlyAndOutputsEqualResident) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  const int experts = 8;
+  for (size_t slots : {1u, 3u, 8u}) {
+    at::manual_seed(7);
+    ToyMoe reference(1, experts);
+    at::manual_seed(7);
+    auto s = make(GetParam(), experts, slots, /*extra=*/kExtra);
+    const size_t budget = slots * s.expert_bytes + kExtra;
+    EXPECT_EQ(s.cache->slots(), slots);
+    EXPECT_EQ(s.cache->stats().device_bytes, slots * s.expert_bytes);
+    s.engine->reset_counters();
+    const auto x = at::randn({3, kHidden});
+    const auto xd = x.to(s.engine->compute_device());
+    at::manual_seed(11);
+    for (int step = 0; step < 40; ++step) {
+      const int n = static_cast<int>(std::min<size_t>(slots, 1 + step % 3));
+      auto perm = at::randperm(experts, at::kLong);
+      std::vector<int> chosen;
+      for (int i = 0; i < n; ++i) chosen.push_back(static_cast<int>(perm[i].item<int64_t>()));
+      s.cache->ensure(keys(s, chosen));
+      for (int e : chosen) {
+        const auto want = reference.experts[0][e]->forward(x);
+        const auto got = s.model->experts[0][e]->forward(xd).cpu();
+        ASSERT_TRUE(at::equal(got, want)) << "expert " << e << " step " << step;
+      }
+      if (step % 5 == 0) s.cache->prefetch(keys(s, {(step / 5) % experts}));
+    }
+    EXPECT_LE(s.engine->memory_counter()->peak(), budget);
+    EXPECT_EQ(s.engine->memory_counter()->peak(), slots * s.expert_bytes);
+    const auto st = s.cache->stats();
+    EXPECT_EQ(st.bytes_h2d, st.loads * s.expert_bytes);
+    EXPECT_EQ(st.loads, st.misses + st.prefetched);
+  }
+}
+
+TEST_P(ExpertCacheTest, PrefetchedExpertsAreHitsAndSpareTheCurrentRequest) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  auto s = make(GetParam(), 6, 3);
+  auto& cache = *s.cache;
+  cache.ensure(keys(s, {0, 1}));
+  // One slot is free; the current request's experts are not victims.
+  EXPECT_EQ(cache.prefetch(keys(s, {2, 3, 4})), 1u);
+  EXPECT_TRUE(cache.unit(keys(s, {0})[0]).bound());
+  EXPECT_TRUE(cache.unit(keys(s, {1})[0]).bound());
+  EXPECT_FALSE(cache.unit(keys(s, {2})[0]).bound());  // arriving, bound at use
+  cache.ensure(keys(s, {2}));
+  auto st = cache.stats();
+  EXPECT_EQ(st.prefetched, 1u);
+  EXPECT_EQ(st.prefetch_hits, 1u);
+  EXPECT_EQ(st.hits, 1u);
+  EXPECT_DOUBLE_EQ(st.prefetch_hit_rate(), 1.0);
+  // Now {0, 1} are no longer protected: a prefetch may take their slots (LRU first).
+  EXPECT_EQ(cache.prefetch(keys(s, {3, 4})), 2u);
+  EXPECT_TRUE(cache.unit(keys(s, {2})[0]).bound());  // the current request
+  cache.ensure(keys(s, {4, 3}));
+  st = cache.stats();
+  EXPECT_EQ(st.prefetch_hits, 3u);
+  EXPECT_EQ(st.misses, 2u);
+  cache.reset_stats();
+  EXPECT_EQ(cache.stats().uses(), 0u);
+  EXPECT_EQ(cache.stats().slots, 3u);
+}
+
+TEST_P(ExpertCacheTest, HostMissPolicyComputesFromTheHostSlab) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  at::manual_seed(3);
+  ToyMoe reference(1, 4);
+  at::manual_seed(3);
+  auto s = make(GetParam(), 4, 1, 0, ExpertMissPolicy::kHost);
+  const auto x = at::randn({2, kHidden});
+  for (int round = 0; round < 2; ++round) {
+    const auto placement = s.cache->ensure(keys(s, {1, 3}));
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(placement[i], ExpertCache::Placement::kHost);
+      const int e = i ? 3 : 1;
+      EXPECT_TRUE(
+          at::equal(s.model->experts[0][e]->forward(x), reference.experts[0][e]->forward(x)));
+    }
+  }
+  const auto st = s.cache->stats();
+  EXPECT_EQ(st.host_computed, 4u);
+  EXPECT_EQ(st.loads, 0u);
+  EXPECT_EQ(st.bytes_h2d, 0u);
+}
+
+TEST_P(ExpertCacheTest, BudgetBelowOneExpertIsAClearError) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  try {
+    make(GetParam(), 4, 0, 100);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("expert_cache_budget (100 bytes) is smaller than one expert"),
+        std::string::npos)
+        << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, ExpertCacheTest, ::testing::ValuesIn(testing::all_devices()),
+                         testing::device_name);
+
+}  // namespace
+}  // namespace omni::offload
