@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -45,7 +46,24 @@ struct Options {
   std::string expert_cache_budgets = "25%";
   bool no_expert_prefetch = false;
   std::string expert_miss_policy = "fetch";
+  // The disk tier: host bytes for the streamed weights (empty: no limit), read-ahead.
+  std::string host_memory_budget;
+  int disk_read_ahead = 2;
+  std::string disk_read = "pread";
+  bool no_warmup = false;
+  bool no_media = false;
 };
+
+// Peak and current resident set of this process (VmHWM, VmRSS in /proc/self/status), bytes.
+std::pair<uint64_t, uint64_t> rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  uint64_t hwm = 0, rss = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) hwm = std::stoull(line.substr(6)) * 1024;
+    if (line.rfind("VmRSS:", 0) == 0) rss = std::stoull(line.substr(6)) * 1024;
+  }
+  return {hwm, rss};
+}
 
 bool is_expert_strategy(const std::string& s) { return s == "experts" || s == "experts-layerwise"; }
 
@@ -135,12 +153,49 @@ void add_options(CLI::App& app, Options& o) {
                  "experts strategies: a miss is fetched, computed on the host, or auto")
       ->type_name("fetch|host|auto")
       ->check(parsed_by(omni::offload::parse_expert_miss_policy));
+  app.add_option("--host-memory-budget", o.host_memory_budget,
+                 "host bytes for the streamed weights (layerwise layers, experts); beyond it "
+                 "they are read from the checkpoint file when needed (the disk tier). Bytes, "
+                 "or with a unit: 4GiB, 512MiB (default: no limit)")
+      ->type_name("SIZE")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            size_t bytes = 0;
+            double fraction = 0;
+            try {
+              omni::models::parse_expert_cache_budget(text, "--host-memory-budget", &bytes,
+                                                      &fraction);
+            } catch (const std::exception& e) {
+              return omni::bench::reason_of(e);
+            }
+            return fraction > 0 ? "--host-memory-budget: give bytes, not a percentage" : "";
+          },
+          ""));
+  app.add_option("--disk-read-ahead", o.disk_read_ahead,
+                 "disk tier: layerwise units read ahead beyond the device window")
+      ->type_name("N")
+      ->check(at_least(0));
+  app.add_option("--disk-read", o.disk_read,
+                 "disk tier: pread into our bounded pinned cache, or copy from the file's "
+                 "mapping with the OS page cache as the only cache (llama.cpp's way)")
+      ->type_name("pread|mmap")
+      ->check(parsed_by(omni::offload::parse_disk_read));
+  app.add_flag("--no-warmup", o.no_warmup,
+               "measure the first request (for runs too long to do twice)");
+  app.add_flag("--no-media", o.no_media, "a text-only request (no audio, no image)");
 }
 
 ThinkerOffloadOptions offload_for(const std::string& strategy, const Options& opt,
                                   const std::string& expert_budget = "25%") {
   ThinkerOffloadOptions o;
   o.pin_memory = !opt.no_pin;
+  if (!opt.host_memory_budget.empty()) {
+    double fraction = 0;
+    omni::models::parse_expert_cache_budget(opt.host_memory_budget, "--host-memory-budget",
+                                            &o.host_memory_budget_bytes, &fraction);
+  }
+  o.disk_read_ahead = opt.disk_read_ahead;
+  o.disk_read = opt.disk_read;
   if (strategy == "none") return o;
   if (is_expert_strategy(strategy)) {
     o.cpu_offload_experts = true;
@@ -227,8 +282,10 @@ int run(const Options& o) {
 
   omni::models::ChatRequest request;
   request.text = o.text;
-  request.audio_files = {assets + "/audio.wav"};
-  request.image_files = {assets + "/image.png"};
+  if (!o.no_media) {
+    request.audio_files = {assets + "/audio.wav"};
+    request.image_files = {assets + "/image.png"};
+  }
 
   std::vector<int64_t> baseline;
   for (const auto& [strategy, expert_budget] : runs) {
@@ -244,7 +301,7 @@ int run(const Options& o) {
     params.max_new_tokens = tokens;
     params.stop_token_ids = {-1};  // never stop early: every strategy decodes `tokens` tokens
     // Warm-up request (first-touch allocations, kernel choice), then the measured one.
-    runner->generate(inputs, params);
+    if (!o.no_warmup) runner->generate(inputs, params);
     engine->synchronize();
     runner->offload().reset_stats();
     auto* experts = runner->expert_cache();
@@ -295,6 +352,15 @@ int run(const Options& o) {
                          static_cast<double>(decode_steps)
                   << ", \"expert_stats\": " << e.to_json();
     }
+    // The disk tier's reads, and their throughput while a read ran.
+    std::ostringstream disk_json;
+    auto add_disk = [&](const char* key, const omni::offload::DiskTierStats& d) {
+      disk_json << ", \"" << key << "\": " << d.to_json() << ", \"" << key
+                << "_read_bytes_per_token\": "
+                << static_cast<double>(d.read_bytes) / static_cast<double>(result.tokens.size());
+    };
+    if (const auto d = runner->offload().disk_stats()) add_disk("layer_disk", *d);
+    if (experts && experts->disk()) add_disk("expert_disk", experts->disk()->stats());
     std::cout << "{\"strategy\": \"" << strategy << "\", \"device\": \"" << s.device
               << "\", \"model_dir\": \"" << model_dir << "\", \"param_bytes\": " << s.param_bytes
               << ", \"prompt_tokens\": " << inputs.input_ids.size()
@@ -309,6 +375,7 @@ int run(const Options& o) {
               << static_cast<double>(s.bytes_h2d - std::min<uint64_t>(prefill_h2d, s.bytes_h2d)) /
                      static_cast<double>(decode_steps)
               << ", \"loads\": " << s.loads << ", \"stall_ms\": " << s.stall_ms << expert_json.str()
+              << disk_json.str() << ", \"peak_rss_bytes\": " << rss_bytes().first
               << ", \"tokens_equal_to_none\": "
               << (baseline.empty() || strategy == "none"
                       ? "null"

@@ -61,6 +61,56 @@ if(EXISTS "${OMNI_TORCH_DIR}/lib/libtorch_cuda.so")
   set(OMNI_TORCH_HAS_CUDA ON)
 endif()
 
+# The CUDA version the wheel was built with, from its version.py (`cuda: Optional[str] =
+# '13.0'`, older wheels `cuda = '12.1'`; None for a CPU wheel). Its runtime is the one
+# libtorch_cuda loads, so it is the only one our CUDA code may use (CMakeLists.txt compares it
+# with the toolkit's). Empty when the wheel does not say.
+set(OMNI_TORCH_CUDA_VERSION "")
+set(OMNI_TORCH_CUDA_VERSION_MAJOR "")
+if(EXISTS "${OMNI_TORCH_DIR}/version.py")
+  file(STRINGS "${OMNI_TORCH_DIR}/version.py" _omni_cuda_line REGEX "^cuda[ \t]*[:=]")
+  if(_omni_cuda_line MATCHES "['\"]([0-9]+)\\.([0-9]+)")
+    set(OMNI_TORCH_CUDA_VERSION "${CMAKE_MATCH_1}.${CMAKE_MATCH_2}")
+    set(OMNI_TORCH_CUDA_VERSION_MAJOR "${CMAKE_MATCH_1}")
+  endif()
+endif()
+
+# The CUDA runtime (libcudart.so.N) the wheel loads: the one the dynamic loader resolves for
+# libtorch_cuda (its RUNPATH points at the nvidia-* wheels next to torch), else one of those
+# wheels' copies. Our CUDA code links this very file, so the process holds one runtime: a
+# second one (another major, another SONAME) would have its own context state, and streams,
+# events and memory of one would be invalid in the other. Empty when none is found.
+set(OMNI_TORCH_CUDART "")
+if(OMNI_TORCH_HAS_CUDA)
+  execute_process(COMMAND ldd "${OMNI_TORCH_DIR}/lib/libtorch_cuda.so"
+                  OUTPUT_VARIABLE _omni_ldd ERROR_QUIET)
+  if(_omni_ldd MATCHES "libcudart\\.so[.0-9]* => (/[^ \t\n]+)")
+    set(OMNI_TORCH_CUDART "${CMAKE_MATCH_1}")
+  else()
+    file(GLOB _omni_wheel_cudart
+         "${OMNI_TORCH_DIR}/../nvidia/cuda_runtime/lib/libcudart.so.*"
+         "${OMNI_TORCH_DIR}/../nvidia/cu*/lib/libcudart.so.*")
+    if(_omni_wheel_cudart)
+      list(SORT _omni_wheel_cudart)
+      list(GET _omni_wheel_cudart 0 OMNI_TORCH_CUDART)
+    endif()
+  endif()
+  if(OMNI_TORCH_CUDART)
+    get_filename_component(OMNI_TORCH_CUDART "${OMNI_TORCH_CUDART}" ABSOLUTE)
+  endif()
+  set(_omni_cudart_text "${OMNI_TORCH_CUDART}")
+  if(NOT _omni_cudart_text)
+    set(_omni_cudart_text "not found")
+  endif()
+  set(_omni_cuda_text "${OMNI_TORCH_CUDA_VERSION}")
+  if(NOT _omni_cuda_text)
+    set(_omni_cuda_text "unknown (no cuda entry in version.py)")
+  endif()
+  message(STATUS "LibTorch CUDA: ${_omni_cuda_text}, runtime ${_omni_cudart_text}")
+else()
+  message(STATUS "LibTorch CUDA: none (CPU-only wheel)")
+endif()
+
 # Returns in OUT_VAR the shared libraries libtorch_cuda needs that the dynamic loader cannot
 # find (empty when the CUDA part of the wheel is loadable).
 function(omni_torch_cuda_missing_libs out_var)
@@ -74,11 +124,22 @@ endfunction()
 function(omni_define_torch_cuda_target)
   add_library(omni_torch_cuda INTERFACE)
   add_library(omni::torch_cuda ALIAS omni_torch_cuda)
+  # The wheel's own runtime (see OMNI_TORCH_CUDART above), not the toolkit's: the same file
+  # libtorch_cuda loads. CUDA::cudart is the fallback when the wheel's cannot be found; the
+  # caller has checked that its major matches the wheel's.
+  if(OMNI_TORCH_CUDART)
+    set(_cudart "${OMNI_TORCH_CUDART}")
+    message(STATUS "CUDA runtime: ${OMNI_TORCH_CUDART} (the torch wheel's)")
+  else()
+    set(_cudart CUDA::cudart)
+    message(STATUS "CUDA runtime: the toolkit's CUDA::cudart (${CUDAToolkit_LIBRARY_DIR}); "
+                   "the torch wheel's libcudart was not found")
+  endif()
   # --no-as-needed: libtorch_cuda registers the CUDA backend from static initializers; a
   # binary that calls no symbol of it directly would otherwise drop it.
   target_link_libraries(omni_torch_cuda INTERFACE omni::torch
     -Wl,--no-as-needed "${OMNI_TORCH_DIR}/lib/libtorch_cuda.so"
-    "${OMNI_TORCH_DIR}/lib/libc10_cuda.so" -Wl,--as-needed CUDA::cudart)
+    "${OMNI_TORCH_DIR}/lib/libc10_cuda.so" -Wl,--as-needed "${_cudart}")
   target_include_directories(omni_torch_cuda SYSTEM INTERFACE ${CUDAToolkit_INCLUDE_DIRS})
   target_compile_definitions(omni_torch_cuda INTERFACE OMNI_WITH_CUDA=1)
 endfunction()

@@ -80,6 +80,22 @@ int BackendBase::add_unit(const UnitPlan& plan, bool prefetched) {
   return static_cast<int>(units_.size()) - 1;
 }
 
+std::unique_ptr<OffloadUnit> BackendBase::disk_unit(const UnitPlan& plan,
+                                                    const TensorFiles& files) {
+  auto unit = OffloadUnit::layout_only(plan.name, lookup(tensors_, plan.tensor_names),
+                                       &config_.convert_dtypes);
+  if (!DiskTier::readable(*unit, files, config_.disk_read)) return nullptr;
+  // The tensors view the checkpoint's mapping; letting them go never touched its pages.
+  unit->unbind();
+  return unit;
+}
+
+int BackendBase::push_unit(std::unique_ptr<OffloadUnit> unit) {
+  units_.push_back(std::move(unit));
+  counters_.push_back(std::make_unique<UnitCounters>());
+  return static_cast<int>(units_.size()) - 1;
+}
+
 void BackendBase::ensure_on_device(const std::string& path) { find_module(root_, path); }
 
 std::vector<int> BackendBase::units_at(const std::string& path) const {
@@ -111,6 +127,10 @@ OffloadStats BackendBase::stats() {
   s.host_bytes = engine_->host_counter()->current();
   s.peak_device_bytes = engine_->memory_counter()->peak();
   s.current_device_bytes = engine_->memory_counter()->current();
+  const DeviceMemoryInfo device = engine_->device_memory();
+  s.allocator_reserved_peak_bytes = device.reserved_peak;
+  s.allocator_allocated_peak_bytes = device.allocated_peak;
+  s.host_peak_bytes = engine_->host_counter()->peak();
   const TransferCounters c = engine_->counters();
   s.bytes_h2d = c.bytes_h2d;
   s.copy_ms = c.copy_ms;

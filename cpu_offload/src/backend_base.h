@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cpu_offload/disk_tier.h"
 #include "cpu_offload/hooks.h"
 #include "cpu_offload/offload_backend.h"
 #include "cpu_offload/weight_store.h"
@@ -56,6 +57,11 @@ class BackendBase : public OffloadBackend {
   // `prefetched`: the backend copies this unit while another computes (layerwise,
   // model-level), so its slab must be pinned unless pin_memory is off (throws otherwise).
   int add_unit(const UnitPlan& plan, bool prefetched = false);
+  // The disk tier: the unit laid out but not packed, its tensors let go (they are read from
+  // `files` when needed); null when some tensor of it has no place in a file.
+  std::unique_ptr<OffloadUnit> disk_unit(const UnitPlan& plan, const TensorFiles& files);
+  // Appends a unit made elsewhere (disk_unit); returns its index in units_.
+  int push_unit(std::unique_ptr<OffloadUnit> unit);
   // Units whose module is `path`, lies under it, or contains it.
   std::vector<int> units_at(const std::string& path) const;
   // Attaches `hook` to every hookable method of the module at `path`.

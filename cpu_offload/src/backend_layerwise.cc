@@ -6,7 +6,9 @@
 // are issued, each into a slot whose previous unit has finished computing (the copy stream
 // waits for that compute's event). The last unit of an order prefetches the first ones for
 // the next step. A unit that runs while not on the device (out of the expected order) is
-// loaded synchronously: it never computes with missing weights.
+// loaded synchronously: it never computes with missing weights. Under a host memory budget
+// the units may stay on disk (disk_tier.h): a load then copies from the tier's host entry, and
+// the units after the window are read ahead.
 #include <algorithm>
 
 #include "backend_base.h"
@@ -23,8 +25,23 @@ class LayerwiseBackend final : public BackendBase {
       : BackendBase(root, std::move(plan), std::move(engine), config),
         window_(config.num_gpu_layers) {
     make_resident();
+    const HostPlacement host = place_on_host(plan_, config_);
+    if (host.units_on_disk) {
+      DiskTierOptions options;
+      options.cache_bytes = host.unit_cache_bytes;
+      options.min_entries = static_cast<size_t>(window_) + 1;
+      options.reader_threads = config_.disk_reader_threads;
+      options.pin = config_.pin_memory;
+      options.label = "layerwise disk tier";
+      options.read = config_.disk_read;
+      disk_ = std::make_unique<DiskTier>(engine_, options);
+    }
     for (const auto& unit_plan : plan_.units) {
-      const int u = add_unit(unit_plan, /*prefetched=*/true);
+      std::unique_ptr<OffloadUnit> on_disk;
+      if (disk_) on_disk = disk_unit(unit_plan, config_.disk_files);
+      const int u =
+          on_disk ? push_unit(std::move(on_disk)) : add_unit(unit_plan, /*prefetched=*/true);
+      disk_id_.push_back(units_[u]->host() ? -1 : disk_->add(*units_[u], config_.disk_files));
       const int group = unit_plan.order_group;
       if (static_cast<int>(orders_.size()) <= group) orders_.resize(group + 1);
       position_.push_back(static_cast<int>(orders_[group].size()));
@@ -64,6 +81,14 @@ class LayerwiseBackend final : public BackendBase {
   ~LayerwiseBackend() override { wait_for_device(); }
 
   Strategy strategy() const override { return Strategy::kLayerwise; }
+  std::optional<DiskTierStats> disk_stats() override {
+    if (!disk_) return std::nullopt;
+    return disk_->stats();
+  }
+  void reset_stats() override {
+    BackendBase::reset_stats();
+    if (disk_) disk_->reset_stats();
+  }
 
  protected:
   size_t max_unit_bytes() const override { return slot_capacity_; }
@@ -114,6 +139,13 @@ class LayerwiseBackend final : public BackendBase {
       if (victim < 0) return;
       load(v, victim);
     }
+    // The disk tier reads the units after the window, so that their bytes are in host memory
+    // by the time they are copied.
+    if (!disk_) return;
+    for (int j = ahead + 1; j <= ahead + config_.disk_read_ahead && j < count; ++j) {
+      const int v = order[(position_[u] + j) % count];
+      if (unit_slot_[v] < 0 && disk_id_[v] >= 0) disk_->read_ahead(disk_id_[v]);
+    }
   }
 
   // A slot that may be overwritten: empty, or holding a unit that is not running and (for
@@ -137,8 +169,24 @@ class LayerwiseBackend final : public BackendBase {
   void load(int u, int s) {
     Slot& slot = slots_[s];
     if (slot.unit >= 0) unit_slot_[slot.unit] = -1;
-    slot.ready = engine_->copy_async({units_[u]->copy_to(slot.buffer, 0)}, {slot.released},
-                                     &counters_[u]->copy);
+    slot.unit = -1;
+    if (disk_id_[u] < 0) {
+      slot.ready = engine_->copy_async({units_[u]->copy_to(slot.buffer, 0)}, {slot.released},
+                                       &counters_[u]->copy);
+    } else {
+      // From the disk tier's host entry (read now unless read ahead), which is not refilled
+      // until this copy is over; or with mmap reads, from the file's mapping.
+      const auto ops = disk_->copy_ops(disk_id_[u], slot.buffer, 0);
+      Event ready;
+      try {
+        ready = engine_->copy_async(ops, {slot.released}, &counters_[u]->copy);
+      } catch (...) {
+        disk_->release(disk_id_[u], Event());
+        throw;
+      }
+      disk_->release(disk_id_[u], ready);
+      slot.ready = ready;
+    }
     slot.unit = u;
     unit_slot_[u] = s;
     counters_[u]->loads += 1;
@@ -153,6 +201,8 @@ class LayerwiseBackend final : public BackendBase {
   std::vector<int> unit_slot_;            // unit -> slot, -1 when not on the device
   std::vector<int64_t> timing_;
   std::vector<int> active_;
+  std::unique_ptr<DiskTier> disk_;  // when the host budget sends the units to disk
+  std::vector<int> disk_id_;        // unit -> its id in disk_, -1 when packed on the host
 };
 
 }  // namespace

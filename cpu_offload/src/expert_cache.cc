@@ -5,6 +5,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <chrono>
 #include <iomanip>
 #include <sstream>
 
@@ -29,21 +30,35 @@ std::string ExpertCacheStats::to_json() const {
 }
 
 ExpertCache::ExpertCache(std::vector<std::unique_ptr<OffloadUnit>> units,
-                         std::shared_ptr<TransferEngine> engine, const ExpertCacheOptions& options)
-    : engine_(std::move(engine)), options_(options), units_(std::move(units)) {
+                         std::shared_ptr<TransferEngine> engine, const ExpertCacheOptions& options,
+                         std::unique_ptr<DiskTier> disk, const TensorFiles* files)
+    : engine_(std::move(engine)),
+      options_(options),
+      units_(std::move(units)),
+      disk_(std::move(disk)) {
   OMNI_CHECK(engine_ != nullptr, "the expert cache needs a transfer engine");
   OMNI_CHECK(!units_.empty(), "the expert cache has no experts");
+  disk_id_.assign(units_.size(), -1);
   for (size_t k = 0; k < units_.size(); ++k) {
-    OMNI_CHECK(units_[k]->host(), "expert '", units_[k]->name(), "' has no host slab");
+    if (!units_[k]->host()) {
+      OMNI_CHECK(disk_ && files, "expert '", units_[k]->name(),
+                 "' has no host slab and no disk tier to read it from");
+      disk_id_[k] = disk_->add(*units_[k], *files);
+    }
     slot_bytes_ = std::max(slot_bytes_, units_[k]->bytes());
     key_by_name_.emplace(units_[k]->name(), static_cast<int>(k));
   }
-  if (options_.miss_policy != ExpertMissPolicy::kHost) {
+  if (options_.miss_policy != ExpertMissPolicy::kHost || disk_) {
     OMNI_CHECK(options_.budget_bytes >= slot_bytes_, "expert_cache_budget (", options_.budget_bytes,
                " bytes) is smaller than one expert (", slot_bytes_, " bytes, '",
                units_.front()->name(), "'): raise it to at least ", slot_bytes_, " bytes");
   }
-  const size_t count = std::min(units_.size(), options_.budget_bytes / slot_bytes_);
+  // The host policy never copies an expert packed on the host to the device (a miss runs from
+  // its slab, nothing is prefetched): no slots, no device memory. Experts on disk have no slab
+  // to run from and are fetched whatever the policy: with a disk tier the budget's slots stay.
+  const bool device_slots = options_.miss_policy != ExpertMissPolicy::kHost || disk_;
+  const size_t count =
+      device_slots ? std::min(units_.size(), options_.budget_bytes / slot_bytes_) : 0;
   entries_.resize(units_.size());
   slots_.resize(count);
   if (count > 0) pool_ = engine_->allocate_device(count * slot_bytes_);
@@ -95,22 +110,44 @@ void ExpertCache::evict(int slot) {
 }
 
 Event ExpertCache::copy_in(const std::vector<int>& keys, const std::vector<int>& slots) {
-  std::vector<CopyOp> ops;
-  ops.reserve(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    ops.push_back(units_[keys[i]]->copy_to(pool_, static_cast<size_t>(slots[i]) * slot_bytes_));
-  }
   // Recorded after the victims were unbound: every compute that read their slots comes before.
   const Event readers_done = engine_->record_compute();
-  const Event ready = engine_->copy_async(ops, {readers_done});
-  for (size_t i = 0; i < keys.size(); ++i) {
-    Entry& e = entries_[keys[i]];
-    e.slot = slots[i];
-    e.ready = ready;
-    e.waited = false;
-    slots_[slots[i]].key = keys[i];
-    stats_.loads += 1;
-    stats_.bytes_h2d += units_[keys[i]]->bytes();
+  // One copy for all, or with experts on disk, one per chunk of as many as the disk tier's
+  // host entries can hold at once (each entry stays taken until its copy is over).
+  const size_t chunk =
+      disk_ && disk_->entries() > 0 ? disk_->entries() : std::max<size_t>(1, keys.size());
+  Event ready;
+  for (size_t first = 0; first < keys.size(); first += chunk) {
+    const size_t last = std::min(keys.size(), first + chunk);
+    std::vector<CopyOp> ops;
+    std::vector<int> acquired;  // disk ids
+    try {
+      for (size_t i = first; i < last; ++i) {
+        const int key = keys[i];
+        const size_t offset = static_cast<size_t>(slots[i]) * slot_bytes_;
+        if (disk_id_[key] < 0) {
+          ops.push_back(units_[key]->copy_to(pool_, offset));
+          continue;
+        }
+        const auto unit_ops = disk_->copy_ops(disk_id_[key], pool_, offset);
+        acquired.push_back(disk_id_[key]);
+        ops.insert(ops.end(), unit_ops.begin(), unit_ops.end());
+      }
+      ready = engine_->copy_async(ops, {readers_done});
+    } catch (...) {
+      for (int id : acquired) disk_->release(id, Event());
+      throw;
+    }
+    for (int id : acquired) disk_->release(id, ready);
+    for (size_t i = first; i < last; ++i) {
+      Entry& e = entries_[keys[i]];
+      e.slot = slots[i];
+      e.ready = ready;
+      e.waited = false;
+      slots_[slots[i]].key = keys[i];
+      stats_.loads += 1;
+      stats_.bytes_h2d += units_[keys[i]]->bytes();
+    }
   }
   return ready;
 }
@@ -146,6 +183,8 @@ void ExpertCache::record_host_compute(double flops, double ms) {
 }
 
 bool ExpertCache::fetch_is_faster(int key, int64_t rows) const {
+  // An expert on disk has no host copy to compute from: it is fetched whatever the policy.
+  if (disk_id_[key] >= 0) return true;
   if (slots_.empty()) return false;
   switch (options_.miss_policy) {
     case ExpertMissPolicy::kFetch:
@@ -160,14 +199,19 @@ bool ExpertCache::fetch_is_faster(int key, int64_t rows) const {
   for (const auto& t : unit.tensors())
     numel += static_cast<double>(t.nbytes) / c10::elementSize(t.dtype);
   const double flops = 2.0 * numel * static_cast<double>(std::max<int64_t>(rows, 1));
-  const TransferCounters c = engine_->counters();
-  if (c.copy_ms <= 0 || c.bytes_h2d == 0) return true;  // measure the link first
-  const double link_bytes_per_ms = static_cast<double>(c.bytes_h2d) / c.copy_ms;
+  const double link_bytes_per_ms = link_rate();
+  if (link_bytes_per_ms <= 0) return true;  // measure the link first (ensure times the fetch)
   double host_flops_per_ms = host_ms_ > 0 ? host_flops_ / host_ms_ : options_.host_flops_hint / 1e3;
   if (host_flops_per_ms <= 0) return false;  // then measure the host once
   const double fetch_ms = static_cast<double>(unit.bytes()) / link_bytes_per_ms;
   const double host_ms = flops / host_flops_per_ms;
   return fetch_ms <= host_ms;
+}
+
+double ExpertCache::link_rate() const {
+  const TransferCounters c = engine_->counters();
+  if (c.copy_ms > 0 && c.bytes_h2d > 0) return static_cast<double>(c.bytes_h2d) / c.copy_ms;
+  return probe_ms_ > 0 ? probe_bytes_ / probe_ms_ : 0.0;  // the engine times no copies
 }
 
 std::vector<ExpertCache::Placement> ExpertCache::ensure(const std::vector<int>& keys,
@@ -228,7 +272,25 @@ std::vector<ExpertCache::Placement> ExpertCache::ensure(const std::vector<int>& 
     miss_slots.push_back(slot);
   }
   if (!misses.empty()) {
-    copy_in(misses, miss_slots);
+    // The auto policy with no link speed known (an engine that times no copies: CUDA without
+    // OMNI_CUDA_TIMING) times this fetch on the host, once: the device idle first, so that
+    // the copy alone is timed. Experts read from disk would time the disk instead: not those.
+    bool probe = options_.miss_policy == ExpertMissPolicy::kAuto && link_rate() <= 0;
+    double probe_bytes = 0;
+    for (int key : misses) {
+      probe = probe && disk_id_[key] < 0;
+      probe_bytes += static_cast<double>(units_[key]->bytes());
+    }
+    if (probe) engine_->synchronize();
+    const auto start = std::chrono::steady_clock::now();
+    const Event ready = copy_in(misses, miss_slots);
+    if (probe) {
+      ready.host_wait();
+      const std::chrono::duration<double, std::milli> took =
+          std::chrono::steady_clock::now() - start;
+      probe_bytes_ += probe_bytes;
+      probe_ms_ += std::max(took.count(), 1e-6);
+    }
     to_wait.insert(to_wait.end(), misses.begin(), misses.end());
   }
   // One wait per distinct event (the copy stream is FIFO, so waiting for the latest copy
@@ -266,6 +328,12 @@ size_t ExpertCache::prefetch(const std::vector<int>& keys) {
     protect[key] = 1;
     Entry& e = entries_[key];
     if (e.slot >= 0) continue;  // on the device or arriving
+    if (disk_id_[key] >= 0 && !disk_->cached(disk_id_[key])) {
+      // Not in host memory yet: start reading it, and leave the device copy to ensure(),
+      // which then finds the bytes read (or being read) instead of waiting for the disk.
+      disk_->read_ahead(disk_id_[key]);
+      continue;
+    }
     if (options_.miss_policy == ExpertMissPolicy::kHost) continue;
     const int slot = pick_victim(protect);
     if (slot < 0) break;  // every slot holds an expert in use or asked for
@@ -301,6 +369,7 @@ void ExpertCache::reset_stats() {
   fresh.device_bytes = stats_.device_bytes;
   stats_ = fresh;
   stall_.reset();
+  if (disk_) disk_->reset_stats();
 }
 
 void ExpertCache::clear() {
@@ -323,9 +392,21 @@ std::unique_ptr<ExpertCache> make_expert_cache(torch::nn::Module& root, const Of
   std::unordered_map<std::string, at::Tensor> table;
   for (const auto& p : root.named_parameters(true)) table.emplace(p.key(), p.value());
   for (const auto& b : root.named_buffers(true)) table.emplace(b.key(), b.value());
+  const HostPlacement host = place_on_host(plan, config);
+  std::unique_ptr<DiskTier> disk;
+  if (host.experts_on_disk) {
+    DiskTierOptions options;
+    options.cache_bytes = host.expert_cache_bytes;
+    options.min_entries = 2;
+    options.reader_threads = config.disk_reader_threads;
+    options.pin = config.pin_memory;
+    options.label = "expert disk tier";
+    options.read = config.disk_read;
+    disk = std::make_unique<DiskTier>(engine, options);
+  }
   std::vector<std::unique_ptr<OffloadUnit>> units;
   units.reserve(plan.experts.size());
-  size_t total = 0;
+  size_t total = 0, on_disk = 0;
   for (const auto& expert : plan.experts) {
     std::vector<std::pair<std::string, at::Tensor>> tensors;
     for (const auto& name : expert.tensor_names) {
@@ -335,9 +416,23 @@ std::unique_ptr<ExpertCache> make_expert_cache(torch::nn::Module& root, const Of
       tensors.emplace_back(name, it->second);
     }
     OMNI_CHECK(!tensors.empty(), "expert module '", expert.name, "' holds no tensors");
+    if (disk) {
+      auto unit = OffloadUnit::layout_only(expert.name, tensors, &config.convert_dtypes);
+      if (DiskTier::readable(*unit, config.disk_files, config.disk_read)) {
+        unit->unbind();  // the checkpoint mapping's pages were never touched
+        total += unit->bytes();
+        units.push_back(std::move(unit));
+        ++on_disk;
+        continue;
+      }
+    }
     units.push_back(std::make_unique<OffloadUnit>(expert.name, tensors, *engine, config.pin_memory,
                                                   &config.convert_dtypes));
     total += units.back()->bytes();
+  }
+  if (disk && on_disk < units.size()) {
+    log_info("expert disk tier: ", units.size() - on_disk,
+             " experts have tensors outside the checkpoint files and were packed on the host");
   }
   ExpertCacheOptions options;
   options.miss_policy = config.expert_miss_policy;
@@ -346,7 +441,9 @@ std::unique_ptr<ExpertCache> make_expert_cache(torch::nn::Module& root, const Of
     options.budget_bytes =
         static_cast<size_t>(config.expert_cache_budget_fraction * static_cast<double>(total));
   }
-  return std::make_unique<ExpertCache>(std::move(units), std::move(engine), options);
+  if (on_disk == 0) disk.reset();
+  return std::make_unique<ExpertCache>(std::move(units), std::move(engine), options,
+                                       std::move(disk), &config.disk_files);
 }
 
 }  // namespace omni::offload

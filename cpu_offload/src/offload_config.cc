@@ -31,6 +31,14 @@ ComponentPolicy parse_component_policy(const std::string& text) {
              "' (expected alternating or sequential)");
 }
 
+DiskRead parse_disk_read(const std::string& text) {
+  if (text == "pread") return DiskRead::kPread;
+  if (text == "mmap") return DiskRead::kMmap;
+  OMNI_THROW("unknown disk read mode '", text, "' (pread, mmap)");
+}
+
+std::string to_string(DiskRead read) { return read == DiskRead::kMmap ? "mmap" : "pread"; }
+
 ExpertMissPolicy parse_expert_miss_policy(const std::string& text) {
   if (text == "fetch") return ExpertMissPolicy::kFetch;
   if (text == "host") return ExpertMissPolicy::kHost;
@@ -108,9 +116,12 @@ void OffloadConfig::validate() const {
                  expert_cache_budget_fraction <= 1.0,
              "expert_cache_budget as a fraction of the experts' bytes must be in [0, 1], got ",
              expert_cache_budget_fraction);
-  OMNI_CHECK(expert_modules.empty() || expert_cache_budget_bytes > 0 ||
-                 expert_cache_budget_fraction > 0,
-             "expert offload is enabled but expert_cache_budget is 0");
+  OMNI_CHECK(
+      expert_modules.empty() || expert_cache_budget_bytes > 0 || expert_cache_budget_fraction > 0,
+      "expert offload is enabled but expert_cache_budget is 0");
+  OMNI_CHECK(disk_read_ahead >= 0, "disk_read_ahead must be >= 0, got ", disk_read_ahead);
+  OMNI_CHECK(disk_reader_threads >= 1 && disk_reader_threads <= 64,
+             "disk_reader_threads must be in [1, 64], got ", disk_reader_threads);
 }
 
 }  // namespace omni::offload

@@ -22,9 +22,13 @@ std::string OffloadStats::to_json(bool with_units) const {
      << ", \"param_bytes\": " << param_bytes << ", \"resident_bytes\": " << resident_bytes
      << ", \"max_unit_bytes\": " << max_unit_bytes << ", \"host_bytes\": " << host_bytes
      << ", \"peak_device_bytes\": " << peak_device_bytes
-     << ", \"current_device_bytes\": " << current_device_bytes << ", \"bytes_h2d\": " << bytes_h2d
+     << ", \"current_device_bytes\": " << current_device_bytes
+     << ", \"allocator_reserved_peak_bytes\": " << allocator_reserved_peak_bytes
+     << ", \"allocator_allocated_peak_bytes\": " << allocator_allocated_peak_bytes
+     << ", \"host_peak_bytes\": " << host_peak_bytes << ", \"bytes_h2d\": " << bytes_h2d
      << ", \"loads\": " << loads << ", \"sync_loads\": " << sync_loads
-     << ", \"copy_ms\": " << copy_ms << ", \"stall_ms\": " << stall_ms;
+     << ", \"buffer_reuses\": " << buffer_reuses << ", \"copy_ms\": " << copy_ms
+     << ", \"stall_ms\": " << stall_ms;
   if (with_units) {
     os << ", \"units\": [";
     for (size_t i = 0; i < units.size(); ++i) {

@@ -48,6 +48,7 @@ bool sim_strict_enabled(const TransferEngineOptions& options) {
 }
 
 void DeviceMemoryCounter::add(size_t bytes) {
+  allocations_ += 1;
   const size_t now = current_.fetch_add(bytes) + bytes;
   size_t peak = peak_.load();
   while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
@@ -91,6 +92,7 @@ void TransferEngine::reset_counters() {
   stall_ns_ = 0;
   timings_dropped_ = 0;
   memory_->reset_peak();
+  host_->reset_peak();
 }
 
 void TransferEngine::count_copy(uint64_t bytes, int64_t ns) {

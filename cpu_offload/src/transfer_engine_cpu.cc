@@ -65,6 +65,17 @@ class CpuSimTransferEngine final : public TransferEngine {
 
   DeviceKind kind() const override { return DeviceKind::kCpuSim; }
   size_t device_memory_bytes() override { return memory_size_; }
+  // The "device" is the engine's own buffers: no allocator cache (reserved = allocated), and
+  // free is the configured size minus them (0 when the size is unknown).
+  DeviceMemoryInfo device_memory() override {
+    DeviceMemoryInfo info;
+    info.total = memory_size_;
+    info.allocator_allocated = info.allocator_reserved = memory_->current();
+    info.allocated_peak = info.reserved_peak = memory_->peak();
+    info.free =
+        memory_size_ > info.allocator_allocated ? memory_size_ - info.allocator_allocated : 0;
+    return info;
+  }
   c10::Device compute_device() const override { return c10::Device(c10::kCPU); }
   std::string describe() const override {
     return detail::str_cat("cpu (simulated device",

@@ -300,6 +300,19 @@ class CudaTransferEngine final : public TransferEngine {
     return total;
   }
 
+  DeviceMemoryInfo device_memory() override {
+    c10::cuda::CUDAGuard guard(device_);
+    DeviceMemoryInfo info;
+    OMNI_CUDA_CHECK(cudaMemGetInfo(&info.free, &info.total));
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
+    const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    info.allocator_reserved = static_cast<size_t>(stats.reserved_bytes[all].current);
+    info.allocator_allocated = static_cast<size_t>(stats.allocated_bytes[all].current);
+    info.reserved_peak = static_cast<size_t>(stats.reserved_bytes[all].peak);
+    info.allocated_peak = static_cast<size_t>(stats.allocated_bytes[all].peak);
+    return info;
+  }
+
   size_t allocator_peak_bytes() override {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
     return static_cast<size_t>(

@@ -1,11 +1,14 @@
 // Component offload on a small autoregressive "omni" model (audio tower + vision encoder +
 // decoder): the same tokens as without offload, peak device bytes within the policy's bound,
-// least-recently-used eviction under a budget.
+// least-recently-used eviction under a budget, device buffers reused across loads, and the
+// host and allocator peaks in the stats.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
+#include <string>
 
 #include "../common/test_devices.h"
 #include "../common/unit_stats.h"
@@ -281,6 +284,75 @@ TEST_P(ComponentOffload, ReleaseDeviceGivesBackEveryLoadedComponent) {
   EXPECT_EQ(backend->stats().loads, loaded.loads + 3);
 }
 
+// Equal-sized components taking turns (the decoder's layers) load into the buffers that the
+// ones before them left: after the first round the engine allocates nothing more, whether they
+// alternate one at a time (no budget) or two share a budget (LRU).
+TEST_P(ComponentOffload, EqualSizedComponentsReuseTheBuffersTheOthersLeft) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  for (size_t held : {1, 2}) {  // layers on the device at once
+    SCOPED_TRACE(held);
+    size_t resident = 0, layer = 0;
+    {
+      TinyOmni model;
+      auto backend = apply_offload(
+          model, {}, component_config({"language_model.layers.*"}, ComponentPolicy::kSequential),
+          make_transfer_engine(GetParam()));
+      const auto s = backend->stats();
+      resident = s.resident_bytes;
+      layer = s.max_unit_bytes;
+    }
+    TinyOmni model;
+    auto engine = make_transfer_engine(GetParam());
+    auto backend =
+        apply_offload(model, {},
+                      component_config({"language_model.layers.*"}, ComponentPolicy::kAlternating,
+                                       held == 1 ? 0 : resident + held * layer),
+                      engine);
+    auto forward = backend->forward_scope();  // every forward runs in it
+    EXPECT_EQ(model.generate(1, engine->compute_device()), reference_tokens_prefix(1));
+    const uint64_t first_round = engine->memory_counter()->allocations();
+    const auto first = backend->stats();
+    EXPECT_EQ(first.loads, 3u);
+    EXPECT_EQ(first.buffer_reuses, 3u - held);
+    EXPECT_EQ(model.generate(8, engine->compute_device()), reference_tokens_prefix(8));
+    const auto s = backend->stats();
+    EXPECT_EQ(engine->memory_counter()->allocations(), first_round);  // fails without reuse
+    EXPECT_EQ(s.loads, 3u + 3u * 8);
+    EXPECT_EQ(s.buffer_reuses, s.loads - held);  // every load but the first `held`
+    EXPECT_EQ(s.peak_device_bytes, resident + held * layer);
+    EXPECT_EQ(s.current_device_bytes, resident + held * layer);
+    EXPECT_NE(s.to_json().find("\"buffer_reuses\": " + std::to_string(s.buffer_reuses)),
+              std::string::npos);
+    // reset_stats restarts the count; release_device frees the buffers, spares included.
+    backend->reset_stats();
+    EXPECT_EQ(backend->stats().buffer_reuses, 0u);
+    EXPECT_EQ(backend->release_device(), held * layer);
+    EXPECT_EQ(backend->stats().current_device_bytes, resident);
+  }
+}
+
+// A small component never takes a much larger spare (kSpareSlack): it would hold bytes it does
+// not need, and under a budget another component would be evicted for them. Audio (41 KB) and
+// visual (100 KB) alternate with a buffer each time; each figure stays as without reuse.
+TEST_P(ComponentOffload, ComponentsOfDifferentSizesDoNotShareBuffers) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  TinyOmni model;
+  auto engine = make_transfer_engine(GetParam());
+  auto backend = apply_offload(
+      model, {}, component_config({"visual", "audio_tower"}, ComponentPolicy::kAlternating),
+      engine);
+  auto forward = backend->forward_scope();  // every forward runs in it
+  for (int i = 0; i < 2; ++i)
+    EXPECT_EQ(model.generate(4, engine->compute_device()), reference_tokens_prefix(4));
+  const auto s = backend->stats();
+  const size_t visual = unit_bytes(s, "visual"), audio = unit_bytes(s, "audio_tower");
+  ASSERT_GT(visual - audio, audio / 8);
+  EXPECT_EQ(s.loads, 4u);
+  EXPECT_EQ(s.buffer_reuses, 0u);
+  EXPECT_EQ(s.peak_device_bytes, s.resident_bytes + visual);
+  EXPECT_EQ(s.current_device_bytes, s.resident_bytes + visual);
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, ComponentOffload,
                          ::testing::ValuesIn(omni::testing::all_devices()),
                          omni::testing::device_name);
@@ -327,6 +399,69 @@ TEST(ComponentOffloadConfig, BudgetAsAFractionOfTheDevice) {
   const auto s = backend->stats();
   EXPECT_LE(s.peak_device_bytes, 2u << 20);
   EXPECT_EQ(s.loads, 2u);  // both fit in 2 MiB: nothing evicted
+}
+
+// The host peak is the engine's host allocations at their highest: with every part offloaded,
+// exactly the slabs; with the decoder resident, its staging buffer (two halves of up to
+// staging_bytes / 2, freed before the slabs are packed) when that is larger. The allocator
+// figures of the simulated device are its own buffers: no cache, so reserved = allocated.
+TEST(ComponentOffloadStats, HostPeakIsTheSlabsAndAllocatorPeaksAreTheDevicePeak) {
+  TransferEngineOptions options;
+  options.sim_device_memory_bytes = 4u << 20;
+  {
+    SCOPED_TRACE("everything offloaded");
+    auto engine = make_cpu_sim_engine(options);
+    TinyOmni model;
+    auto backend = apply_offload(model, {},
+                                 component_config({"visual", "audio_tower", "language_model"},
+                                                  ComponentPolicy::kAlternating),
+                                 engine);
+    auto forward = backend->forward_scope();  // every forward runs in it
+    EXPECT_EQ(model.generate(4, engine->compute_device()), reference_tokens_prefix(4));
+    const auto s = backend->stats();
+    const size_t slabs =
+        unit_bytes(s, "visual") + unit_bytes(s, "audio_tower") + unit_bytes(s, "language_model");
+    EXPECT_EQ(s.resident_bytes, 0u);
+    EXPECT_EQ(s.host_bytes, slabs);
+    EXPECT_EQ(s.host_peak_bytes, slabs);
+    EXPECT_EQ(s.allocator_allocated_peak_bytes, s.peak_device_bytes);
+    EXPECT_EQ(s.allocator_reserved_peak_bytes, s.peak_device_bytes);
+    const DeviceMemoryInfo device = engine->device_memory();
+    EXPECT_EQ(device.total, 4u << 20);
+    EXPECT_EQ(device.allocator_allocated, s.current_device_bytes);
+    EXPECT_EQ(device.allocator_reserved, s.current_device_bytes);
+    EXPECT_EQ(device.free, (4u << 20) - s.current_device_bytes);
+    EXPECT_EQ(device.available(), device.free);
+    const std::string json = s.to_json();
+    for (const std::string key : {"host_peak_bytes", "allocator_reserved_peak_bytes",
+                                  "allocator_allocated_peak_bytes", "buffer_reuses"}) {
+      EXPECT_NE(json.find("\"" + key + "\": "), std::string::npos) << key << " in " << json;
+    }
+    EXPECT_NE(json.find("\"host_peak_bytes\": " + std::to_string(slabs)), std::string::npos);
+  }
+  for (size_t staging : {size_t{64} << 20, size_t{4096}}) {
+    SCOPED_TRACE(staging);
+    auto engine = make_cpu_sim_engine(options);
+    auto config = component_config({"visual", "audio_tower"}, ComponentPolicy::kAlternating);
+    config.staging_bytes = staging;
+    TinyOmni model;
+    auto backend = apply_offload(model, {}, config, engine);
+    auto forward = backend->forward_scope();  // every forward runs in it
+    EXPECT_EQ(model.generate(4, engine->compute_device()), reference_tokens_prefix(4));
+    auto s = backend->stats();
+    const size_t slabs = unit_bytes(s, "visual") + unit_bytes(s, "audio_tower");
+    const size_t half = align_up(std::min(staging / 2, s.resident_bytes), kTensorAlignment);
+    EXPECT_EQ(s.host_bytes, slabs);
+    EXPECT_EQ(s.host_peak_bytes, std::max(slabs, 2 * half));
+    if (staging == 4096) EXPECT_EQ(s.host_peak_bytes, slabs);
+    EXPECT_EQ(s.allocator_allocated_peak_bytes, s.peak_device_bytes);
+    EXPECT_EQ(s.allocator_reserved_peak_bytes, s.peak_device_bytes);
+    // A new measurement starts from what is held now.
+    backend->reset_stats();
+    s = backend->stats();
+    EXPECT_EQ(s.host_peak_bytes, slabs);
+    EXPECT_EQ(s.allocator_allocated_peak_bytes, s.current_device_bytes);
+  }
 }
 
 }  // namespace

@@ -72,11 +72,48 @@ struct Setup {
   std::unique_ptr<TransferEngine::ComputeScope> scope;
 };
 
+// An engine that copies like `inner` but times nothing: the CUDA engine without
+// OMNI_CUDA_TIMING, whose counters count bytes and copies but no copy time.
+class UntimedEngine : public TransferEngine {
+ public:
+  explicit UntimedEngine(std::shared_ptr<TransferEngine> inner) : inner_(std::move(inner)) {
+    memory_ = inner_->memory_counter();
+    host_ = inner_->host_counter();
+  }
+  DeviceKind kind() const override { return inner_->kind(); }
+  c10::Device compute_device() const override { return inner_->compute_device(); }
+  std::string describe() const override { return "untimed " + inner_->describe(); }
+  HostBuffer allocate_host(size_t bytes, bool pin) override {
+    return inner_->allocate_host(bytes, pin);
+  }
+  DeviceBuffer allocate_device(size_t bytes) override { return inner_->allocate_device(bytes); }
+  Event copy_async(const std::vector<CopyOp>& ops, const std::vector<Event>& after,
+                   TimeAccumulator*) override {
+    uint64_t bytes = 0;
+    for (const auto& op : ops) bytes += op.bytes;
+    count_copy(bytes, 0);
+    return inner_->copy_async(ops, after);
+  }
+  void compute_wait(const Event& event, TimeAccumulator*) override { inner_->compute_wait(event); }
+  Event record_compute() override { return inner_->record_compute(); }
+  std::unique_ptr<ComputeScope> enter_compute() override { return inner_->enter_compute(); }
+  int64_t begin_compute_timing() override { return -1; }
+  void end_compute_timing(int64_t, TimeAccumulator*) override {}
+  void synchronize() override { inner_->synchronize(); }
+  void collect_timings() override { inner_->synchronize(); }
+  DeviceMemoryInfo device_memory() override { return inner_->device_memory(); }
+
+ private:
+  std::shared_ptr<TransferEngine> inner_;
+};
+
 // Experts of a 1-layer toy in a cache of `slots` experts (+ `extra` bytes of budget).
 Setup make(DeviceKind kind, int experts, size_t slots, size_t extra = 0,
-           ExpertMissPolicy policy = ExpertMissPolicy::kFetch, int layers = 1) {
+           ExpertMissPolicy policy = ExpertMissPolicy::kFetch, int layers = 1,
+           bool untimed = false) {
   Setup s;
   s.engine = make_transfer_engine(kind);
+  if (untimed) s.engine = std::make_shared<UntimedEngine>(s.engine);
   s.model = std::make_unique<ToyMoe>(layers, experts);
   auto config = expert_config(1);
   s.plan = make_offload_plan(*s.model, {}, config);
@@ -228,6 +265,9 @@ TEST_P(ExpertCacheTest, HostMissPolicyComputesFromTheHostSlab) {
   ToyMoe reference(1, 4);
   at::manual_seed(3);
   auto s = make(GetParam(), 4, 1, 0, ExpertMissPolicy::kHost);
+  // Nothing is ever copied under the host policy: the budget's slot is not allocated.
+  EXPECT_EQ(s.cache->slots(), 0u);
+  EXPECT_EQ(s.engine->memory_counter()->peak(), 0u);
   const auto x = at::randn({2, kHidden});
   for (int round = 0; round < 2; ++round) {
     const auto placement = s.cache->ensure(keys(s, {1, 3}));
@@ -242,6 +282,42 @@ TEST_P(ExpertCacheTest, HostMissPolicyComputesFromTheHostSlab) {
   EXPECT_EQ(st.host_computed, 4u);
   EXPECT_EQ(st.loads, 0u);
   EXPECT_EQ(st.bytes_h2d, 0u);
+  EXPECT_EQ(st.device_bytes, 0u);
+  EXPECT_EQ(s.cache->prefetch(keys(s, {0, 2})), 0u);
+  EXPECT_EQ(s.engine->memory_counter()->peak(), 0u);
+}
+
+// The auto policy needs the link's speed. An engine that times no copies (CUDA without
+// OMNI_CUDA_TIMING) reports none: the cache then times its first fetch itself, on the host,
+// instead of fetching every miss forever.
+TEST_P(ExpertCacheTest, AutoMissPolicyMeasuresTheLinkWhenTheEngineDoesNotTimeCopies) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  for (bool untimed : {false, true}) {
+    SCOPED_TRACE(untimed ? "untimed engine" : "timed engine");
+    at::manual_seed(5);
+    ToyMoe reference(1, 6);
+    at::manual_seed(5);
+    auto s = make(GetParam(), 6, 4, 0, ExpertMissPolicy::kAuto, 1, untimed);
+    EXPECT_EQ(s.engine->counters().copy_ms, 0.0);
+    const auto x = at::randn({2, kHidden});
+    const auto xd = x.to(s.engine->compute_device());
+    // Nothing measured yet: the first misses are fetched (and the link timed).
+    auto placement = s.cache->ensure(keys(s, {0, 1}));
+    EXPECT_EQ(placement[0], ExpertCache::Placement::kDevice);
+    EXPECT_EQ(placement[1], ExpertCache::Placement::kDevice);
+    // The link is known, the host rate not yet: the next miss runs on the host to measure it.
+    placement = s.cache->ensure(keys(s, {2}));
+    EXPECT_EQ(placement[0], ExpertCache::Placement::kHost);
+    const auto got = s.model->experts[0][2]->forward(x);
+    EXPECT_TRUE(at::equal(got, reference.experts[0][2]->forward(x)));
+    s.cache->ensure(keys(s, {0}));  // a hit stays on the device
+    EXPECT_TRUE(
+        at::equal(s.model->experts[0][0]->forward(xd).cpu(), reference.experts[0][0]->forward(x)));
+    const auto st = s.cache->stats();
+    EXPECT_EQ(st.host_computed, 1u);
+    EXPECT_EQ(st.loads, 2u);
+    EXPECT_EQ(st.hits, 1u);
+  }
 }
 
 TEST_P(ExpertCacheTest, BudgetBelowOneExpertIsAClearError) {

@@ -2,13 +2,15 @@
 // the checkpoint) on the tiny Qwen3-Omni fixture: the same text, codes, streamed audio and
 // waveform, bitwise, as the single-process OmniRunner; text-only requests run the thinker alone;
 // a failing stage fails the request naming it, without hanging; callbacks can cancel; the
-// deadline reaches stages that wait on their input.
+// deadline reaches stages that wait on their input; a thinker stage with its MoE experts in a
+// device expert cache answers the same and reports the cache in its stats.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cctype>
 #include <chrono>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,11 +40,13 @@ models::OmniRequest request(bool media = true) {
   return r;
 }
 
-std::shared_ptr<Stage> local(const std::string& model_stage, int id) {
+std::shared_ptr<Stage> local(const std::string& model_stage, int id,
+                             const models::RunnerOffloadOptions& offload = {}) {
   LocalStageOptions o;
   o.name = "stage " + std::to_string(id) + " (" + model_stage + ")";
   o.model_stage = model_stage;
   o.model_dir = kDir;
+  o.offload = offload;
   return make_local_stage(o);
 }
 
@@ -196,6 +200,72 @@ TEST(PipelineLocal, TextOnlyRunsTheThinkerAlone) {
   EXPECT_EQ(got.stage_metrics.size(), 1u);
   EXPECT_TRUE(got.stage_metrics.count("stage 0 (thinker)"));
   EXPECT_FALSE(got.omni.codes.defined());
+}
+
+// cpu_offload_experts on the thinker stage: the same tokens, codes and waveform as the plain
+// single-process runner, and the stage's stats carry the expert cache's figures.
+TEST(PipelineLocal, ExpertOffloadChangesNothingAndTheStatsReportTheCache) {
+  using Json = nlohmann::json;
+  const auto& ref = reference();
+  // The tiny fixture: 16 experts (2 MoE layers x 8) of 24576 bytes.
+  const uint64_t expert = 24576;
+  struct Mode {
+    std::string policy;
+    bool prefetch;
+  };
+  for (const Mode& mode : {Mode{"fetch", true}, Mode{"host", false}}) {
+    SCOPED_TRACE(mode.policy);
+    models::RunnerOffloadOptions offload;
+    offload.cpu_offload_experts = true;
+    offload.expert_cache_budget_fraction = 0.25;
+    offload.expert_prefetch = mode.prefetch;
+    offload.expert_miss_policy = mode.policy;
+    auto thinker = local("thinker", 0, offload);
+    // Before any request: the cache is there, untouched.
+    auto stats = Json::parse(thinker->stats_json());
+    ASSERT_TRUE(stats.contains("expert_cache")) << stats.dump();
+    EXPECT_EQ(stats["expert_cache"]["uses"], 0);
+    EXPECT_EQ(stats["expert_cache"]["tokens"], 0);
+
+    Pipeline pipeline({{0, "thinker", {}, thinker},
+                       {1, "talker", {0}, local("talker", 1)},
+                       {2, "code2wav", {1}, local("code2wav", 2)}});
+    const auto got = pipeline.generate(request());
+    EXPECT_EQ(got.omni.tokens, ref.tokens);
+    ASSERT_TRUE(got.omni.codes.defined());
+    EXPECT_TRUE(at::equal(got.omni.codes, ref.codes));
+    EXPECT_TRUE(at::equal(got.omni.waveform, ref.waveform.to(at::kFloat)));
+
+    stats = Json::parse(thinker->stats_json());
+    const auto& e = stats["expert_cache"];
+    EXPECT_EQ(e["experts"], 16);
+    EXPECT_EQ(e["expert_bytes"], expert);
+    EXPECT_EQ(e["budget_bytes"], 4 * expert);  // 25% of the experts' bytes
+    EXPECT_GT(e["uses"].get<uint64_t>(), 0u);
+    EXPECT_EQ(e["uses"].get<uint64_t>(), e["hits"].get<uint64_t>() + e["misses"].get<uint64_t>());
+    EXPECT_EQ(e["tokens"].get<size_t>(), got.omni.tokens.size());
+    EXPECT_DOUBLE_EQ(e["bytes_h2d_per_token"].get<double>(),
+                     e["bytes_h2d"].get<double>() / static_cast<double>(got.omni.tokens.size()));
+    for (const char* key : {"host_computed", "prefetched", "stall_ms", "hit_rate", "slots"}) {
+      EXPECT_TRUE(e.contains(key)) << key;
+    }
+    if (mode.policy == "host") {
+      // Every miss computed where it lies, nothing copied, no device slots.
+      EXPECT_EQ(e["host_computed"], e["misses"]);
+      EXPECT_EQ(e["bytes_h2d"], 0);
+      EXPECT_EQ(e["slots"], 0);
+      EXPECT_EQ(e["prefetched"], 0);
+    } else {
+      EXPECT_EQ(e["host_computed"], 0);
+      EXPECT_EQ(e["slots"], 4);
+      EXPECT_GT(e["bytes_h2d"].get<uint64_t>(), 0u);
+      EXPECT_GT(e["prefetched"].get<uint64_t>(), 0u);
+    }
+    // The backend's figures are still there, at the top level.
+    EXPECT_TRUE(stats.contains("bytes_h2d")) << stats.dump();
+  }
+  // Without cpu_offload_experts there is no expert cache to report.
+  EXPECT_FALSE(Json::parse(local("thinker", 0)->stats_json()).contains("expert_cache"));
 }
 
 // A stage that fails, or never finishes, in place of the talker.

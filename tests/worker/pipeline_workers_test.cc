@@ -6,7 +6,10 @@
 //   - a worker killed mid-request fails that request naming the stage; it is restarted and the
 //     next request succeeds; a failing stage answers with an error, the others keep serving;
 //   - 32 concurrent requests each equal their own single-request output;
-//   - a worker with a token refuses a client without it and keeps serving.
+//   - a worker with a token refuses a client without it and keeps serving;
+//   - expert offload from --cpu-offload-experts / --expert-cache-budget and from the YAML keys
+//     (cpu_offload_experts, expert_cache_budget, expert_prefetch, expert_miss_policy) reaches
+//     the thinker, changes nothing, and the thinker's stats report the expert cache.
 #include <ATen/ATen.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -17,6 +20,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -314,6 +318,81 @@ TEST(PipelineWorkers, ConcurrentRequestsEachGetTheirOwnAnswer) {
     distinct += i > 0 && alone[i].omni.tokens != alone[0].omni.tokens;
   }
   EXPECT_GT(distinct, 0) << "the prompts should not all give the same answer";
+}
+
+// The tiny checkpoint's thinker: 16 experts (2 MoE layers x 8) of 24576 bytes.
+TEST(PipelineWorkers, ExpertOffloadFromFlagsAndYamlChangesNothing) {
+  const uint64_t expert = 24576;
+  const std::vector<std::string> flags = {"--cpu-offload-experts", "--expert-cache-budget", "25%"};
+  // In process (OmniRunner), then through workers (the flags become every stage's keys).
+  expect_same(answer({"--model", kFixture}, flags), in_process());
+  const auto got = answer({"--stage-configs-path", kTinyYaml}, flags);
+  expect_same(got, in_process());
+  {
+    const auto& e = got.json["offload"]["stage 0 (thinker)"]["stage"]["expert_cache"];
+    ASSERT_TRUE(e.is_object()) << got.json["offload"].dump();
+    EXPECT_EQ(e["experts"], 16);
+    EXPECT_EQ(e["budget_bytes"], 4 * expert);
+    EXPECT_EQ(e["slots"], 4);
+    EXPECT_GT(e["uses"].get<uint64_t>(), 0u);
+    EXPECT_GT(e["prefetched"].get<uint64_t>(), 0u);  // expert_prefetch defaults to true
+    EXPECT_EQ(e["host_computed"], 0);                // expert_miss_policy defaults to fetch
+    EXPECT_GT(e["tokens"].get<uint64_t>(), 0u);
+    EXPECT_TRUE(e.contains("bytes_h2d_per_token"));
+    EXPECT_TRUE(e.contains("stall_ms"));
+    // Only the thinker has experts.
+    EXPECT_FALSE(got.json["offload"]["stage 1 (talker)"]["stage"].contains("expert_cache"));
+  }
+
+  // The YAML keys on the thinker stage (a copy of the tiny config with an absolute model path).
+  struct Keys {
+    std::string yaml;
+    std::function<void(const Json&)> check;
+  };
+  const std::vector<Keys> variants = {
+      {"      cpu_offload_experts: true\n      expert_cache_budget: 50%\n"
+       "      expert_miss_policy: host\n",
+       [&](const Json& e) {
+         EXPECT_EQ(e["budget_bytes"], 8 * expert);
+         EXPECT_EQ(e["slots"], 0);  // the host policy copies nothing
+         EXPECT_GT(e["misses"].get<uint64_t>(), 0u);
+         EXPECT_EQ(e["host_computed"], e["misses"]);
+         EXPECT_EQ(e["bytes_h2d"], 0);
+       }},
+      {"      cpu_offload_experts: true\n      expert_cache_budget: 393216\n"
+       "      expert_prefetch: false\n      expert_miss_policy: fetch\n",
+       [&](const Json& e) {
+         EXPECT_EQ(e["budget_bytes"], 16 * expert);
+         EXPECT_EQ(e["slots"], 16);
+         EXPECT_EQ(e["prefetched"], 0);
+         EXPECT_EQ(e["host_computed"], 0);
+         EXPECT_GT(e["loads"].get<uint64_t>(), 0u);
+         EXPECT_LE(e["loads"].get<uint64_t>(), 16u);  // every expert fits: one load each
+       }},
+  };
+  const std::string tiny = read_file(kTinyYaml);
+  for (const auto& v : variants) {
+    SCOPED_TRACE(v.yaml);
+    std::string yaml = tiny;
+    const std::string rel = "../tests/fixtures/qwen3_omni_tiny";
+    for (size_t at = yaml.find(rel); at != std::string::npos; at = yaml.find(rel, at)) {
+      yaml.replace(at, rel.size(), kFixture);
+      at += kFixture.size();
+    }
+    const std::string anchor = "      model_stage: thinker\n";
+    ASSERT_NE(yaml.find(anchor), std::string::npos);
+    yaml.insert(yaml.find(anchor) + anchor.size(), v.yaml);
+    const auto dir = temp_dir();
+    const auto path = (dir / "experts.yaml").string();
+    std::ofstream(path) << yaml;
+    const auto a = answer({"--stage-configs-path", path});
+    fs::remove_all(dir);
+    expect_same(a, in_process());
+    const auto& e = a.json["offload"]["stage 0 (thinker)"]["stage"]["expert_cache"];
+    ASSERT_TRUE(e.is_object()) << a.json["offload"].dump();
+    EXPECT_EQ(e["uses"].get<uint64_t>(), e["hits"].get<uint64_t>() + e["misses"].get<uint64_t>());
+    v.check(e);
+  }
 }
 
 // The tiny checkpoint's weight bytes per stage (float32): thinker 2,013,312, talker 1,005,056,

@@ -139,7 +139,7 @@ class LocalStageBase : public Stage {
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     std::lock_guard<std::mutex> snapshot_lock(snapshot_mutex_);
     if (lock.owns_lock()) {
-      snapshot_ = offload_stats_json(backend());
+      snapshot_ = idle_stats_json();
     } else if (snapshot_.empty()) {
       return "{\"running\": true}";
     }
@@ -148,6 +148,8 @@ class LocalStageBase : public Stage {
 
  protected:
   virtual offload::OffloadBackend& backend() = 0;
+  // The stage's figures, taken with mutex_ held (no request running): the offload backend's.
+  virtual std::string idle_stats_json() { return offload_stats_json(backend()); }
   // `info` plus the weight bytes the device ledger accounts: all of them, and those that can
   // leave the device.
   // (Measured once, when the first info is asked for, and kept: the bytes do not change, and
@@ -210,6 +212,21 @@ class ThinkerStage : public LocalStageBase {
 
  protected:
   offload::OffloadBackend& backend() override { return runner_->offload(); }
+  // With cpu_offload_experts, the device expert cache's figures under "expert_cache" (hits,
+  // misses, host_computed, prefetched, loads, bytes_h2d, stall_ms, hit_rate, ...; see
+  // ExpertCacheStats), with the tokens this stage generated since it loaded and the expert
+  // bytes copied per token (prefill and decode together).
+  std::string idle_stats_json() override {
+    auto* experts = runner_->expert_cache();
+    if (experts == nullptr) return offload_stats_json(backend());
+    Json all = Json::parse(offload_stats_json(backend()));
+    Json e = Json::parse(experts->stats().to_json());
+    e["tokens"] = tokens_;
+    e["bytes_h2d_per_token"] =
+        tokens_ > 0 ? static_cast<double>(e["bytes_h2d"].get<uint64_t>()) / tokens_ : 0.0;
+    all["expert_cache"] = std::move(e);
+    return all.dump();
+  }
 
  private:
   void generate(const StageCall& call, const ThinkerParams& params, const PacketSink& sink,
@@ -279,6 +296,7 @@ class ThinkerStage : public LocalStageBase {
           return !stop.stopped();  // a stop string ends the answer like a stop token
         },
         inputs.input_ids);
+    tokens_ += result.tokens.size();
     StagePacket last;
     last.finished = true;
     last.text = stop.stopped() ? "" : stop.push(decoder.finish());
@@ -297,6 +315,7 @@ class ThinkerStage : public LocalStageBase {
   }
 
   std::unique_ptr<models::ThinkerRunner> runner_;
+  uint64_t tokens_ = 0;  // generated since the stage loaded (under mutex_)
   int64_t capture_layer_ = -1;
   std::vector<int64_t> tts_ids_;
 };

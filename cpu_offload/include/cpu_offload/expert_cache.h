@@ -14,8 +14,11 @@
 //
 // Miss policy `host` (ExpertMissPolicy, offload_config.h): a miss is not fetched but bound to
 // views of its host slab, and the model computes it where it lies (the host CPU), as llama.cpp's
-// --cpu-moe does for every expert and Fiddler per expert. `auto` picks, per miss, whichever the
-// measured link bandwidth and host compute rate say is faster.
+// --cpu-moe does for every expert and Fiddler per expert; nothing is copied or prefetched, so
+// the cache then holds no device slots (the budget is not allocated). `auto` picks, per miss,
+// whichever the measured link bandwidth and host compute rate say is faster: the link's from the
+// engine's copy timings, or where the engine times no copies (CUDA without OMNI_CUDA_TIMING)
+// from one fetch the cache times itself on the host; the host's from the experts it computed.
 #pragma once
 
 #include <cstddef>
@@ -25,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cpu_offload/disk_tier.h"
 #include "cpu_offload/offload_config.h"
 #include "cpu_offload/offload_plan.h"
 #include "cpu_offload/transfer_engine.h"
@@ -72,9 +76,11 @@ class ExpertCache {
   enum class Placement { kDevice, kHost };
 
   // Packed units (host slabs) of equal size. Throws omni::Error when the budget cannot hold
-  // one expert.
+  // one expert. With `disk`, units without a host slab (layout-only, DiskTier::readable in
+  // `files`) are read from the checkpoint's files through it when they are fetched.
   ExpertCache(std::vector<std::unique_ptr<OffloadUnit>> units,
-              std::shared_ptr<TransferEngine> engine, const ExpertCacheOptions& options);
+              std::shared_ptr<TransferEngine> engine, const ExpertCacheOptions& options,
+              std::unique_ptr<DiskTier> disk = nullptr, const TensorFiles* files = nullptr);
   // Waits for copies in flight, then unbinds every expert (the model is unusable afterwards).
   ~ExpertCache();
   ExpertCache(const ExpertCache&) = delete;
@@ -103,10 +109,12 @@ class ExpertCache {
 
   // Waits for outstanding work (timings resolve), then reports.
   ExpertCacheStats stats();
-  void reset_stats();
+  void reset_stats();  // the disk tier's too
   // Unbinds every expert and forgets the device copies (slots stay allocated); returns 0
   // bytes freed as the pool is kept. For a stage that must stop using the weights.
   void clear();
+  // The disk tier the experts are read through; null when they are packed on the host.
+  const DiskTier* disk() const { return disk_.get(); }
 
  private:
   struct Entry {
@@ -130,6 +138,8 @@ class ExpertCache {
   void bind_host(int key);
   void unbind_host_bound();
   bool fetch_is_faster(int key, int64_t rows) const;
+  // Link bytes per ms: the engine's copy timings, else the cache's own timed fetch; 0 unknown.
+  double link_rate() const;
 
   std::shared_ptr<TransferEngine> engine_;
   ExpertCacheOptions options_;
@@ -139,18 +149,23 @@ class ExpertCache {
   std::vector<Slot> slots_;
   size_t slot_bytes_ = 0;
   DeviceBuffer pool_;
+  std::unique_ptr<DiskTier> disk_;
+  std::vector<int> disk_id_;  // key -> id in disk_, -1 when packed on the host
   std::vector<int> current_;  // keys of the last ensure()
   std::vector<int> host_bound_;
   uint64_t tick_ = 0;
   ExpertCacheStats stats_;
   TimeAccumulator stall_;
   double host_flops_ = 0, host_ms_ = 0;
+  double probe_bytes_ = 0, probe_ms_ = 0;  // auto policy: fetches timed on the host
 };
 
 // Packs the plan's experts (OffloadPlan::experts) of `root` into an ExpertCache under
 // `config` (expert_cache_budget_bytes, or expert_cache_budget_fraction of all experts' bytes;
 // expert_miss_policy). Null when the plan has no experts. Tensors named in
-// config.convert_dtypes are converted while packing.
+// config.convert_dtypes are converted while packing. Under a host memory budget they do not
+// fit (place_on_host, disk_tier.h), the experts stay in the checkpoint's files and are read
+// through a disk tier whose host entries are a second, larger cache level below the device's.
 std::unique_ptr<ExpertCache> make_expert_cache(torch::nn::Module& root, const OffloadPlan& plan,
                                                const OffloadConfig& config,
                                                std::shared_ptr<TransferEngine> engine);

@@ -17,8 +17,10 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
+#include "cpu_offload/disk_tier.h"
 #include "cpu_offload/model_spec.h"
 #include "cpu_offload/offload_config.h"
 #include "cpu_offload/offload_plan.h"
@@ -56,6 +58,8 @@ class OffloadBackend {
   virtual OffloadStats stats() = 0;
   // Starts a new measurement (peak device bytes restart from the current holding).
   virtual void reset_stats() = 0;
+  // The disk tier's figures, when the backend reads units from the checkpoint's files.
+  virtual std::optional<DiskTierStats> disk_stats() { return std::nullopt; }
   // Brings the weights under `path` (a component or group root) to the device now and keeps
   // them bound until the next forward that needs their room, e.g. before a cross-stage
   // hand-off reads a component's parameters directly. Resident weights need nothing.

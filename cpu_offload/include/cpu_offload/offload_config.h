@@ -4,6 +4,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -32,6 +33,23 @@ std::string to_string(ExpertMissPolicy policy);
 std::string to_string(Strategy strategy);
 std::string to_string(Granularity granularity);
 std::string to_string(ComponentPolicy policy);
+
+// Where a tensor's bytes lie in a file (a safetensors shard), as the file stores them.
+struct TensorFileExtent {
+  std::string path;
+  uint64_t offset = 0;  // absolute byte offset in the file
+  uint64_t bytes = 0;
+  at::ScalarType dtype = at::kFloat;
+};
+// By the tensor's dotted name from the root module apply_offload is given.
+using TensorFiles = std::unordered_map<std::string, TensorFileExtent>;
+
+// How the disk tier reads: pread into its own bounded cache of pinned host entries, or
+// copies straight from the files' mappings, leaving the caching to the OS page cache (as
+// llama.cpp's mmap loading does; for comparison: pageable sources, no bound of our own).
+enum class DiskRead { kPread, kMmap };
+DiskRead parse_disk_read(const std::string& text);  // pread | mmap
+std::string to_string(DiskRead read);
 
 struct OffloadConfig {
   // Model-level offload (vLLM-Omni's "cpu offload"): component groups in mutual exclusion.
@@ -90,6 +108,17 @@ struct OffloadConfig {
   // The budget as a fraction of all experts' bytes (used when no byte budget is set).
   double expert_cache_budget_fraction = 0.25;
   ExpertMissPolicy expert_miss_policy = ExpertMissPolicy::kFetch;
+
+  // The disk tier (disk_tier.h). Host bytes the streamed weights (layerwise units and experts)
+  // may take; 0: no limit. When they do not fit, experts (then layerwise units too, if need be)
+  // are read on demand from the checkpoint's files, at the places given in disk_files, into a
+  // bounded host cache instead of being packed into host slabs.
+  size_t host_memory_budget_bytes = 0;
+  TensorFiles disk_files;
+  // Units read ahead of need (layerwise: beyond the device window), and reader threads.
+  int disk_read_ahead = 2;
+  int disk_reader_threads = 2;
+  DiskRead disk_read = DiskRead::kPread;
 
   static OffloadConfig for_strategy(Strategy strategy);
   // The strategy that runs; when several are enabled: layerwise, then component, then

@@ -27,9 +27,17 @@ struct OffloadStats {
   size_t host_bytes = 0;         // host bytes holding weights (the slabs)
   size_t peak_device_bytes = 0;  // peak device bytes held for weights
   size_t current_device_bytes = 0;
+  // Beside the engine's own counters, what the device allocator saw (CUDA's caching allocator:
+  // weights, activations and whatever else the process allocated; the simulated device: the
+  // engine's buffers, so both equal peak_device_bytes) and the host peak (pinned and pageable
+  // buffers of the engine: slabs, staging buffers, disk cache), since the last reset_stats().
+  size_t allocator_reserved_peak_bytes = 0;
+  size_t allocator_allocated_peak_bytes = 0;
+  size_t host_peak_bytes = 0;
   uint64_t bytes_h2d = 0;
   uint64_t loads = 0;
   uint64_t sync_loads = 0;
+  uint64_t buffer_reuses = 0;  // loads into a device buffer an earlier load left (component)
   double copy_ms = 0;
   double stall_ms = 0;
   std::vector<UnitStats> units;

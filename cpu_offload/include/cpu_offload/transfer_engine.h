@@ -45,7 +45,7 @@ class HostBuffer {
   bool pinned_ = false;
 };
 
-// Counts device bytes that the engine holds (current and peak).
+// Counts bytes that the engine holds (current and peak) and the allocations made.
 class DeviceMemoryCounter {
  public:
   void add(size_t bytes);
@@ -53,10 +53,35 @@ class DeviceMemoryCounter {
   size_t current() const { return current_.load(); }
   size_t peak() const { return peak_.load(); }
   void reset_peak() { peak_.store(current_.load()); }
+  // Allocations counted since the engine was made (never reset): what buffer reuse saves.
+  uint64_t allocations() const { return allocations_.load(); }
 
  private:
   std::atomic<size_t> current_{0};
   std::atomic<size_t> peak_{0};
+  std::atomic<uint64_t> allocations_{0};
+};
+
+// The device's memory as the engine sees it. A budget derived from it starts from what the
+// device can still give (free + the allocator's cached bytes), not from its total: another
+// stage, process or the activations may hold the rest.
+struct DeviceMemoryInfo {
+  size_t total = 0;  // the device's size; 0 when unknown (the simulated device without one)
+  size_t free = 0;   // not reserved by anyone (CUDA: cudaMemGetInfo; sim: total - allocated)
+  // The device allocator: bytes it reserved from the device and bytes handed out of those
+  // (CUDA's caching allocator, all our buffers and every tensor; the simulated device has no
+  // cache, so both are the engine's own device bytes), with their peaks since the last
+  // reset_counters().
+  size_t allocator_reserved = 0;
+  size_t allocator_allocated = 0;
+  size_t reserved_peak = 0;
+  size_t allocated_peak = 0;
+  // What a new allocation can get: free memory plus what the allocator holds unused.
+  size_t available() const {
+    return free + (allocator_reserved > allocator_allocated
+                       ? allocator_reserved - allocator_allocated
+                       : 0);
+  }
 };
 
 // Device memory owned by the engine: a byte tensor on the compute device (a separate CPU
@@ -282,13 +307,16 @@ class TransferEngine {
   // Peak bytes of the device allocator (weights and activations) since the last
   // reset_counters(); 0 where there is no such allocator (the simulated device).
   virtual size_t allocator_peak_bytes() { return 0; }
+  // Free device memory and the allocator's figures, now.
+  virtual DeviceMemoryInfo device_memory() = 0;
 
   TransferCounters counters();
-  // Restarts the counters and both peaks.
+  // Restarts the counters and every peak (device, host, allocator).
   virtual void reset_counters();
   // Device bytes the engine holds (slots, resident weights).
   const std::shared_ptr<DeviceMemoryCounter>& memory_counter() const { return memory_; }
-  // Host bytes held in buffers from allocate_host (the weights' master copies).
+  // Host bytes held in buffers from allocate_host, pinned or pageable (the weights' master
+  // copies, staging buffers); its peak is the host peak of loading and running.
   const std::shared_ptr<DeviceMemoryCounter>& host_counter() const { return host_; }
 
  protected:

@@ -47,6 +47,11 @@ LoadWeightsReport load_weights(torch::nn::Module& module, const SafetensorsCheck
       }
       ++report.converted;
     }
+    if (source.scalar_type() == info.dtype) {  // still the file's bytes
+      report.files.emplace(
+          item.key(), offload::TensorFileExtent{checkpoint.file_of(name), info.offset, info.nbytes,
+                                                info.dtype});
+    }
     at::NoGradGuard no_grad;
     param.set_data(source);
     ++report.tensors;
@@ -73,6 +78,11 @@ LoadWeightsReport load_weights(torch::nn::Module& module, const SafetensorsCheck
 void defer_conversions(const LoadWeightsReport& report, const std::string& root_prefix,
                        std::unordered_map<std::string, at::ScalarType>& convert_dtypes) {
   for (const auto& [name, dtype] : report.deferred) convert_dtypes[root_prefix + name] = dtype;
+}
+
+void add_disk_files(const LoadWeightsReport& report, const std::string& root_prefix,
+                    offload::TensorFiles& disk_files) {
+  for (const auto& [name, extent] : report.files) disk_files[root_prefix + name] = extent;
 }
 
 at::ScalarType resolve_dtype(at::ScalarType requested, const SafetensorsCheckpoint& checkpoint,

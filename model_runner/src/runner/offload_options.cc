@@ -38,6 +38,9 @@ std::pair<offload::OffloadConfig, offload::ModelSpec> offload_setup(
     oc.expert_cache_budget_fraction = o.expert_cache_budget_fraction;
     oc.expert_miss_policy = offload::parse_expert_miss_policy(o.expert_miss_policy);
   }
+  oc.host_memory_budget_bytes = o.host_memory_budget_bytes;
+  oc.disk_read_ahead = o.disk_read_ahead;
+  oc.disk_read = offload::parse_disk_read(o.disk_read);
   oc.validate();
   return {oc, spec};
 }

@@ -61,6 +61,7 @@ std::unique_ptr<ThinkerRunner> ThinkerRunner::load(
   // Offload after the weights are bound: the backend moves them into its stores.
   auto [oc, spec] = offload_setup(options.offload, "", /*talker=*/false, thinker_component_paths);
   defer_conversions(report, "", oc.convert_dtypes);
+  if (oc.host_memory_budget_bytes > 0) add_disk_files(report, "", oc.disk_files);
   r->backend_ = offload::apply_offload(*r->thinker_, spec, oc, engine);
   // The experts the plan carved out (cpu_offload_experts) go to a device expert cache.
   r->expert_cache_ = offload::make_expert_cache(*r->thinker_, r->backend_->plan(), oc, engine);

@@ -51,6 +51,15 @@ struct RunnerOffloadOptions {
   bool expert_prefetch = true;
   // expert_miss_policy: fetch | host | auto (offload::ExpertMissPolicy).
   std::string expert_miss_policy = "fetch";
+  // host_memory_budget: host bytes the streamed weights (layerwise layers, experts) may take;
+  // 0 = no limit. Beyond it they are read from the checkpoint's files when needed (the disk
+  // tier, cpu_offload/disk_tier.h). The checkpoint must be safetensors files on a local disk.
+  size_t host_memory_budget_bytes = 0;
+  // disk_read_ahead: layerwise units read ahead of need beyond the device window.
+  int disk_read_ahead = 2;
+  // disk_read: "pread" (our bounded pinned cache, reader threads, read-ahead) or "mmap" (copies
+  // from the file's mapping; the OS page cache is the only cache, as llama.cpp's loading).
+  std::string disk_read = "pread";
 };
 
 // The engine's view of `options` for a root holding the thinker at `thinker_prefix` ("" or

@@ -11,6 +11,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cpu_offload/offload_config.h"
+
 namespace omni::models {
 
 class SafetensorsCheckpoint;
@@ -22,6 +24,9 @@ struct LoadWeightsReport {
   // With defer_conversion: the parameters left in the checkpoint's dtype, by name in the
   // module, and the dtype the module wants for each (for OffloadConfig::convert_dtypes).
   std::unordered_map<std::string, at::ScalarType> deferred;
+  // Where each parameter bound without a copy (a view of the file, converted or not) lies in
+  // its file, by name in the module: for the disk tier (OffloadConfig::disk_files).
+  offload::TensorFiles files;
 };
 
 // Every parameter of `module` must exist under `prefix` with exactly the parameter's shape;
@@ -42,6 +47,9 @@ LoadWeightsReport load_weights(torch::nn::Module& module, const SafetensorsCheck
 // the loaded module from the root that apply_offload is given ("" or e.g. "thinker.").
 void defer_conversions(const LoadWeightsReport& report, const std::string& root_prefix,
                        std::unordered_map<std::string, at::ScalarType>& convert_dtypes);
+// Adds `report.files` to `disk_files` (OffloadConfig's) under `root_prefix`.
+void add_disk_files(const LoadWeightsReport& report, const std::string& root_prefix,
+                    offload::TensorFiles& disk_files);
 
 // The compute dtype to build a model in: `requested`, or where that is Undefined ("auto"), the
 // floating dtype holding most of the checkpoint's bytes under `prefix` (bf16 stays bf16: no

@@ -1,0 +1,327 @@
+// The disk tier (disk_tier.h): units read from the files the weights came from, into a bounded
+// cache of host entries, bitwise as their packed slabs would hold them (converted where the
+// model wants another dtype); an entry refilled only after the copy that read it (strict mode:
+// a copy's bytes land when it is waited for, so an early refill would put the wrong unit on
+// the device); the host placement under a budget; errors that name the budget and the file.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu_offload/check.h"
+#include "cpu_offload/disk_tier.h"
+#include "cpu_offload/expert_cache.h"
+#include "cpu_offload/offload_plan.h"
+
+namespace omni::offload {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Tensors written one after the other to a file (a stand-in for a safetensors shard: the disk
+// tier only needs offsets), with their extents.
+struct WeightFile {
+  fs::path path;
+  TensorFiles files;
+  ~WeightFile() { fs::remove(path); }
+};
+
+std::unique_ptr<WeightFile> write_file(const std::vector<std::pair<std::string, at::Tensor>>& t,
+                                       const std::string& tag) {
+  auto out = std::make_unique<WeightFile>();
+  out->path = fs::temp_directory_path() /
+              ("omni_disk_tier_" + tag + "_" + std::to_string(::getpid()) + ".bin");
+  std::ofstream f(out->path, std::ios::binary);
+  uint64_t offset = 8;  // not at 0, as in a safetensors file (its header comes first)
+  f.write("HEADER..", 8);
+  for (const auto& [name, tensor] : t) {
+    const auto c = tensor.contiguous();
+    f.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+    out->files[name] = TensorFileExtent{out->path.string(), offset, c.nbytes(), c.scalar_type()};
+    offset += c.nbytes();
+  }
+  return out;
+}
+
+// Unit u: "u.w" [8 x 16] float32, "u.b" [40] float32 converted to bfloat16 in the unit.
+std::vector<std::pair<std::string, at::Tensor>> unit_tensors(int u) {
+  at::manual_seed(u);
+  return {{"unit" + std::to_string(u) + ".w", at::randn({8, 16})},
+          {"unit" + std::to_string(u) + ".b", at::randn({40})}};
+}
+
+DtypeByName convert_biases(int units) {
+  DtypeByName convert;
+  for (int u = 0; u < units; ++u) convert["unit" + std::to_string(u) + ".b"] = at::kBFloat16;
+  return convert;
+}
+
+std::shared_ptr<TransferEngine> strict_engine() {
+  TransferEngineOptions options;
+  options.sim_strict = true;
+  return make_cpu_sim_engine(options);
+}
+
+struct Units {
+  std::unique_ptr<WeightFile> file;
+  std::vector<std::unique_ptr<OffloadUnit>> packed;  // the reference slabs
+  std::vector<std::unique_ptr<OffloadUnit>> layout;  // the disk tier's units
+};
+
+Units make_units(int count, TransferEngine& engine, const std::string& tag) {
+  Units out;
+  std::vector<std::pair<std::string, at::Tensor>> all;
+  const DtypeByName convert = convert_biases(count);
+  for (int u = 0; u < count; ++u) {
+    auto tensors = unit_tensors(u);
+    all.insert(all.end(), tensors.begin(), tensors.end());
+    std::vector<std::pair<std::string, at::Tensor>> copies;
+    for (const auto& [n, t] : tensors) copies.emplace_back(n, t.clone());
+    out.packed.push_back(std::make_unique<OffloadUnit>("unit" + std::to_string(u), copies, engine,
+                                                       /*pin=*/true, &convert));
+    out.layout.push_back(OffloadUnit::layout_only("unit" + std::to_string(u), tensors, &convert));
+  }
+  out.file = write_file(all, tag);
+  return out;
+}
+
+bool same_tensor_bytes(const OffloadUnit& unit, const uint8_t* a, const uint8_t* b) {
+  for (const auto& t : unit.tensors()) {
+    if (std::memcmp(a + t.offset, b + t.offset, t.nbytes) != 0) return false;
+  }
+  return true;
+}
+
+class DiskTierReads : public ::testing::TestWithParam<bool> {};
+
+// Direct (O_DIRECT, one aligned read per run of adjacent tensors) and buffered reads.
+TEST_P(DiskTierReads, ReadEachUnitAsItsPackedSlabHoldsIt) {
+  auto engine = strict_engine();
+  auto compute = engine->enter_compute();
+  Units units = make_units(3, *engine, GetParam() ? "direct" : "buffered");
+  DiskTierOptions options;
+  options.cache_bytes = 2 * units.packed[0]->bytes();
+  options.direct = GetParam();
+  DiskTier tier(engine, options);
+  for (const auto& u : units.layout) {
+    ASSERT_TRUE(DiskTier::readable(*u, units.file->files));
+    tier.add(*u, units.file->files);
+  }
+  for (int round = 0; round < 2; ++round) {
+    for (int u = 0; u < 3; ++u) {
+      const HostBuffer host = tier.acquire(u);
+      EXPECT_TRUE(same_tensor_bytes(*units.packed[u], host.data(), units.packed[u]->host().data()))
+          << "unit " << u << " round " << round;
+      tier.release(u, Event());
+    }
+  }
+  const auto s = tier.stats();
+  EXPECT_EQ(s.entries, 2u);
+  EXPECT_EQ(s.acquires, 6u);
+  EXPECT_EQ(s.reads, s.misses);
+  EXPECT_EQ(s.read_bytes, s.reads * units.packed[0]->bytes());
+  // Two entries, three units in turn: every acquire misses (LRU evicts the next one).
+  EXPECT_EQ(s.misses, 6u);
+  EXPECT_GT(s.read_bytes_per_s(), 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(DirectAndBuffered, DiskTierReads, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "direct" : "buffered"; });
+
+TEST(DiskTier, ReadAheadMakesTheNextAcquireAHit) {
+  auto engine = strict_engine();
+  auto compute = engine->enter_compute();
+  Units units = make_units(4, *engine, "ahead");
+  DiskTierOptions options;
+  options.cache_bytes = 3 * units.packed[0]->bytes();
+  DiskTier tier(engine, options);
+  for (const auto& u : units.layout) tier.add(*u, units.file->files);
+  tier.read_ahead(1);
+  tier.read_ahead(2);
+  for (int u : {1, 2}) {
+    const HostBuffer host = tier.acquire(u);
+    EXPECT_TRUE(same_tensor_bytes(*units.packed[u], host.data(), units.packed[u]->host().data()));
+    tier.release(u, Event());
+  }
+  EXPECT_TRUE(tier.cached(1));
+  EXPECT_FALSE(tier.cached(0));
+  const auto s = tier.stats();
+  EXPECT_EQ(s.read_aheads, 2u);
+  EXPECT_EQ(s.read_ahead_used, 2u);
+  EXPECT_EQ(s.hits, 2u);
+  EXPECT_EQ(s.misses, 0u);
+}
+
+// Two entries feed copies of six units into six device regions, nobody waiting for the copies
+// until the end. In strict mode a copy's bytes land when it is waited for: had an entry been
+// refilled while its copy was pending, the region would get the later unit's bytes.
+TEST(DiskTier, AnEntryIsRefilledOnlyAfterTheCopyThatReadsIt) {
+  auto engine = strict_engine();
+  auto compute = engine->enter_compute();
+  constexpr int kUnits = 6;
+  Units units = make_units(kUnits, *engine, "order");
+  const size_t unit_bytes = units.packed[0]->bytes();
+  DiskTierOptions options;
+  options.cache_bytes = 2 * unit_bytes;
+  DiskTier tier(engine, options);
+  for (const auto& u : units.layout) tier.add(*u, units.file->files);
+  DeviceBuffer device = engine->allocate_device(kUnits * unit_bytes);
+  std::vector<Event> copies;
+  for (int u = 0; u < kUnits; ++u) {
+    const HostBuffer host = tier.acquire(u);
+    copies.push_back(engine->copy_async({CopyOp{host, 0, device, u * unit_bytes, unit_bytes}}, {}));
+    tier.release(u, copies.back());
+    tier.read_ahead((u + 1) % kUnits);
+  }
+  for (const auto& e : copies) engine->compute_wait(e);
+  const at::Tensor got = device.bytes_tensor().cpu();
+  for (int u = 0; u < kUnits; ++u) {
+    EXPECT_TRUE(same_tensor_bytes(*units.packed[u], got.data_ptr<uint8_t>() + u * unit_bytes,
+                                  units.packed[u]->host().data()))
+        << "unit " << u << " reached the device with another unit's bytes";
+  }
+}
+
+// mmap reads: no entries of our own, one copy per tensor from the file's mapping.
+TEST(DiskTier, MmapReadsCopyEachTensorFromTheMapping) {
+  auto engine = strict_engine();
+  auto compute = engine->enter_compute();
+  constexpr int kUnits = 3;
+  Units units = make_units(kUnits, *engine, "mmap");
+  DiskTierOptions options;
+  options.read = DiskRead::kMmap;
+  DiskTier tier(engine, options);
+  // The biases are converted to bfloat16 in the unit: a mapping cannot do that.
+  EXPECT_FALSE(DiskTier::readable(*units.layout[0], units.file->files, DiskRead::kMmap));
+  EXPECT_THROW(tier.add(*units.layout[0], units.file->files), omni::Error);
+  // Without the conversion it can.
+  std::vector<std::unique_ptr<OffloadUnit>> plain;
+  std::vector<std::unique_ptr<OffloadUnit>> packed;
+  for (int u = 0; u < kUnits; ++u) {
+    auto tensors = unit_tensors(u);
+    plain.push_back(OffloadUnit::layout_only("unit" + std::to_string(u), tensors));
+    std::vector<std::pair<std::string, at::Tensor>> copies;
+    for (const auto& [n, t] : tensors) copies.emplace_back(n, t.clone());
+    packed.push_back(
+        std::make_unique<OffloadUnit>("unit" + std::to_string(u), copies, *engine, true));
+    ASSERT_TRUE(DiskTier::readable(*plain[u], units.file->files, DiskRead::kMmap));
+    tier.add(*plain[u], units.file->files);
+  }
+  EXPECT_EQ(tier.entries(), 0u);
+  const size_t unit_bytes = plain[0]->bytes();
+  DeviceBuffer device = engine->allocate_device(kUnits * unit_bytes);
+  std::vector<Event> copies;
+  for (int u = 0; u < kUnits; ++u) {
+    const auto ops = tier.copy_ops(u, device, u * unit_bytes);
+    EXPECT_EQ(ops.size(), plain[u]->tensors().size());
+    copies.push_back(engine->copy_async(ops, {}));
+    tier.release(u, copies.back());
+  }
+  for (const auto& e : copies) engine->compute_wait(e);
+  const at::Tensor got = device.bytes_tensor().cpu();
+  for (int u = 0; u < kUnits; ++u) {
+    EXPECT_TRUE(same_tensor_bytes(*packed[u], got.data_ptr<uint8_t>() + u * unit_bytes,
+                                  packed[u]->host().data()))
+        << "unit " << u;
+  }
+  EXPECT_EQ(tier.stats().read_bytes, kUnits * unit_bytes);
+}
+
+TEST(DiskTier, ErrorsNameTheBudgetTheTensorAndTheFile) {
+  auto engine = strict_engine();
+  auto compute = engine->enter_compute();
+  Units units = make_units(3, *engine, "errors");
+  {
+    DiskTierOptions options;
+    options.cache_bytes = units.packed[0]->bytes();  // one entry, two needed
+    DiskTier tier(engine, options);
+    for (const auto& u : units.layout) tier.add(*u, units.file->files);
+    try {
+      tier.acquire(0);
+      FAIL() << "a cache below two entries was accepted";
+    } catch (const omni::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--host-memory-budget"), std::string::npos) << e.what();
+    }
+  }
+  {
+    TensorFiles missing = units.file->files;
+    missing.erase("unit1.w");
+    EXPECT_FALSE(DiskTier::readable(*units.layout[1], missing));
+    DiskTier tier(engine, DiskTierOptions{});
+    try {
+      tier.add(*units.layout[1], missing);
+      FAIL() << "a tensor without a file extent was accepted";
+    } catch (const omni::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("unit1.w"), std::string::npos) << e.what();
+    }
+  }
+  {
+    DiskTierOptions options;
+    options.cache_bytes = 4 * units.packed[0]->bytes();
+    DiskTier tier(engine, options);
+    for (const auto& u : units.layout) tier.add(*u, units.file->files);
+    fs::resize_file(units.file->path, 64);  // the file shrinks under the engine
+    try {
+      tier.acquire(2);
+      FAIL() << "a read past the end of the file succeeded";
+    } catch (const omni::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(units.file->path.string()), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+UnitPlan planned(const std::string& name, size_t bytes) {
+  UnitPlan p;
+  p.name = name;
+  p.tensor_names = {name + ".w"};
+  p.bytes = bytes;
+  return p;
+}
+
+TEST(DiskTier, HostPlacementSendsExpertsToDiskFirst) {
+  OffloadPlan plan;
+  plan.strategy = Strategy::kLayerwise;
+  for (int i = 0; i < 4; ++i) plan.units.push_back(planned("layer" + std::to_string(i), 1000));
+  for (int i = 0; i < 16; ++i) plan.experts.push_back(planned("expert" + std::to_string(i), 500));
+  OffloadConfig config;
+  config.num_gpu_layers = 1;
+  config.disk_read_ahead = 1;
+  const size_t unit = 1000 + kTensorAlignment, expert = 500 + kTensorAlignment;
+  // No budget, or enough for all: nothing on disk.
+  EXPECT_FALSE(place_on_host(plan, config).experts_on_disk);
+  config.host_memory_budget_bytes = 4 * unit + 16 * expert;
+  EXPECT_FALSE(place_on_host(plan, config).experts_on_disk);
+  // Less: the experts go, their cache is what the layers leave.
+  config.host_memory_budget_bytes = 4 * unit + 5 * expert;
+  auto p = place_on_host(plan, config);
+  EXPECT_TRUE(p.experts_on_disk);
+  EXPECT_FALSE(p.units_on_disk);
+  EXPECT_EQ(p.expert_cache_bytes, 5 * expert);
+  // Less than the layers and two experts: the layers go too, with (1 + 1 + 1) units of cache.
+  config.host_memory_budget_bytes = 3 * unit + 2 * expert + 10;
+  p = place_on_host(plan, config);
+  EXPECT_TRUE(p.units_on_disk);
+  EXPECT_EQ(p.unit_cache_bytes, 3 * unit);
+  EXPECT_EQ(p.expert_cache_bytes, 2 * expert + 10);
+  // Below that: an error naming the budget.
+  config.host_memory_budget_bytes = 3 * unit;
+  try {
+    place_on_host(plan, config);
+    FAIL() << "a budget below the disk tier's minimum was accepted";
+  } catch (const omni::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--host-memory-budget"), std::string::npos) << e.what();
+  }
+  // A strategy that keeps its units on the host cannot go below them.
+  plan.strategy = Strategy::kComponent;
+  config.host_memory_budget_bytes = 3 * unit + 2 * expert + 10;
+  EXPECT_THROW(place_on_host(plan, config), omni::Error);
+}
+
+}  // namespace
+}  // namespace omni::offload

@@ -1,0 +1,159 @@
+// The disk tier on the Qwen3-Omni thinker (host_memory_budget): under a host budget below the
+// streamed weights, layers and experts are read from the checkpoint's safetensors file when
+// needed. Greedy tokens must equal the resident run's, the host must hold no more than the
+// budget, and the bytes must really come from the file. Strict simulated device throughout.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cpu_offload/check.h"
+#include "model_runner/runner/thinker_runner.h"
+
+namespace omni::models {
+namespace {
+
+[[maybe_unused]] const int kStrict = setenv("OMNI_SIM_STRICT", "1", /*overwrite=*/0);
+
+const std::string kDir = std::string(OMNI_FIXTURES_DIR) + "/qwen3_omni_tiny";
+
+ChatRequest request() {
+  ChatRequest r;
+  r.text = "What do you hear and see?";
+  r.audio_files = {kDir + "/audio.wav"};
+  r.image_files = {kDir + "/image.png"};
+  return r;
+}
+
+SamplingParams greedy() {
+  SamplingParams p;
+  p.greedy = true;
+  p.max_new_tokens = 16;
+  return p;
+}
+
+struct Loaded {
+  std::shared_ptr<offload::TransferEngine> engine;
+  std::unique_ptr<ThinkerRunner> runner;
+};
+
+Loaded load(const ThinkerOffloadOptions& offload) {
+  Loaded out;
+  out.engine = offload::make_transfer_engine(offload::DeviceKind::kCpuSim);
+  ThinkerRunnerOptions options;
+  options.model_dir = kDir;
+  options.offload = offload;
+  out.runner = ThinkerRunner::load(options, out.engine);
+  return out;
+}
+
+const std::vector<int64_t>& baseline() {
+  static const std::vector<int64_t> tokens = [] {
+    auto l = load({});
+    return l.runner->generate(l.runner->prepare(request()), greedy()).tokens;
+  }();
+  return tokens;
+}
+
+// Slab bytes the planner counts for a unit: its tensors plus alignment padding for each.
+size_t planned_bytes(const offload::UnitPlan& u) {
+  return u.bytes + offload::kTensorAlignment * u.tensor_names.size();
+}
+
+ThinkerOffloadOptions layerwise() {
+  ThinkerOffloadOptions o;
+  o.layerwise = true;  // decoder layers, audio layers and vision blocks stream
+  return o;
+}
+
+ThinkerOffloadOptions experts(bool with_layerwise) {
+  ThinkerOffloadOptions o;
+  o.cpu_offload_experts = true;
+  o.expert_cache_budget_fraction = 0.25;
+  if (with_layerwise) {
+    o.layerwise = true;
+    o.layerwise_encoders = false;
+  }
+  return o;
+}
+
+void expect_within_budget(const Loaded& l, size_t budget) {
+  // Every host slab and disk-tier entry still held (the staging of resident weights is gone).
+  EXPECT_LE(l.engine->host_counter()->current(), budget);
+}
+
+TEST(DiskTier, LayerwiseUnitsReadFromTheCheckpointGiveTheSameTokens) {
+  // The budget: exactly the smallest cache the tier accepts (window 1 + 1 + read-ahead 1).
+  const auto plan = load(layerwise()).runner->offload().plan();
+  size_t max_unit = 0, total = 0;
+  for (const auto& u : plan.units) {
+    max_unit = std::max(max_unit, planned_bytes(u));
+    total += planned_bytes(u);
+  }
+  const size_t budget = 3 * max_unit;
+  ASSERT_LT(budget, total) << "the fixture's units fit a 3-unit cache: nothing would go to disk";
+  auto o = layerwise();
+  o.disk_read_ahead = 1;
+  o.host_memory_budget_bytes = budget;
+  auto l = load(o);
+  EXPECT_EQ(l.runner->generate(l.runner->prepare(request()), greedy()).tokens, baseline());
+  const auto disk = l.runner->offload().disk_stats();
+  ASSERT_TRUE(disk.has_value());
+  EXPECT_EQ(disk->entries, 3u);
+  EXPECT_GT(disk->reads, 0u);
+  EXPECT_GT(disk->read_aheads, 0u);
+  EXPECT_GT(disk->read_ahead_used, 0u);
+  // Nine units (3 decoder layers, 2 audio layers, 4 vision blocks) cycle through three
+  // entries: they are read again.
+  EXPECT_GT(disk->read_bytes, total);
+  expect_within_budget(l, budget);
+
+  o.host_memory_budget_bytes = 2 * max_unit;  // below the minimum: a clear error
+  try {
+    load(o);
+    FAIL() << "a host budget below three units was accepted";
+  } catch (const omni::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--host-memory-budget"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DiskTier, ExpertsReadFromTheCheckpointGiveTheSameTokens) {
+  for (const bool with_layerwise : {false, true}) {
+    SCOPED_TRACE(with_layerwise ? "experts-layerwise" : "experts");
+    const auto plan = load(experts(with_layerwise)).runner->offload().plan();
+    size_t units = 0, expert = 0;
+    for (const auto& u : plan.units) units += planned_bytes(u);
+    for (const auto& e : plan.experts) expert = std::max(expert, planned_bytes(e));
+    ASSERT_EQ(plan.experts.size(), 16u);  // 2 MoE layers x 8 experts
+    // Room for the layer units and 5 experts: the experts go to disk, the layers stay.
+    const size_t budget = units + 5 * expert;
+    auto o = experts(with_layerwise);
+    o.host_memory_budget_bytes = budget;
+    auto l = load(o);
+    EXPECT_EQ(l.runner->generate(l.runner->prepare(request()), greedy()).tokens, baseline());
+    EXPECT_FALSE(l.runner->offload().disk_stats().has_value());  // the layers are packed
+    auto* cache = l.runner->expert_cache();
+    ASSERT_NE(cache, nullptr);
+    ASSERT_NE(cache->disk(), nullptr);
+    const auto disk = cache->disk()->stats();
+    EXPECT_EQ(disk.entries, 5u);
+    EXPECT_GT(disk.reads, 0u);
+    // Every expert copied to the device came through the tier.
+    EXPECT_EQ(disk.acquires, cache->stats().loads);
+    expect_within_budget(l, budget);
+
+    // The same from the file's mapping (the page cache as the only cache): no entries.
+    o.disk_read = "mmap";
+    auto m = load(o);
+    EXPECT_EQ(m.runner->generate(m.runner->prepare(request()), greedy()).tokens, baseline());
+    const auto mapped = m.runner->expert_cache()->disk()->stats();
+    EXPECT_EQ(mapped.entries, 0u);
+    EXPECT_EQ(mapped.acquires, m.runner->expert_cache()->stats().loads);
+    EXPECT_LE(m.engine->host_counter()->current(), units);  // only the layers' slabs
+  }
+}
+
+}  // namespace
+}  // namespace omni::models
