@@ -46,6 +46,7 @@ struct Options {
   std::string expert_cache_budgets = "25%";
   bool no_expert_prefetch = false;
   std::string expert_miss_policy = "fetch";
+  std::string expert_eviction = "layer";
   // The disk tier: host bytes for the streamed weights (empty: no limit), read-ahead.
   std::string host_memory_budget;
   int disk_read_ahead = 2;
@@ -153,6 +154,11 @@ void add_options(CLI::App& app, Options& o) {
                  "experts strategies: a miss is fetched, computed on the host, or auto")
       ->type_name("fetch|host|auto")
       ->check(parsed_by(omni::offload::parse_expert_miss_policy));
+  app.add_option("--expert-eviction", o.expert_eviction,
+                 "experts strategies: which expert leaves a full device cache: the least "
+                 "recently used, or by the MoE layers' run order")
+      ->type_name("lru|layer")
+      ->check(parsed_by(omni::offload::parse_expert_eviction));
   app.add_option("--host-memory-budget", o.host_memory_budget,
                  "host bytes for the streamed weights (layerwise layers, experts); beyond it "
                  "they are read from the checkpoint file when needed (the disk tier). Bytes, "
@@ -204,6 +210,7 @@ ThinkerOffloadOptions offload_for(const std::string& strategy, const Options& op
                                             &o.expert_cache_budget_fraction);
     o.expert_prefetch = !opt.no_expert_prefetch;
     o.expert_miss_policy = opt.expert_miss_policy;
+    o.expert_eviction = opt.expert_eviction;
     if (strategy == "experts-layerwise") {
       o.layerwise = true;
       o.layerwise_encoders = false;
@@ -337,6 +344,7 @@ int run(const Options& o) {
       const uint64_t prefetched = e.prefetched - prefill_experts.prefetched;
       const uint64_t prefetch_hits = e.prefetch_hits - prefill_experts.prefetch_hits;
       expert_json << ", \"expert_cache_budget\": \"" << expert_budget
+                  << "\", \"expert_eviction\": \"" << o.expert_eviction
                   << "\", \"expert_cache_bytes\": " << e.device_bytes
                   << ", \"expert_slots\": " << e.slots << ", \"experts\": " << e.experts
                   << ", \"expert_hit_rate\": " << e.hit_rate()

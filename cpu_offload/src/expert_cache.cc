@@ -48,6 +48,18 @@ ExpertCache::ExpertCache(std::vector<std::unique_ptr<OffloadUnit>> units,
     slot_bytes_ = std::max(slot_bytes_, units_[k]->bytes());
     key_by_name_.emplace(units_[k]->name(), static_cast<int>(k));
   }
+  // Layers: parent module paths, numbered as they first come.
+  std::unordered_map<std::string, int> layer_by_parent;
+  layer_of_.resize(units_.size());
+  for (size_t k = 0; k < units_.size(); ++k) {
+    const std::string& name = units_[k]->name();
+    const size_t dot = name.rfind('.');
+    const std::string parent = dot == std::string::npos ? std::string() : name.substr(0, dot);
+    auto it = layer_by_parent.emplace(parent, static_cast<int>(layer_by_parent.size())).first;
+    layer_of_[k] = it->second;
+  }
+  layers_ = static_cast<int>(layer_by_parent.size());
+  layer_tick_.assign(layers_, 0);
   if (options_.miss_policy != ExpertMissPolicy::kHost || disk_) {
     OMNI_CHECK(options_.budget_bytes >= slot_bytes_, "expert_cache_budget (", options_.budget_bytes,
                " bytes) is smaller than one expert (", slot_bytes_, " bytes, '",
@@ -69,7 +81,7 @@ ExpertCache::ExpertCache(std::vector<std::unique_ptr<OffloadUnit>> units,
   stats_.device_bytes = count * slot_bytes_;
   log_debug("expert cache: ", units_.size(), " experts of ", slot_bytes_, " bytes, ", count,
             " device slots (budget ", options_.budget_bytes, " bytes), miss policy ",
-            to_string(options_.miss_policy));
+            to_string(options_.miss_policy), ", eviction ", to_string(options_.eviction));
 }
 
 ExpertCache::~ExpertCache() {
@@ -87,15 +99,33 @@ int ExpertCache::key_of(const std::string& name) const {
   return it == key_by_name_.end() ? -1 : it->second;
 }
 
+bool ExpertCache::evict_before(int a, int b) const {
+  const Entry& ea = entries_[a];
+  const Entry& eb = entries_[b];
+  if (options_.eviction == ExpertEviction::kLayer) {
+    // Stale: its layer asked since its last use and did not want it.
+    const bool stale_a = ea.last_use < layer_tick_[layer_of_[a]];
+    const bool stale_b = eb.last_use < layer_tick_[layer_of_[b]];
+    if (stale_a != stale_b) return stale_a;
+    if (!stale_a) {
+      // Requests until its layer runs again: 1 for the next layer, layers_ for the current.
+      auto distance = [&](int key) {
+        return (layer_of_[key] - current_layer_ - 1 + 2 * layers_) % layers_ + 1;
+      };
+      const int da = distance(a), db = distance(b);
+      if (da != db) return da > db;
+    }
+  }
+  return ea.last_use < eb.last_use;
+}
+
 int ExpertCache::pick_victim(const std::vector<char>& protect) const {
   int best = -1;
   for (size_t s = 0; s < slots_.size(); ++s) {
     const int key = slots_[s].key;
     if (key < 0) return static_cast<int>(s);
     if (protect[key]) continue;
-    if (best < 0 || entries_[key].last_use < entries_[slots_[best].key].last_use) {
-      best = static_cast<int>(s);
-    }
+    if (best < 0 || evict_before(key, slots_[best].key)) best = static_cast<int>(s);
   }
   return best;
 }
@@ -225,7 +255,9 @@ std::vector<ExpertCache::Placement> ExpertCache::ensure(const std::vector<int>& 
                " out of range (", units_.size(), " experts)");
     OMNI_CHECK(!protect[key], "expert '", units_[key]->name(), "' asked for twice in one call");
     protect[key] = 1;
+    layer_tick_[layer_of_[key]] = tick_;
   }
+  if (!keys.empty()) current_layer_ = layer_of_[keys.front()];
   std::vector<Placement> placement(keys.size(), Placement::kDevice);
   std::vector<int> misses, miss_slots, to_wait;
   // Hits first: they must not be chosen as victims for the misses.
@@ -436,6 +468,7 @@ std::unique_ptr<ExpertCache> make_expert_cache(torch::nn::Module& root, const Of
   }
   ExpertCacheOptions options;
   options.miss_policy = config.expert_miss_policy;
+  options.eviction = config.expert_eviction;
   options.budget_bytes = config.expert_cache_budget_bytes;
   if (options.budget_bytes == 0) {
     options.budget_bytes =

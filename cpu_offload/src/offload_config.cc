@@ -39,6 +39,16 @@ DiskRead parse_disk_read(const std::string& text) {
 
 std::string to_string(DiskRead read) { return read == DiskRead::kMmap ? "mmap" : "pread"; }
 
+ExpertEviction parse_expert_eviction(const std::string& text) {
+  if (text == "lru") return ExpertEviction::kLru;
+  if (text == "layer") return ExpertEviction::kLayer;
+  OMNI_THROW("unknown expert_eviction '", text, "' (expected lru or layer)");
+}
+
+std::string to_string(ExpertEviction eviction) {
+  return eviction == ExpertEviction::kLru ? "lru" : "layer";
+}
+
 ExpertMissPolicy parse_expert_miss_policy(const std::string& text) {
   if (text == "fetch") return ExpertMissPolicy::kFetch;
   if (text == "host") return ExpertMissPolicy::kHost;

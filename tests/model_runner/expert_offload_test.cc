@@ -74,6 +74,7 @@ struct Case {
   bool prefetch = true;
   bool layerwise = false;
   std::string miss_policy = "fetch";
+  std::string eviction = "layer";
 };
 
 ThinkerOffloadOptions options_for(const Case& c) {
@@ -83,6 +84,7 @@ ThinkerOffloadOptions options_for(const Case& c) {
                             &o.expert_cache_budget_fraction);
   o.expert_prefetch = c.prefetch;
   o.expert_miss_policy = c.miss_policy;
+  o.expert_eviction = c.eviction;
   if (c.layerwise) {
     o.layerwise = true;
     o.layerwise_encoders = false;
@@ -111,6 +113,8 @@ TEST_P(ExpertOffload, TokensEqualResidentForEveryBudgetPrefetchAndStrategy) {
       {"host miss policy, one expert", std::to_string(expert), true, false, "host"},
       {"host miss policy, layerwise rest", "25%", false, true, "host"},
       {"auto miss policy", "25%", true, false, "auto"},
+      {"lru eviction, two experts", std::to_string(2 * expert), true, false, "fetch", "lru"},
+      {"lru eviction, 50%, no prefetch", "50%", false, false, "fetch", "lru"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);
@@ -190,6 +194,16 @@ TEST_P(ExpertOffload, BadOptionsAreClearErrors) {
   o.expert_cache_budget_bytes = 0;
   o.expert_miss_policy = "sometimes";
   EXPECT_THROW(load(GetParam(), o), Error);
+  o.expert_miss_policy = "fetch";
+  o.expert_eviction = "fifo";
+  try {
+    load(GetParam(), o);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown expert_eviction 'fifo' (expected lru or layer)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(ExpertCacheBudget, ParsesPercentagesAndBytes) {

@@ -8,8 +8,9 @@
 //   - 32 concurrent requests each equal their own single-request output;
 //   - a worker with a token refuses a client without it and keeps serving;
 //   - expert offload from --cpu-offload-experts / --expert-cache-budget and from the YAML keys
-//     (cpu_offload_experts, expert_cache_budget, expert_prefetch, expert_miss_policy) reaches
-//     the thinker, changes nothing, and the thinker's stats report the expert cache.
+//     (cpu_offload_experts, expert_cache_budget, expert_prefetch, expert_miss_policy,
+//     expert_eviction) reaches the thinker, changes nothing, and the thinker's stats report the
+//     expert cache; so does the disk tier (--host-memory-budget, host_memory_budget, disk_read).
 #include <ATen/ATen.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -18,6 +19,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -67,6 +69,7 @@ process::ProcessResult vllm_omni(std::vector<std::string> args) {
 struct Answer {
   Json json;
   std::string wav;
+  std::string log;  // stderr
 };
 
 Answer answer(const std::vector<std::string>& source, const std::vector<std::string>& extra = {}) {
@@ -93,6 +96,7 @@ Answer answer(const std::vector<std::string>& source, const std::vector<std::str
   Answer a;
   a.json = Json::parse(r.out);
   a.wav = read_file(wav.string());
+  a.log = r.err;
   fs::remove_all(wav.parent_path());
   return a;
 }
@@ -328,6 +332,26 @@ TEST(PipelineWorkers, ExpertOffloadFromFlagsAndYamlChangesNothing) {
   expect_same(answer({"--model", kFixture}, flags), in_process());
   const auto got = answer({"--stage-configs-path", kTinyYaml}, flags);
   expect_same(got, in_process());
+  // --host-memory-budget below the experts' bytes: in process and through workers, the experts
+  // are read from the checkpoint (the disk tier), and nothing changes.
+  {
+    const std::vector<std::string> disk = {"--cpu-offload-experts", "--expert-cache-budget",
+                                           "49152", "--host-memory-budget", "98304"};
+    setenv("OMNI_LOG_LEVEL", "info", 1);  // the tier's one line says what it holds
+    const auto local = answer({"--model", kFixture}, disk);
+    unsetenv("OMNI_LOG_LEVEL");
+    expect_same(local, in_process());
+    EXPECT_NE(local.log.find("expert disk tier: 16 units read from the checkpoint on demand, 4 "
+                             "host entries"),
+              std::string::npos)
+        << local.log;
+    const auto workers = answer({"--stage-configs-path", kTinyYaml}, disk);
+    expect_same(workers, in_process());
+    const auto& d = workers.json["offload"]["stage 0 (thinker)"]["stage"]["expert_cache"]["disk"];
+    ASSERT_TRUE(d.is_object()) << workers.json["offload"].dump();
+    EXPECT_EQ(d["entries"], 4);
+    EXPECT_GT(d["reads"].get<uint64_t>(), 0u);
+  }
   {
     const auto& e = got.json["offload"]["stage 0 (thinker)"]["stage"]["expert_cache"];
     ASSERT_TRUE(e.is_object()) << got.json["offload"].dump();
@@ -368,6 +392,28 @@ TEST(PipelineWorkers, ExpertOffloadFromFlagsAndYamlChangesNothing) {
          EXPECT_EQ(e["host_computed"], 0);
          EXPECT_GT(e["loads"].get<uint64_t>(), 0u);
          EXPECT_LE(e["loads"].get<uint64_t>(), 16u);  // every expert fits: one load each
+       }},
+      // The disk tier: 4 experts' bytes of host memory for 16 experts, so they stay in the
+      // checkpoint and are read into 4 host entries when fetched; LRU in the device cache.
+      {"      cpu_offload_experts: true\n      expert_cache_budget: 49152\n"
+       "      host_memory_budget: 98304\n      expert_eviction: lru\n",
+       [&](const Json& e) {
+         EXPECT_EQ(e["slots"], 2);
+         const auto& d = e["disk"];
+         ASSERT_TRUE(d.is_object()) << e.dump();
+         EXPECT_EQ(d["entries"], 4);
+         EXPECT_EQ(d["entry_bytes"], expert);
+         EXPECT_GT(d["reads"].get<uint64_t>(), 0u);
+         // Every expert copied to the device was acquired from the tier.
+         EXPECT_EQ(d["acquires"], e["loads"]);
+       }},
+      {"      cpu_offload_experts: true\n      expert_cache_budget: 49152\n"
+       "      host_memory_budget: 98304\n      disk_read: mmap\n",
+       [&](const Json& e) {
+         const auto& d = e["disk"];
+         ASSERT_TRUE(d.is_object()) << e.dump();
+         EXPECT_EQ(d["entries"], 0);  // the page cache is the cache
+         EXPECT_EQ(d["acquires"], e["loads"]);
        }},
   };
   const std::string tiny = read_file(kTinyYaml);

@@ -359,6 +359,11 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
           },
           ""))
       ->needs(experts);
+  app.add_option("--host-memory-budget", o.host_memory_budget,
+                 "host bytes for the streamed weights (layerwise layers, experts); beyond it "
+                 "they stay in the checkpoint's files and are read when needed (0 = no limit)")
+      ->type_name("BYTES")
+      ->transform(byte_size());
 
   app.add_option("--device", o.device, "cpu (the simulated device) or cuda")
       ->type_name("cpu|cuda")
@@ -402,6 +407,7 @@ models::OmniRunnerOptions to_runner_options(const GenerateOptions& o) {
   models::parse_expert_cache_budget(o.expert_cache_budget, "--expert-cache-budget",
                                     &offload.expert_cache_budget_bytes,
                                     &offload.expert_cache_budget_fraction);
+  offload.host_memory_budget_bytes = o.host_memory_budget;
   return r;
 }
 

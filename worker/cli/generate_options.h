@@ -85,6 +85,9 @@ struct GenerateOptions {
   // Expert-level MoE offload of the thinker (RunnerOffloadOptions::cpu_offload_experts).
   bool cpu_offload_experts = false;
   std::string expert_cache_budget = "25%";  // "25%" of all experts' bytes, or bytes
+  // The disk tier: host bytes for the streamed weights (0 = no limit); beyond it they are read
+  // from the checkpoint's files when needed (RunnerOffloadOptions::host_memory_budget_bytes).
+  size_t host_memory_budget = 0;
 
   std::string device = "cpu";  // cpu (the simulated device) | cuda
   std::string dtype = "auto";

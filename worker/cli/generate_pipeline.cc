@@ -37,6 +37,7 @@ config::GlobalStageFlags stage_flags(const GenerateOptions& o) {
   if (given("--dtype")) f.dtype = o.dtype;
   if (given("--cpu-offload-experts")) f.cpu_offload_experts = o.cpu_offload_experts;
   if (given("--expert-cache-budget")) f.expert_cache_budget = o.expert_cache_budget;
+  if (given("--host-memory-budget")) f.host_memory_budget = o.host_memory_budget;
   return f;
 }
 

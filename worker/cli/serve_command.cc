@@ -104,6 +104,22 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
             }
           },
           ""));
+  app.add_option_function<std::string>(
+         "--host-memory-budget",
+         [&f](const std::string& v) { f.host_memory_budget = config::parse_byte_size(v); },
+         "host bytes for the streamed weights (layerwise layers, experts); beyond it they are "
+         "read from the checkpoint's files when needed (20GiB, bytes; 0 = no limit)")
+      ->type_name("BYTES")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            try {
+              config::parse_byte_size(text);
+              return "";
+            } catch (const std::exception& e) {
+              return e.what();
+            }
+          },
+          ""));
 
   app.add_option("--stage-init-timeout", o.stage_init_timeout_s,
                  "with --stage-configs-path: seconds a stage worker may take to come up")

@@ -45,7 +45,7 @@ const std::vector<std::string> kEngineKeys = {
     "cpu_offload_strategy", "cpu_offload_pin_memory", "enable_cpu_offload",
     "enable_layerwise_offload", "layerwise_num_gpu_layers", "gpu_memory_budget", "dtype",
     "offload_stage", "cpu_offload_experts", "expert_cache_budget", "expert_prefetch",
-    "expert_miss_policy"};
+    "expert_miss_policy", "expert_eviction", "host_memory_budget", "disk_read"};
 const std::vector<std::string> kRuntimeKeys = {"devices", "address", "max_batch_size", "process"};
 const std::vector<std::string> kSamplingKeys = {
     "temperature", "top_p", "top_k", "max_tokens", "seed", "repetition_penalty",
@@ -421,6 +421,12 @@ bool set_engine_key(StageEngineArgs& e, const std::string& key, const RawValue& 
     e.expert_prefetch = null ? d.expert_prefetch : to_bool(key, v);
   } else if (key == "expert_miss_policy") {
     e.expert_miss_policy = null ? d.expert_miss_policy : one_of(key, v, {"fetch", "host", "auto"});
+  } else if (key == "expert_eviction") {
+    e.expert_eviction = null ? d.expert_eviction : one_of(key, v, {"lru", "layer"});
+  } else if (key == "host_memory_budget") {
+    e.host_memory_budget = null ? d.host_memory_budget : to_byte_size(key, v);
+  } else if (key == "disk_read") {
+    e.disk_read = null ? d.disk_read : one_of(key, v, {"pread", "mmap"});
   } else if (contains(kIgnoredEngineKeys, key)) {
     e.ignored[key] = v.text;
   } else {

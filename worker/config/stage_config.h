@@ -77,6 +77,13 @@ struct StageEngineArgs {
   std::string expert_cache_budget = "25%";
   bool expert_prefetch = true;
   std::string expert_miss_policy = "fetch";
+  // Which expert leaves a full device cache: lru | layer (the MoE layers' run order).
+  std::string expert_eviction = "layer";
+  // The disk tier: host bytes the streamed weights (layerwise layers, experts) may take, 0 = no
+  // limit; beyond it they are read from the checkpoint's files (pread into a bounded pinned
+  // cache, or mmap: copies from the file's mapping).
+  uint64_t host_memory_budget = 0;
+  std::string disk_read = "pread";
   // vLLM-Omni keys that are read and have no effect here, with their raw text for logging: the
   // engine_args keys by name, the stage keys too, "runtime.KEY" and
   // "default_sampling_params.KEY" for those sections' (README lists them).

@@ -129,6 +129,10 @@ void apply_flags(PipelineConfig& config, const GlobalStageFlags& flags) {
     set_all(config, "expert_cache_budget",
             scalar(*flags.expert_cache_budget, "--expert-cache-budget", true));
   }
+  if (flags.host_memory_budget) {
+    set_all(config, "host_memory_budget",
+            scalar(std::to_string(*flags.host_memory_budget), "--host-memory-budget", false));
+  }
 }
 
 [[noreturn]] void overrides_error(const std::string& message) {

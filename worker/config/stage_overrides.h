@@ -34,6 +34,7 @@ struct GlobalStageFlags {
   std::optional<std::string> dtype;                 // --dtype
   std::optional<bool> cpu_offload_experts;          // --cpu-offload-experts
   std::optional<std::string> expert_cache_budget;   // --expert-cache-budget ("25%", "768MiB")
+  std::optional<uint64_t> host_memory_budget;       // --host-memory-budget (bytes)
 };
 
 // Applies `flags` to every stage, then `stage_overrides_json` (may be empty): a JSON object keyed

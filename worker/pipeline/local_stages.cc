@@ -215,12 +215,18 @@ class ThinkerStage : public LocalStageBase {
   // With cpu_offload_experts, the device expert cache's figures under "expert_cache" (hits,
   // misses, host_computed, prefetched, loads, bytes_h2d, stall_ms, hit_rate, ...; see
   // ExpertCacheStats), with the tokens this stage generated since it loaded and the expert
-  // bytes copied per token (prefill and decode together).
+  // bytes copied per token (prefill and decode together). Under a host memory budget, the disk
+  // tiers' figures (DiskTierStats): the layers' under "disk", the experts' under
+  // "expert_cache.disk".
   std::string idle_stats_json() override {
     auto* experts = runner_->expert_cache();
-    if (experts == nullptr) return offload_stats_json(backend());
+    const auto layer_disk = backend().disk_stats();
+    if (experts == nullptr && !layer_disk) return offload_stats_json(backend());
     Json all = Json::parse(offload_stats_json(backend()));
+    if (layer_disk) all["disk"] = Json::parse(layer_disk->to_json());
+    if (experts == nullptr) return all.dump();
     Json e = Json::parse(experts->stats().to_json());
+    if (const auto* disk = experts->disk()) e["disk"] = Json::parse(disk->stats().to_json());
     e["tokens"] = tokens_;
     e["bytes_h2d_per_token"] =
         tokens_ > 0 ? static_cast<double>(e["bytes_h2d"].get<uint64_t>()) / tokens_ : 0.0;

@@ -88,7 +88,10 @@ std::string resolved_stage_overrides(const config::StageConfig& s) {
                  {"cpu_offload_experts", e.cpu_offload_experts},
                  {"expert_cache_budget", e.expert_cache_budget},
                  {"expert_prefetch", e.expert_prefetch},
-                 {"expert_miss_policy", e.expert_miss_policy}};
+                 {"expert_miss_policy", e.expert_miss_policy},
+                 {"expert_eviction", e.expert_eviction},
+                 {"host_memory_budget", e.host_memory_budget},
+                 {"disk_read", e.disk_read}};
   if (!e.dtype.empty()) engine["dtype"] = e.dtype;
   engine["runtime"] = Json{{"devices", s.runtime.devices}};
   return Json{{std::to_string(s.stage_id), engine}}.dump();
@@ -125,6 +128,9 @@ LocalStageOptions local_stage_options(const config::StageConfig& s, const std::s
                                     &off.expert_cache_budget_fraction);
   off.expert_prefetch = s.engine.expert_prefetch;
   off.expert_miss_policy = s.engine.expert_miss_policy;
+  off.expert_eviction = s.engine.expert_eviction;
+  off.host_memory_budget_bytes = s.engine.host_memory_budget;
+  off.disk_read = s.engine.disk_read;
   o.offload_stage = s.engine.offload_stage || s.engine.enable_cpu_offload;
   const std::string kind = !device.empty() ? device : s.runtime.devices == "cpu" ? "cpu" : "cuda";
   o.device = offload::parse_device_kind(kind);

@@ -4,10 +4,18 @@
 // released). The device holds a pool of equal slots, as many as a byte budget allows (every
 // expert of a model has the same size; a budget below one expert is an error). A model calls
 // ensure() with the experts its router chose, once per MoE layer, before they run:
-//   - hits (on the device, or on their way from a prefetch) only refresh their LRU place;
-//   - misses take the least recently used slots not in the current request: the victims are
-//     unbound, then every miss is copied in ONE copy_async group ordered after a compute event
-//     recorded after the victims' last use, compute waits for it, and the misses are bound.
+//   - hits (on the device, or on their way from a prefetch) only refresh their last use;
+//   - misses take slots not in the current request, chosen by the eviction policy: the victims
+//     are unbound, then every miss is copied in ONE copy_async group ordered after a compute
+//     event recorded after the victims' last use, compute waits for it, and the misses are bound.
+// Eviction (ExpertEviction): `lru`, or `layer` (the default). A decoder asks for its MoE layers
+// in the same order token after token: a cyclic scan, for which LRU is the worst policy once a
+// token's experts outnumber the slots (what it evicts is always what is needed soonest, so
+// every use misses). `layer` evicts first the experts their layer's last request passed over
+// (stale), oldest first; then, approximating Belady's optimal policy for a cycle, the expert
+// whose layer runs last counting from the current one (the layer that just ran). An expert's
+// layer is its parent module (`model.layers.3.mlp.experts` for `...experts.17`), numbered in
+// the order the units come, which is the order the layers run.
 // prefetch() does the same for experts a model expects to need soon, without waiting: the
 // ensure() that uses them waits (on the device, not the host). Model-agnostic: keys are unit
 // indices, found by module path with key_of().
@@ -65,6 +73,7 @@ struct ExpertCacheStats {
 struct ExpertCacheOptions {
   size_t budget_bytes = 0;  // device bytes for expert slots; must hold at least one expert
   ExpertMissPolicy miss_policy = ExpertMissPolicy::kFetch;
+  ExpertEviction eviction = ExpertEviction::kLayer;
   // Auto policy: host compute rate (FLOP/s) when nothing was measured yet (0: fetch until a
   // host computation was measured).
   double host_flops_hint = 0;
@@ -92,6 +101,9 @@ class ExpertCache {
   const OffloadUnit& unit(int key) const { return *units_.at(key); }
   size_t slots() const { return slots_.size(); }
   size_t expert_bytes() const { return slot_bytes_; }
+  // The MoE layer of `key` in run order (see Eviction above), and how many there are.
+  int layer_of(int key) const { return layer_of_.at(key); }
+  int layers() const { return layers_; }
   const ExpertCacheOptions& options() const { return options_; }
 
   // Makes `keys` (distinct, at most slots()) usable by compute: bound to device slots, or with
@@ -131,6 +143,8 @@ class ExpertCache {
 
   // A slot for a new copy, not holding any of `protect`; -1 when none.
   int pick_victim(const std::vector<char>& protect) const;
+  // Whether `a` should leave before `b` (both on the device), by the eviction policy.
+  bool evict_before(int a, int b) const;
   // Empties `slot` (unbinding its expert) for `key`.
   void evict(int slot);
   // Issues one copy of `keys` into `slots`, ordered after the compute that last read them.
@@ -154,6 +168,10 @@ class ExpertCache {
   std::vector<int> current_;  // keys of the last ensure()
   std::vector<int> host_bound_;
   uint64_t tick_ = 0;
+  std::vector<int> layer_of_;  // key -> MoE layer in run order
+  int layers_ = 0;
+  std::vector<uint64_t> layer_tick_;  // layer -> tick of its last ensure()
+  int current_layer_ = 0;             // the layer of the last ensure()
   ExpertCacheStats stats_;
   TimeAccumulator stall_;
   double host_flops_ = 0, host_ms_ = 0;

@@ -30,6 +30,13 @@ enum class ExpertMissPolicy {
 };
 ExpertMissPolicy parse_expert_miss_policy(const std::string& text);  // fetch | host | auto
 std::string to_string(ExpertMissPolicy policy);
+// Expert offload: which expert leaves a full device expert cache (expert_cache.h).
+enum class ExpertEviction {
+  kLru,    // the least recently used
+  kLayer,  // experts its layer passed over first, then the one whose layer runs last from now
+};
+ExpertEviction parse_expert_eviction(const std::string& text);  // lru | layer
+std::string to_string(ExpertEviction eviction);
 std::string to_string(Strategy strategy);
 std::string to_string(Granularity granularity);
 std::string to_string(ComponentPolicy policy);
@@ -108,6 +115,7 @@ struct OffloadConfig {
   // The budget as a fraction of all experts' bytes (used when no byte budget is set).
   double expert_cache_budget_fraction = 0.25;
   ExpertMissPolicy expert_miss_policy = ExpertMissPolicy::kFetch;
+  ExpertEviction expert_eviction = ExpertEviction::kLayer;
 
   // The disk tier (disk_tier.h). Host bytes the streamed weights (layerwise units and experts)
   // may take; 0: no limit. When they do not fit, experts (then layerwise units too, if need be)

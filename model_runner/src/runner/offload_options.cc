@@ -37,6 +37,7 @@ std::pair<offload::OffloadConfig, offload::ModelSpec> offload_setup(
     oc.expert_cache_budget_bytes = o.expert_cache_budget_bytes;
     oc.expert_cache_budget_fraction = o.expert_cache_budget_fraction;
     oc.expert_miss_policy = offload::parse_expert_miss_policy(o.expert_miss_policy);
+    oc.expert_eviction = offload::parse_expert_eviction(o.expert_eviction);
   }
   oc.host_memory_budget_bytes = o.host_memory_budget_bytes;
   oc.disk_read_ahead = o.disk_read_ahead;

@@ -183,13 +183,21 @@ std::unique_ptr<OmniRunner> OmniRunner::load(const OmniRunnerOptions& options,
   // Conversions (when the dtype asked for is not the checkpoint's) are left to the offload
   // engine, unit by unit.
   std::unordered_map<std::string, at::ScalarType> convert;
+  // Where each tensor lies in the files, for the disk tier under a host memory budget.
+  offload::TensorFiles disk_files;
+  const bool disk = options.offload.host_memory_budget_bytes > 0;
   auto report = load_weights(s.model->thinker(), checkpoint, s.thinker_cfg.weight_prefix, true);
   defer_conversions(report, "thinker.", convert);
+  if (disk) add_disk_files(report, "thinker.", disk_files);
   if (s.has_talker) {
     const auto talker = load_weights(s.model->talker(), checkpoint, "talker.", true);
     const auto code2wav = load_weights(s.model->code2wav(), checkpoint, "code2wav.", true);
     defer_conversions(talker, "talker.", convert);
     defer_conversions(code2wav, "code2wav.", convert);
+    if (disk) {
+      add_disk_files(talker, "talker.", disk_files);
+      add_disk_files(code2wav, "code2wav.", disk_files);
+    }
     report.tensors += talker.tensors + code2wav.tensors;
     report.bytes += talker.bytes + code2wav.bytes;
     report.converted += talker.converted + code2wav.converted;
@@ -201,6 +209,7 @@ std::unique_ptr<OmniRunner> OmniRunner::load(const OmniRunnerOptions& options,
   // Offload after the weights are bound: the backend moves them into its stores.
   auto [oc, spec] = offload_setup(options.offload, "thinker.", s.has_talker, omni_component_paths);
   oc.convert_dtypes = std::move(convert);
+  oc.disk_files = std::move(disk_files);
   s.backend = offload::apply_offload(*s.model, spec, oc, engine);
   s.expert_cache = offload::make_expert_cache(*s.model, s.backend->plan(), oc, engine);
   if (s.expert_cache) {

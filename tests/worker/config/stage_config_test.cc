@@ -969,5 +969,38 @@ TEST_F(StageConfigTest, ExpertOffloadKeysAndFlags) {
                       "--expert-cache-budget", "expert_cache_budget"));
 }
 
+TEST_F(StageConfigTest, ExpertEvictionAndDiskTierKeysAndFlags) {
+  auto config = parse(one_stage(
+      "      expert_eviction: lru\n      host_memory_budget: 3GiB\n      disk_read: mmap\n"));
+  const auto& e = config.stages.at(0).engine;
+  EXPECT_EQ(e.expert_eviction, "lru");
+  EXPECT_EQ(e.host_memory_budget, 3ull << 30);
+  EXPECT_EQ(e.disk_read, "mmap");
+  const StageEngineArgs defaults;
+  EXPECT_EQ(defaults.expert_eviction, "layer");
+  EXPECT_EQ(defaults.host_memory_budget, 0u);
+  EXPECT_EQ(defaults.disk_read, "pread");
+
+  std::string yaml = one_stage("      expert_eviction: fifo\n");
+  EXPECT_TRUE(IsError(parse_error(yaml), pos_of(yaml, "fifo"), "unknown value 'fifo'"));
+  yaml = one_stage("      disk_read: o_direct\n");
+  EXPECT_TRUE(IsError(parse_error(yaml), pos_of(yaml, "o_direct"), "unknown value 'o_direct'"));
+  yaml = one_stage("      host_memory_budget: 3G\n");
+  EXPECT_TRUE(IsError(parse_error(yaml), pos_of(yaml, "3G"), "unknown unit 'G'"));
+
+  // --host-memory-budget sets every stage; --stage-overrides one of them.
+  config = parse(kThree);
+  GlobalStageFlags flags;
+  flags.host_memory_budget = 8ull << 30;
+  apply_stage_flags(config, flags, R"({"0": {"expert_eviction": "lru", "disk_read": "mmap"}})");
+  for (const auto& stage : config.stages) EXPECT_EQ(stage.engine.host_memory_budget, 8ull << 30);
+  EXPECT_EQ(config.stages.at(0).engine.expert_eviction, "lru");
+  EXPECT_EQ(config.stages.at(0).engine.disk_read, "mmap");
+  EXPECT_EQ(config.stages.at(1).engine.expert_eviction, "layer");
+  EXPECT_TRUE(
+      IsError(error_of([&] { apply_stage_flags(config, {}, R"({"0": {"disk_read": "tape"}})"); }),
+              "--stage-overrides", "disk_read"));
+}
+
 }  // namespace
 }  // namespace omni::config

@@ -51,6 +51,8 @@ struct RunnerOffloadOptions {
   bool expert_prefetch = true;
   // expert_miss_policy: fetch | host | auto (offload::ExpertMissPolicy).
   std::string expert_miss_policy = "fetch";
+  // expert_eviction: lru | layer (offload::ExpertEviction; layer: by the layers' run order).
+  std::string expert_eviction = "layer";
   // host_memory_budget: host bytes the streamed weights (layerwise layers, experts) may take;
   // 0 = no limit. Beyond it they are read from the checkpoint's files when needed (the disk
   // tier, cpu_offload/disk_tier.h). The checkpoint must be safetensors files on a local disk.
