@@ -345,6 +345,11 @@ TEST(PipelineWorkers, ExpertOffloadFromFlagsAndYamlChangesNothing) {
                              "host entries"),
               std::string::npos)
         << local.log;
+    // In process, --json's offload object carries the cache and its tier too.
+    const auto& ld = local.json["offload"]["expert_cache"]["disk"];
+    ASSERT_TRUE(ld.is_object()) << local.json["offload"].dump();
+    EXPECT_EQ(ld["entries"], 4);
+    EXPECT_EQ(ld["acquires"], local.json["offload"]["expert_cache"]["loads"]);
     const auto workers = answer({"--stage-configs-path", kTinyYaml}, disk);
     expect_same(workers, in_process());
     const auto& d = workers.json["offload"]["stage 0 (thinker)"]["stage"]["expert_cache"]["disk"];

@@ -16,6 +16,7 @@
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
+#include "cpu_offload/stats_report.h"
 #include "model_runner/output/wav_writer.h"
 #include "model_runner/tokenizer/text_stream.h"
 #include "worker/cli/generate_pipeline.h"
@@ -126,7 +127,9 @@ class InProcessBackend : public GenerateBackend {
     answer.text = runner_->tokenizer().decode(ids, /*skip_special=*/true);
     return answer;
   }
-  std::string offload_json() override { return runner_->offload().stats().to_json(); }
+  std::string offload_json() override {
+    return offload::offload_report_json(runner_->offload(), runner_->expert_cache());
+  }
 
  private:
   std::unique_ptr<models::OmniRunner> runner_;

@@ -163,6 +163,44 @@ std::string offload_metrics(const std::string& stats_json) {
                    "counter",
                    "Stages told to give their weights back to make room.",
                    {}};
+  // Expert-level MoE offload (the thinker's "expert_cache") and the disk tiers ("disk" of the
+  // layers, "expert_cache.disk" of the experts), where a stage has them.
+  Family expert_hits{
+      "omni_expert_cache_hits_total", "counter", "Routed experts found on the device.", {}};
+  Family expert_misses{"omni_expert_cache_misses_total",
+                       "counter",
+                       "Routed experts not on the device (fetched or computed on the host).",
+                       {}};
+  Family expert_host{"omni_expert_cache_host_computed_total",
+                     "counter",
+                     "Expert misses computed on the host instead of fetched.",
+                     {}};
+  Family expert_moved{"omni_expert_cache_bytes_moved_total",
+                      "counter",
+                      "Expert bytes copied from host to device.",
+                      {}};
+  Family expert_stall{"omni_expert_cache_stall_seconds_total",
+                      "counter",
+                      "Time compute waited for expert copies.",
+                      {}};
+  Family expert_device{
+      "omni_expert_cache_device_bytes", "gauge", "Device bytes of the expert cache's slots.", {}};
+  Family disk_read{"omni_disk_read_bytes_total",
+                   "counter",
+                   "Weight bytes the disk tier read from the checkpoint's files.",
+                   {}};
+  Family disk_wait{"omni_disk_wait_seconds_total",
+                   "counter",
+                   "Time compute waited for the disk tier's reads.",
+                   {}};
+  Family disk_entries{
+      "omni_disk_cache_entries", "gauge", "Host entries of the disk tier's cache.", {}};
+  auto add_disk = [&](const std::string& stage, const char* tier, const Json& d) {
+    const std::string l = "{stage=\"" + label(stage) + "\",tier=\"" + tier + "\"}";
+    disk_read.samples.emplace_back(l, d.value("read_bytes", 0.0));
+    disk_wait.samples.emplace_back(l, d.value("wait_ms", 0.0) / 1000);
+    disk_entries.samples.emplace_back(l, d.value("entries", 0.0));
+  };
   Json all;
   try {
     all = Json::parse(stats_json);
@@ -191,11 +229,22 @@ std::string offload_metrics(const std::string& stats_json) {
     peak.samples.emplace_back(l, s.value("peak_device_bytes", 0.0));
     host.samples.emplace_back(l, s.value("host_bytes", 0.0));
     params.samples.emplace_back(l, s.value("param_bytes", 0.0));
+    if (s.contains("disk") && s["disk"].is_object()) add_disk(name, "layers", s["disk"]);
+    if (!s.contains("expert_cache") || !s["expert_cache"].is_object()) continue;
+    const Json& e = s["expert_cache"];
+    expert_hits.samples.emplace_back(l, e.value("hits", 0.0));
+    expert_misses.samples.emplace_back(l, e.value("misses", 0.0));
+    expert_host.samples.emplace_back(l, e.value("host_computed", 0.0));
+    expert_moved.samples.emplace_back(l, e.value("bytes_h2d", 0.0));
+    expert_stall.samples.emplace_back(l, e.value("stall_ms", 0.0) / 1000);
+    expert_device.samples.emplace_back(l, e.value("device_bytes", 0.0));
+    if (e.contains("disk") && e["disk"].is_object()) add_disk(name, "experts", e["disk"]);
   }
   std::ostringstream out;
   out.precision(15);
-  for (const auto* f :
-       {&up, &moved, &loads, &stall, &device, &peak, &host, &params, &held, &evictions}) {
+  for (const auto* f : {&up, &moved, &loads, &stall, &device, &peak, &host, &params, &held,
+                        &evictions, &expert_hits, &expert_misses, &expert_host, &expert_moved,
+                        &expert_stall, &expert_device, &disk_read, &disk_wait, &disk_entries}) {
     write_family(out, *f);
   }
   out << "# HELP omni_process_resident_bytes Resident memory of the server process.\n"

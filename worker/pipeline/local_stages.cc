@@ -13,6 +13,7 @@
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
+#include "cpu_offload/stats_report.h"
 #include "model_runner/generation/generate.h"
 #include "model_runner/qwen3_omni/code2wav_stream.h"
 #include "model_runner/qwen3_omni/talker_handoff.h"
@@ -219,18 +220,13 @@ class ThinkerStage : public LocalStageBase {
   // tiers' figures (DiskTierStats): the layers' under "disk", the experts' under
   // "expert_cache.disk".
   std::string idle_stats_json() override {
-    auto* experts = runner_->expert_cache();
-    const auto layer_disk = backend().disk_stats();
-    if (experts == nullptr && !layer_disk) return offload_stats_json(backend());
-    Json all = Json::parse(offload_stats_json(backend()));
-    if (layer_disk) all["disk"] = Json::parse(layer_disk->to_json());
-    if (experts == nullptr) return all.dump();
-    Json e = Json::parse(experts->stats().to_json());
-    if (const auto* disk = experts->disk()) e["disk"] = Json::parse(disk->stats().to_json());
+    const std::string report = offload::offload_report_json(backend(), runner_->expert_cache());
+    if (runner_->expert_cache() == nullptr) return report;
+    Json all = Json::parse(report);
+    Json& e = all["expert_cache"];
     e["tokens"] = tokens_;
     e["bytes_h2d_per_token"] =
         tokens_ > 0 ? static_cast<double>(e["bytes_h2d"].get<uint64_t>()) / tokens_ : 0.0;
-    all["expert_cache"] = std::move(e);
     return all.dump();
   }
 

@@ -276,8 +276,29 @@ def main():
                           "--cpu-offload-components", "thinker,talker"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "cannot hold" in bad.stderr, (bad.returncode, bad.stderr)
+
+    # -- expert offload with the experts on disk (2 device slots, 4 host entries for the 16
+    # experts of 24576 bytes): the same answer, and /metrics reports the cache and the tier.
+    proc, port = start_server("--cpu-offload-experts", "--expert-cache-budget", "49152",
+                              "--host-memory-budget", "98304")
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY)
+        r = client.chat.completions.create(
+            model="tiny", messages=messages, modalities=["text", "audio"], temperature=0,
+            seed=42, max_tokens=12, extra_body={"max_audio_frames": 12})
+        assert r.choices[0].message.content == ref_json["text"]
+        body = raw(port, "/metrics")[1].decode()
+        thinker = "stage 0 (thinker)"
+        assert sample(body, "omni_expert_cache_misses_total", stage=thinker) > 0, body
+        assert sample(body, "omni_expert_cache_device_bytes", stage=thinker) == 49152, body
+        assert sample(body, "omni_disk_read_bytes_total", stage=thinker, tier="experts") > 0, body
+        assert sample(body, "omni_disk_cache_entries", stage=thinker, tier="experts") == 4, body
+        assert "omni_expert_cache_hits_total{stage=\"stage 1 (talker)\"}" not in body, body
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
     print("openai API: text + speech equal to generate, streamed chunks, errors, 429, cancel, "
-          "shared device budget")
+          "shared device budget, expert offload from disk")
 
 
 if __name__ == "__main__":
