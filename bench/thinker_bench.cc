@@ -318,12 +318,16 @@ int run(const Options& o) {
     // the decode steps'.
     uint64_t prefill_h2d = 0;
     omni::offload::ExpertCacheStats prefill_experts;
+    // Disk-tier bytes read by the time the first token arrived (layers', experts').
+    uint64_t prefill_layer_reads = 0, prefill_expert_reads = 0;
     const auto start = Clock::now();
     const auto result = runner->generate(inputs, params, [&](int64_t) {
       if (first_token == Clock::time_point()) {
         first_token = Clock::now();
         prefill_h2d = engine->counters().bytes_h2d;
         if (experts) prefill_experts = experts->stats();
+        if (const auto d = runner->offload().disk_stats()) prefill_layer_reads = d->read_bytes;
+        if (experts && experts->disk()) prefill_expert_reads = experts->disk()->stats().read_bytes;
       }
       return true;
     });
@@ -360,15 +364,22 @@ int run(const Options& o) {
                          static_cast<double>(decode_steps)
                   << ", \"expert_stats\": " << e.to_json();
     }
-    // The disk tier's reads, and their throughput while a read ran.
+    // The disk tier's reads (per token over the request, and over the decode steps alone),
+    // and their throughput while a read ran.
     std::ostringstream disk_json;
-    auto add_disk = [&](const char* key, const omni::offload::DiskTierStats& d) {
+    auto add_disk = [&](const char* key, const omni::offload::DiskTierStats& d,
+                        uint64_t prefill_reads) {
       disk_json << ", \"" << key << "\": " << d.to_json() << ", \"" << key
                 << "_read_bytes_per_token\": "
-                << static_cast<double>(d.read_bytes) / static_cast<double>(result.tokens.size());
+                << static_cast<double>(d.read_bytes) / static_cast<double>(result.tokens.size())
+                << ", \"" << key << "_decode_read_bytes_per_token\": "
+                << static_cast<double>(d.read_bytes - prefill_reads) /
+                       static_cast<double>(decode_steps);
     };
-    if (const auto d = runner->offload().disk_stats()) add_disk("layer_disk", *d);
-    if (experts && experts->disk()) add_disk("expert_disk", experts->disk()->stats());
+    if (const auto d = runner->offload().disk_stats())
+      add_disk("layer_disk", *d, prefill_layer_reads);
+    if (experts && experts->disk())
+      add_disk("expert_disk", experts->disk()->stats(), prefill_expert_reads);
     std::cout << "{\"strategy\": \"" << strategy << "\", \"device\": \"" << s.device
               << "\", \"model_dir\": \"" << model_dir << "\", \"param_bytes\": " << s.param_bytes
               << ", \"prompt_tokens\": " << inputs.input_ids.size()
