@@ -332,6 +332,20 @@ TEST(PipelineWorkers, ExpertOffloadFromFlagsAndYamlChangesNothing) {
   expect_same(answer({"--model", kFixture}, flags), in_process());
   const auto got = answer({"--stage-configs-path", kTinyYaml}, flags);
   expect_same(got, in_process());
+  // A device budget that holds the stages only with the experts in a cache: the ledger counts
+  // the thinker as its non-expert weights plus the cache (2,013,312 - 16 x 24576 + 4 x 24576),
+  // not all its weights (the three stages' 3,800,100 bytes would exceed 3,600,000).
+  {
+    const auto budgeted = answer({"--stage-configs-path", kTinyYaml},
+                                 {"--cpu-offload-experts", "--expert-cache-budget", "25%",
+                                  "--gpu-memory-budget", "3600000"});
+    expect_same(budgeted, in_process());
+    const auto& ledger = budgeted.json["offload"]["device_ledger"]["local/cpu"];
+    ASSERT_TRUE(ledger.is_object()) << budgeted.json["offload"].dump();
+    EXPECT_EQ(ledger["stages"]["stage 0 (thinker)"]["bytes"], 2013312 - 12 * expert)
+        << ledger.dump();
+    EXPECT_EQ(ledger["held"], 3800100 - 12 * expert) << ledger.dump();
+  }
   // --host-memory-budget below the experts' bytes: in process and through workers, the experts
   // are read from the checkpoint (the disk tier), and nothing changes.
   {

@@ -151,8 +151,14 @@ class LocalStageBase : public Stage {
   virtual offload::OffloadBackend& backend() = 0;
   // The stage's figures, taken with mutex_ held (no request running): the offload backend's.
   virtual std::string idle_stats_json() { return offload_stats_json(backend()); }
-  // `info` plus the weight bytes the device ledger accounts: all of them, and those that can
-  // leave the device.
+  // Weight bytes that never come to the device as such (with expert offload: the experts,
+  // which only visit the expert cache), and device bytes the stage holds beside its backend's
+  // (the expert cache's slots). Measured with mutex_ held.
+  virtual uint64_t weight_bytes_kept_off_device() { return 0; }
+  virtual uint64_t extra_device_bytes() { return 0; }
+  // `info` plus the weight bytes: all of them, those that can leave the device, and those the
+  // device ledger accounts for the stage when it is loaded (device_weight_bytes: all weights,
+  // less the experts and plus the expert cache under expert offload).
   // (Measured once, when the first info is asked for, and kept: the bytes do not change, and
   // info must not wait for a running request.)
   std::string info_with_bytes(Json info) {
@@ -161,13 +167,16 @@ class LocalStageBase : public Stage {
       const auto stats = backend().stats();
       param_bytes_ = stats.param_bytes;
       offloadable_bytes_ = stats.param_bytes - stats.resident_bytes;
+      device_weight_bytes_ =
+          stats.param_bytes - weight_bytes_kept_off_device() + extra_device_bytes();
     });
     info["param_bytes"] = param_bytes_;
     info["offloadable_bytes"] = offloadable_bytes_;
+    info["device_weight_bytes"] = device_weight_bytes_;
     return info.dump();
   }
   std::once_flag bytes_measured_;
-  uint64_t param_bytes_ = 0, offloadable_bytes_ = 0;
+  uint64_t param_bytes_ = 0, offloadable_bytes_ = 0, device_weight_bytes_ = 0;
   std::string name_;
   std::shared_ptr<offload::TransferEngine> engine_;
   std::mutex mutex_;
@@ -186,7 +195,14 @@ class ThinkerStage : public LocalStageBase {
     ro.offload = o.offload;
     ro.offload.components = models::thinker_stage_component_names(o.offload.components);
     if (ro.offload.components.empty()) ro.offload.cpu_offload_enabled = false;
-    if (o.offload_stage) ro.offload = whole_stage_offload(o.offload.pin_memory);
+    if (o.offload_stage) {
+      if (o.offload.cpu_offload_experts || o.offload.host_memory_budget_bytes > 0) {
+        log_warning(name_,
+                    ": offload_stage moves the whole stage on and off the device as one "
+                    "component; its cpu_offload_experts and host_memory_budget are ignored");
+      }
+      ro.offload = whole_stage_offload(o.offload.pin_memory);
+    }
     runner_ = models::ThinkerRunner::load(ro, engine_);
     const auto config = models::HfConfig::load(o.model_dir);
     if (models::qwen3_omni::has_speech_output(config)) {
@@ -213,6 +229,23 @@ class ThinkerStage : public LocalStageBase {
 
  protected:
   offload::OffloadBackend& backend() override { return runner_->offload(); }
+  uint64_t weight_bytes_kept_off_device() override {
+    const auto* experts = runner_->expert_cache();
+    if (experts == nullptr) return 0;
+    uint64_t bytes = 0;
+    for (size_t k = 0; k < experts->size(); ++k) {
+      for (const auto& t : experts->unit(static_cast<int>(k)).tensors()) bytes += t.nbytes;
+    }
+    return bytes;
+  }
+  uint64_t extra_device_bytes() override {
+    auto* experts = runner_->expert_cache();
+    return experts == nullptr ? 0 : experts->stats().device_bytes;
+  }
+  uint64_t device_bytes() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return backend().stats().current_device_bytes + extra_device_bytes();
+  }
   // With cpu_offload_experts, the device expert cache's figures under "expert_cache" (hits,
   // misses, host_computed, prefetched, loads, bytes_h2d, stall_ms, hit_rate, ...; see
   // ExpertCacheStats), with the tokens this stage generated since it loaded and the expert

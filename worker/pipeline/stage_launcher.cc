@@ -236,7 +236,9 @@ std::shared_ptr<DeviceLedger> make_device_ledger(
     m.device = (s.runtime.address.empty() ? "local" : s.runtime.address) + "/" + s.runtime.devices;
     m.evictable = s.engine.offload_stage || s.engine.enable_cpu_offload;
     const auto info = Json::parse(m.stage->info_json());
-    m.bytes = info.value("param_bytes", uint64_t{0});
+    // What the stage holds on the device when loaded (with expert offload, less than all its
+    // weights); a worker from before device_weight_bytes reports param_bytes only.
+    m.bytes = info.value("device_weight_bytes", info.value("param_bytes", uint64_t{0}));
     const uint64_t budget = s.engine.gpu_memory_budget;
     if (budget > 0) {
       any_budget = true;
