@@ -519,6 +519,14 @@ HostPlacement place_on_host(const OffloadPlan& plan, const OffloadConfig& config
              "from disk");
   const size_t min_units =
       static_cast<size_t>(config.num_gpu_layers + 1 + config.disk_read_ahead) * max_unit;
+  // A model with few layers: the tier's least cache holds every unit, so reading them from disk
+  // saves nothing and the need is the units themselves.
+  OMNI_CHECK(min_units < unit_bytes, "host memory budget ", budget, " bytes is below the ",
+             unit_bytes + (plan.experts.empty() ? 0 : min_experts), " bytes of the streamed units",
+             plan.experts.empty() ? "" : " plus two experts' cache entries",
+             " (the disk tier would need more: ", min_units, " bytes for ",
+             config.num_gpu_layers + 1 + config.disk_read_ahead, " units of ", max_unit,
+             " bytes): raise --host-memory-budget");
   OMNI_CHECK(
       min_units + min_experts <= budget, "host memory budget ", budget, " bytes is below the ",
       min_units + min_experts, " bytes the disk tier needs at least (",

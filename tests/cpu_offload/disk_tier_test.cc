@@ -317,6 +317,20 @@ TEST(DiskTier, HostPlacementSendsExpertsToDiskFirst) {
   } catch (const omni::Error& e) {
     EXPECT_NE(std::string(e.what()).find("--host-memory-budget"), std::string::npos) << e.what();
   }
+  // Four units where the tier's least cache is four units (1 + 1 + 2 read ahead): the disk
+  // saves nothing, and the error names what would work, the units and two experts.
+  config.disk_read_ahead = 2;
+  config.host_memory_budget_bytes = 3 * unit + 2 * expert + 10;
+  try {
+    place_on_host(plan, config);
+    FAIL() << "a budget below every unit was accepted with a cache as large as all of them";
+  } catch (const omni::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is below the " + std::to_string(4 * unit + 2 * expert) +
+                                         " bytes of the streamed units plus two experts"),
+              std::string::npos)
+        << e.what();
+  }
+  config.disk_read_ahead = 1;
   // A strategy that keeps its units on the host cannot go below them.
   plan.strategy = Strategy::kComponent;
   config.host_memory_budget_bytes = 3 * unit + 2 * expert + 10;
