@@ -49,6 +49,7 @@ class LayerwiseBackend final : public BackendBase {
       orders_[group].push_back(u);
       slot_capacity_ = std::max(slot_capacity_, units_[u]->bytes());
     }
+    if (disk_) disk_->prepare();  // pinned entries now, not in the first forward
     unit_slot_.assign(units_.size(), -1);
     timing_.assign(units_.size(), 0);
     active_.assign(units_.size(), 0);
@@ -103,6 +104,22 @@ class LayerwiseBackend final : public BackendBase {
 
   void enter(int u) {
     active_[u] += 1;
+    try {
+      bring_in(u);
+    } catch (...) {
+      // A failed load (a disk read that failed) must not leave the unit counted as running:
+      // its slot would stay protected and it would never be unbound. Hooks only unwind the
+      // units whose entry finished.
+      active_[u] -= 1;
+      if (active_[u] == 0 && units_[u]->bound()) {
+        if (unit_slot_[u] >= 0) slots_[unit_slot_[u]].released = engine_->record_compute();
+        units_[u]->unbind();
+      }
+      throw;
+    }
+  }
+
+  void bring_in(int u) {
     if (unit_slot_[u] < 0) {
       const int victim = pick_victim(u, /*lookahead=*/false);
       OMNI_CHECK(victim >= 0, "layerwise offload: no free slot to load '", units_[u]->name(), "' (",

@@ -60,6 +60,13 @@ DiskTier::DiskTier(std::shared_ptr<TransferEngine> engine, DiskTierOptions optio
     : engine_(std::move(engine)), options_(std::move(options)) {
   OMNI_CHECK(engine_ != nullptr, options_.label, ": no transfer engine");
   OMNI_CHECK(options_.reader_threads >= 1, options_.label, ": reader_threads must be at least 1");
+  if (options_.read == DiskRead::kMmap && engine_->kind() == DeviceKind::kCuda) {
+    log_warning(options_.label,
+                ": mmap reads copy from pageable memory: CUDA stages each copy "
+                "before cudaMemcpyAsync returns, so the page faults (disk reads) "
+                "run on the compute thread and prefetches do not overlap compute; "
+                "pread reads into pinned entries instead");
+  }
 }
 
 DiskTier::~DiskTier() {
@@ -81,6 +88,7 @@ DiskTier::~DiskTier() {
   for (const auto& [path, fd] : direct_fds_) {
     if (fd >= 0) ::close(fd);
   }
+  for (int fd : retired_fds_) ::close(fd);
 }
 
 bool DiskTier::readable(const OffloadUnit& unit, const TensorFiles& files, DiskRead read) {
@@ -177,6 +185,11 @@ size_t DiskTier::entries() const {
   return std::min(units_.size(), options_.cache_bytes / entry_bytes_);
 }
 
+void DiskTier::prepare() {
+  std::lock_guard<std::mutex> lock(mu_);
+  allocate_entries();
+}
+
 void DiskTier::allocate_entries() {
   if (options_.read == DiskRead::kMmap) return;  // the page cache is the cache
   if (!entries_.empty() || units_.empty()) return;
@@ -187,7 +200,15 @@ void DiskTier::allocate_entries() {
              options_.min_entries * entry_bytes_,
              " bytes): raise the host memory budget (--host-memory-budget)");
   entries_.resize(count);
-  for (auto& e : entries_) e.buffer = engine_->allocate_host(entry_bytes_, options_.pin);
+  for (auto& e : entries_) {
+    e.buffer = engine_->allocate_host(entry_bytes_, options_.pin);
+    // A pageable entry would make every copy from it synchronous on CUDA (staged by the
+    // driver), so read-ahead could never overlap compute.
+    OMNI_CHECK(!options_.pin || e.buffer.pinned(), options_.label, ": cannot pin ", entry_bytes_,
+               " bytes of host memory for its cache (", count,
+               " entries): free host memory or raise the locked-memory limit (ulimit -l), lower "
+               "--host-memory-budget, or turn pinning off (--no-cpu-offload-pin-memory)");
+  }
   stats_.entries = count;
   stats_.entry_bytes = entry_bytes_;
   for (int i = 0; i < options_.reader_threads; ++i)
@@ -199,15 +220,23 @@ void DiskTier::allocate_entries() {
 
 int DiskTier::free_entry(bool wait, std::unique_lock<std::mutex>& lock) {
   int best = -1;
+  bool reading = false;  // an unacquired entry is being read (a read-ahead)
   for (size_t i = 0; i < entries_.size(); ++i) {
     const Entry& e = entries_[i];
     if ((e.state == State::kEmpty || e.state == State::kFailed) && e.refs == 0) {
       return static_cast<int>(i);
     }
+    if (e.state == State::kReading && e.refs == 0) reading = true;
     if (e.state != State::kReady || e.refs > 0) continue;
     if (best < 0 || e.last_use < entries_[best].last_use) best = static_cast<int>(i);
   }
-  if (best < 0) return -1;
+  if (best < 0) {
+    if (!wait || !reading) return -1;
+    // Every entry not in use by a copy is being read ahead (a slow disk): the first to finish
+    // can be taken.
+    changed_.wait(lock);
+    return free_entry(wait, lock);
+  }
   if (entries_[best].copy_done.ready()) return best;
   if (!wait) {
     // Any unacquired entry whose copy is over will do for a read-ahead.
@@ -226,9 +255,10 @@ int DiskTier::free_entry(bool wait, std::unique_lock<std::mutex>& lock) {
   lock.unlock();
   done.host_wait();
   lock.lock();
-  // Someone may have taken it meanwhile: look again.
-  if (entries_[best].unit == unit && entries_[best].refs == 0 &&
-      entries_[best].state == State::kReady) {
+  // Someone may have taken it meanwhile (and perhaps a newer copy reads it now): look again.
+  const Entry& again = entries_[best];
+  if (again.unit == unit && again.refs == 0 && again.state == State::kReady &&
+      (again.copy_done.impl() == done.impl() || again.copy_done.ready())) {
     return best;
   }
   return free_entry(wait, lock);
@@ -300,7 +330,8 @@ void DiskTier::release(int id, Event copy_done) {
              "' released without an acquire");
   Entry& e = entries_[entry];
   e.refs -= 1;
-  e.copy_done = std::move(copy_done);
+  // An error path releases with no event: the entry's last copy (if any) still counts.
+  if (copy_done.impl()) e.copy_done = std::move(copy_done);
 }
 
 bool DiskTier::cached(int id) const {
@@ -316,6 +347,11 @@ void DiskTier::read_ahead(int id) {
   std::unique_lock<std::mutex> lock(mu_);
   allocate_entries();
   if (entry_of_[id] >= 0) return;
+  // Read-aheads not acquired yet leave at least min_entries entries to the reads of units
+  // needed now.
+  size_t ahead = 0;
+  for (const Entry& e : entries_) ahead += e.ahead && e.refs == 0 ? 1 : 0;
+  if (ahead + std::max<size_t>(options_.min_entries, 1) >= entries_.size()) return;
   const int entry = free_entry(/*wait=*/false, lock);
   if (entry < 0) return;
   stats_.read_aheads += 1;
@@ -336,6 +372,7 @@ void DiskTier::reader_loop() {
     const int64_t start = now_ns();
     std::string error;
     try {
+      if (options_.before_read) options_.before_read(unit);
       read_unit(unit, out, bounce);
     } catch (const std::exception& ex) {
       error = ex.what();
@@ -383,7 +420,10 @@ int DiskTier::direct_fd_of(const std::string& path) {
 // Direct I/O wants the file offset, the length and the buffer aligned to the logical block
 // size; 4096 covers every common device. The span of the run is read into an aligned bounce
 // buffer and each tensor copied (or converted) out of it: a user-space copy instead of the
-// kernel's copy out of the page cache, and the page cache is left alone.
+// kernel's copy out of the page cache, and the page cache is left alone. The bounce buffer
+// holds one window (kDirectWindow + two blocks): runs are cut to fit one window (read_unit),
+// and a single tensor larger than a window, stored in the unit's dtype, is read window by
+// window, so a reader's buffer never grows to a layer's size outside the host budget.
 bool DiskTier::read_direct(const std::vector<const Source*>& run, uint8_t* out, Bounce& bounce) {
   constexpr uint64_t kBlock = 4096;
   const std::string& path = run.front()->extent.path;
@@ -393,16 +433,50 @@ bool DiskTier::read_direct(const std::vector<const Source*>& run, uint8_t* out, 
   uint64_t end = 0;
   for (const Source* s : run) end = std::max(end, s->extent.offset + s->extent.bytes);
   const uint64_t span = (end - begin + kBlock - 1) / kBlock * kBlock;
-  uint8_t* buf = bounce.reserve(span);
+  const uint64_t window = std::min<uint64_t>(span, kDirectWindow + 2 * kBlock);
+  uint8_t* buf = bounce.reserve(static_cast<size_t>(window));
+  for (uint64_t at = begin; at < end; at += window) {
+    const uint64_t stop = std::min(at + window, end);  // file bytes of this window
+    if (!read_window(fd, path, at, stop, window, buf)) return false;
+    for (const Source* s : run) {
+      const uint64_t from = std::max(at, s->extent.offset);
+      const uint64_t to = std::min(stop, s->extent.offset + s->extent.bytes);
+      if (from >= to) continue;
+      const uint8_t* src = buf + (from - at);
+      if (s->extent.dtype == s->dtype) {
+        std::memcpy(out + s->offset + (from - s->extent.offset), src, to - from);
+        continue;
+      }
+      // Converted: read_unit keeps such a tensor inside one window.
+      OMNI_CHECK(from == s->extent.offset && to == s->extent.offset + s->extent.bytes,
+                 options_.label, ": tensor at offset ", s->extent.offset,
+                 " to convert spans two read windows");
+      at::from_blob(out + s->offset, {s->numel}, at::TensorOptions(s->dtype))
+          .copy_(at::from_blob(const_cast<uint8_t*>(src), {s->numel},
+                               at::TensorOptions(s->extent.dtype)));
+    }
+  }
+  return true;
+}
+
+bool DiskTier::read_window(int fd, const std::string& path, uint64_t begin, uint64_t end,
+                           uint64_t capacity, uint8_t* buf) {
+  constexpr uint64_t kBlock = 4096;
+  const uint64_t span = std::min(capacity, (end - begin + kBlock - 1) / kBlock * kBlock);
   uint64_t done = 0;
   while (done < end - begin) {
     const size_t ask = static_cast<size_t>(std::min<uint64_t>(span - done, 1ull << 30));
     const ssize_t got = ::pread(fd, buf + done, ask, static_cast<off_t>(begin + done));
     if (got < 0 && errno == EINTR) continue;
     if (got < 0 && errno == EINVAL && done == 0) {
+      // Alignment this file system does not take: buffered from now. The descriptor is kept
+      // open until the tier goes (another reader may be using it right now; closing it could
+      // let a new open reuse the number under that reader).
       std::lock_guard<std::mutex> lock(fd_mu_);
-      direct_fds_[path] = -1;  // alignment this file system does not take: buffered from now
-      ::close(fd);
+      if (direct_fds_[path] == fd) {
+        direct_fds_[path] = -1;
+        retired_fds_.push_back(fd);
+      }
       return false;
     }
     OMNI_CHECK(got >= 0, path, ": read of ", span, " bytes at offset ", begin,
@@ -410,16 +484,6 @@ bool DiskTier::read_direct(const std::vector<const Source*>& run, uint8_t* out, 
     OMNI_CHECK(got > 0, path, ": ends before byte ", end,
                " (the file shrank after it was opened?)");
     done += static_cast<uint64_t>(got);  // the last block may be short: the end of the file
-  }
-  for (const Source* s : run) {
-    const uint8_t* from = buf + (s->extent.offset - begin);
-    if (s->extent.dtype == s->dtype) {
-      std::memcpy(out + s->offset, from, s->extent.bytes);
-    } else {
-      at::from_blob(out + s->offset, {s->numel}, at::TensorOptions(s->dtype))
-          .copy_(at::from_blob(const_cast<uint8_t*>(from), {s->numel},
-                               at::TensorOptions(s->extent.dtype)));
-    }
   }
   return true;
 }
@@ -440,31 +504,43 @@ void DiskTier::read_unit(int unit, uint8_t* out, Bounce& bounce) {
       if (!run.empty() && !read_direct(run, out, bounce)) all_direct = false;
       run.clear();
     };
+    std::vector<const Source*> buffered;  // larger than a window and converted
     for (const Source* s : sorted) {
+      if (s->extent.bytes > kDirectWindow && s->extent.dtype != s->dtype) {
+        buffered.push_back(s);
+        continue;
+      }
       if (!run.empty()) {
         const Source* last = run.back();
         const bool adjacent = last->extent.path == s->extent.path &&
                               s->extent.offset <= last->extent.offset + last->extent.bytes + 65536;
-        if (!adjacent) flush();
+        const bool fits =
+            s->extent.offset + s->extent.bytes - run.front()->extent.offset <= kDirectWindow;
+        if (!adjacent || !fits) flush();
       }
       if (!all_direct) break;
       run.push_back(s);
     }
     flush();
-    if (all_direct) return;
-  }
-  for (const Source& s : units_[unit]) {
-    const int fd = fd_of(s.extent.path);
-    if (s.extent.dtype == s.dtype) {
-      pread_all(fd, s.extent.path, s.extent.offset, s.extent.bytes, out + s.offset);
-      continue;
+    if (all_direct) {
+      for (const Source* s : buffered) read_buffered(*s, out);
+      return;
     }
-    // Converted while reading: through a temporary of this tensor only.
-    std::vector<uint8_t> raw(s.extent.bytes);
-    pread_all(fd, s.extent.path, s.extent.offset, s.extent.bytes, raw.data());
-    at::from_blob(out + s.offset, {s.numel}, at::TensorOptions(s.dtype))
-        .copy_(at::from_blob(raw.data(), {s.numel}, at::TensorOptions(s.extent.dtype)));
   }
+  for (const Source& s : units_[unit]) read_buffered(s, out);
+}
+
+void DiskTier::read_buffered(const Source& s, uint8_t* out) {
+  const int fd = fd_of(s.extent.path);
+  if (s.extent.dtype == s.dtype) {
+    pread_all(fd, s.extent.path, s.extent.offset, s.extent.bytes, out + s.offset);
+    return;
+  }
+  // Converted while reading: through a temporary of this tensor only.
+  std::vector<uint8_t> raw(s.extent.bytes);
+  pread_all(fd, s.extent.path, s.extent.offset, s.extent.bytes, raw.data());
+  at::from_blob(out + s.offset, {s.numel}, at::TensorOptions(s.dtype))
+      .copy_(at::from_blob(raw.data(), {s.numel}, at::TensorOptions(s.extent.dtype)));
 }
 
 DiskTierStats DiskTier::stats() const {

@@ -60,6 +60,7 @@ ExpertCache::ExpertCache(std::vector<std::unique_ptr<OffloadUnit>> units,
   }
   layers_ = static_cast<int>(layer_by_parent.size());
   layer_tick_.assign(layers_, 0);
+  if (disk_) disk_->prepare();  // pinned entries now, not in the first forward
   if (options_.miss_policy != ExpertMissPolicy::kHost || disk_) {
     OMNI_CHECK(options_.budget_bytes >= slot_bytes_, "expert_cache_budget (", options_.budget_bytes,
                " bytes) is smaller than one expert (", slot_bytes_, " bytes, '",
@@ -180,6 +181,20 @@ Event ExpertCache::copy_in(const std::vector<int>& keys, const std::vector<int>&
     }
   }
   return ready;
+}
+
+Event ExpertCache::copy_in_or_forget(const std::vector<int>& keys, const std::vector<int>& slots) {
+  try {
+    return copy_in(keys, slots);
+  } catch (...) {
+    // The slots taken for keys whose copy was never issued hold nothing: free them, so that
+    // no slot claims an expert that is not there.
+    for (int slot : slots) {
+      const int key = slots_[slot].key;
+      if (key >= 0 && entries_[key].slot != slot) slots_[slot].key = -1;
+    }
+    throw;
+  }
 }
 
 void ExpertCache::bind_host(int key) {
@@ -315,7 +330,7 @@ std::vector<ExpertCache::Placement> ExpertCache::ensure(const std::vector<int>& 
     }
     if (probe) engine_->synchronize();
     const auto start = std::chrono::steady_clock::now();
-    const Event ready = copy_in(misses, miss_slots);
+    const Event ready = copy_in_or_forget(misses, miss_slots);
     if (probe) {
       ready.host_wait();
       const std::chrono::duration<double, std::milli> took =
@@ -352,7 +367,7 @@ size_t ExpertCache::prefetch(const std::vector<int>& keys) {
   if (slots_.empty()) return 0;
   std::vector<char> protect(units_.size(), 0);
   for (int key : current_) protect[key] = 1;
-  std::vector<int> loads, load_slots;
+  std::vector<int> loads, load_slots, read_aheads;
   for (int key : keys) {
     OMNI_CHECK(key >= 0 && static_cast<size_t>(key) < units_.size(), "expert key ", key,
                " out of range (", units_.size(), " experts)");
@@ -361,9 +376,10 @@ size_t ExpertCache::prefetch(const std::vector<int>& keys) {
     Entry& e = entries_[key];
     if (e.slot >= 0) continue;  // on the device or arriving
     if (disk_id_[key] >= 0 && !disk_->cached(disk_id_[key])) {
-      // Not in host memory yet: start reading it, and leave the device copy to ensure(),
+      // Not in host memory yet: start reading it (after the copies below have taken their
+      // entries, so that a read cannot evict them), and leave the device copy to ensure(),
       // which then finds the bytes read (or being read) instead of waiting for the disk.
-      disk_->read_ahead(disk_id_[key]);
+      read_aheads.push_back(disk_id_[key]);
       continue;
     }
     if (options_.miss_policy == ExpertMissPolicy::kHost) continue;
@@ -374,9 +390,10 @@ size_t ExpertCache::prefetch(const std::vector<int>& keys) {
     loads.push_back(key);
     load_slots.push_back(slot);
   }
+  if (!loads.empty()) copy_in_or_forget(loads, load_slots);
+  for (int id : read_aheads) disk_->read_ahead(id);
   if (loads.empty()) return 0;
   ++tick_;
-  copy_in(loads, load_slots);
   for (int key : loads) {
     entries_[key].prefetched = true;
     entries_[key].last_use = tick_;

@@ -6,11 +6,14 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpu_offload/check.h"
@@ -139,10 +142,13 @@ TEST(DiskTier, ReadAheadMakesTheNextAcquireAHit) {
   Units units = make_units(4, *engine, "ahead");
   DiskTierOptions options;
   options.cache_bytes = 3 * units.packed[0]->bytes();
+  options.min_entries = 1;  // read-aheads may take all but one entry
   DiskTier tier(engine, options);
   for (const auto& u : units.layout) tier.add(*u, units.file->files);
   tier.read_ahead(1);
   tier.read_ahead(2);
+  tier.read_ahead(3);  // refused: it would leave no entry for a unit needed now
+  EXPECT_FALSE(tier.cached(3));
   for (int u : {1, 2}) {
     const HostBuffer host = tier.acquire(u);
     EXPECT_TRUE(same_tensor_bytes(*units.packed[u], host.data(), units.packed[u]->host().data()));
@@ -155,6 +161,71 @@ TEST(DiskTier, ReadAheadMakesTheNextAcquireAHit) {
   EXPECT_EQ(s.read_ahead_used, 2u);
   EXPECT_EQ(s.hits, 2u);
   EXPECT_EQ(s.misses, 0u);
+}
+
+// A slow disk: every entry not taken by a copy is still being read ahead when another unit is
+// needed. The acquire waits for the first read to finish and takes its entry, rather than
+// failing for want of one.
+TEST(DiskTier, AnAcquireWaitsForReadAheadsWhenEveryOtherEntryIsBeingRead) {
+  auto engine = strict_engine();
+  auto compute = engine->enter_compute();
+  Units units = make_units(4, *engine, "slow");
+  DiskTierOptions options;
+  options.cache_bytes = 3 * units.packed[0]->bytes();
+  options.min_entries = 1;
+  options.reader_threads = 3;
+  options.before_read = [](int unit) {
+    if (unit < 2) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  };
+  DiskTier tier(engine, options);
+  for (const auto& u : units.layout) tier.add(*u, units.file->files);
+  tier.read_ahead(0);
+  tier.read_ahead(1);
+  const HostBuffer second = tier.acquire(2);  // the third entry, read at once
+  const auto start = std::chrono::steady_clock::now();
+  const HostBuffer third = tier.acquire(3);  // entries: two being read, one held
+  EXPECT_GT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(50))
+      << "acquire(3) did not wait: the read-aheads were already over (the test proves nothing)";
+  EXPECT_TRUE(same_tensor_bytes(*units.packed[2], second.data(), units.packed[2]->host().data()));
+  EXPECT_TRUE(same_tensor_bytes(*units.packed[3], third.data(), units.packed[3]->host().data()));
+  tier.release(2, Event());
+  tier.release(3, Event());
+  EXPECT_EQ(tier.stats().read_aheads, 2u);
+}
+
+// A read that fails inside the expert cache (the file shrank) leaves no slot claiming an
+// expert that never arrived: once the file is back, the expert loads, stays, and hits.
+TEST(DiskTier, AFailedExpertReadLeavesTheCacheConsistent) {
+  auto engine = strict_engine();
+  auto compute = engine->enter_compute();
+  constexpr int kUnits = 3;
+  Units units = make_units(kUnits, *engine, "expertfail");
+  const std::string content = [&] {
+    std::ifstream in(units.file->path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  auto tier = std::make_unique<DiskTier>(engine, [&] {
+    DiskTierOptions o;
+    o.cache_bytes = 2 * units.packed[0]->bytes();
+    return o;
+  }());
+  for (auto& u : units.layout) u->unbind();  // as make_expert_cache leaves them
+  ExpertCacheOptions cache_options;
+  cache_options.budget_bytes = 2 * units.packed[0]->bytes();  // two slots
+  ExpertCache cache(std::move(units.layout), engine, cache_options, std::move(tier),
+                    &units.file->files);
+  ASSERT_EQ(cache.slots(), 2u);
+  fs::resize_file(units.file->path, 64);
+  EXPECT_THROW(cache.ensure({2}), omni::Error);
+  std::ofstream(units.file->path, std::ios::binary | std::ios::trunc) << content;
+  cache.ensure({2});  // into a free slot
+  cache.ensure({0});  // the other free slot: expert 2 stays
+  EXPECT_TRUE(cache.unit(2).bound()) << "expert 2 was unbound by a slot that claimed it";
+  const auto before = cache.stats();
+  cache.ensure({2});
+  const auto after = cache.stats();
+  EXPECT_EQ(after.hits, before.hits + 1) << "expert 2 left the device for expert 0";
+  EXPECT_EQ(after.evictions, 0u);
 }
 
 // Two entries feed copies of six units into six device regions, nobody waiting for the copies

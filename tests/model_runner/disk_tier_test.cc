@@ -4,8 +4,12 @@
 // budget, and the bytes must really come from the file. Strict simulated device throughout.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -117,6 +121,67 @@ TEST(DiskTier, LayerwiseUnitsReadFromTheCheckpointGiveTheSameTokens) {
   } catch (const omni::Error& e) {
     EXPECT_NE(std::string(e.what()).find("--host-memory-budget"), std::string::npos) << e.what();
   }
+}
+
+// A layer read that fails mid-forward (the checkpoint shrank) fails that request with the file
+// named, and leaves the layerwise backend consistent: once the file is whole again, the next
+// requests give the resident tokens (a unit left counted as running would pin its slot).
+TEST(DiskTier, AFailedLayerReadFailsTheRequestAndTheNextOnesWork) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("omni_disk_fail_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (const char* f :
+       {"config.json", "tokenizer.json", "preprocessor_config.json", "model.safetensors"}) {
+    fs::copy_file(fs::path(kDir) / f, dir / f, fs::copy_options::overwrite_existing);
+  }
+  const fs::path file = dir / "model.safetensors";
+  const std::string content = [&] {
+    std::ifstream in(file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  size_t max_unit = 0;
+  for (const auto& u : load(layerwise()).runner->offload().plan().units) {
+    max_unit = std::max(max_unit, planned_bytes(u));
+  }
+  auto o = layerwise();
+  o.disk_read_ahead = 1;
+  o.host_memory_budget_bytes = 3 * max_unit;
+  Loaded l;
+  l.engine = offload::make_transfer_engine(offload::DeviceKind::kCpuSim);
+  ThinkerRunnerOptions options;
+  options.model_dir = dir.string();
+  options.offload = o;
+  l.runner = ThinkerRunner::load(options, l.engine);
+  const auto inputs = l.runner->prepare(request());
+  // Only the units' bytes are read again after the load; the header and resident weights
+  // (in the first bytes) are not, so keep those and cut the rest.
+  fs::resize_file(file, 4096);
+  try {
+    l.runner->generate(inputs, greedy());
+    ADD_FAILURE() << "a forward with its layers' bytes gone succeeded";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find(file.string()), std::string::npos) << e.what();
+  }
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << content;
+  EXPECT_EQ(l.runner->generate(inputs, greedy()).tokens, baseline());
+  // And as a runner that never failed does it: every unit prefetched in order, none left
+  // pinned to its slot (that would turn the loads after it into synchronous ones).
+  l.runner->offload().reset_stats();
+  EXPECT_EQ(l.runner->generate(inputs, greedy()).tokens, baseline());
+  const auto after = l.runner->offload().stats();
+  Loaded fresh;
+  fresh.engine = offload::make_transfer_engine(offload::DeviceKind::kCpuSim);
+  fresh.runner = ThinkerRunner::load(options, fresh.engine);
+  fresh.runner->generate(inputs, greedy());
+  fresh.runner->offload().reset_stats();
+  fresh.runner->generate(inputs, greedy());
+  const auto want = fresh.runner->offload().stats();
+  EXPECT_EQ(after.sync_loads, want.sync_loads);
+  EXPECT_EQ(after.loads, want.loads);
+  EXPECT_EQ(after.current_device_bytes, want.current_device_bytes);
+  fresh.runner.reset();
+  l.runner.reset();
+  fs::remove_all(dir);
 }
 
 TEST(DiskTier, ExpertsReadFromTheCheckpointGiveTheSameTokens) {

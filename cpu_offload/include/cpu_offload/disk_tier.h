@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -42,6 +43,8 @@ struct DiskTierOptions {
   // pread: read with O_DIRECT where the file system allows it (falls back to buffered reads).
   bool direct = true;
   std::string label = "disk tier";  // names the cache in errors and logs
+  // Tests: runs in a reader thread before it reads `unit` (a slow disk, made deterministic).
+  std::function<void(int unit)> before_read;
 };
 
 struct DiskTierStats {
@@ -99,7 +102,10 @@ class DiskTier {
   // Whether `id`'s bytes are in the cache, read (a copy from acquire() would not wait).
   bool cached(int id) const;
 
-  // Host entries (made on the first use, once every unit is known); 0 with mmap reads.
+  // Allocates the host entries (pinned) and starts the readers, once every unit is added; else
+  // the first acquire does, inside a forward. Idempotent.
+  void prepare();
+  // Host entries (made by prepare() or the first use); 0 with mmap reads.
   size_t entries() const;
   size_t entry_bytes() const { return entry_bytes_; }
   size_t units() const { return units_.size(); }
@@ -141,6 +147,13 @@ class DiskTier {
   // Reads the sources [first, last) of `sources` (sorted by file offset, one file, adjacent)
   // with one O_DIRECT read of their span; false when the file refuses direct reads.
   bool read_direct(const std::vector<const Source*>& run, uint8_t* out, Bounce& bounce);
+  // One aligned direct read of the file bytes [begin, end) (begin aligned) into `buf` of
+  // `capacity` bytes; false when the file system refuses it (the descriptor is retired).
+  bool read_window(int fd, const std::string& path, uint64_t begin, uint64_t end, uint64_t capacity,
+                   uint8_t* buf);
+  void read_buffered(const Source& source, uint8_t* out);  // pread, converting if needed
+  // Bytes a reader's direct-read buffer holds at most (plus two blocks of alignment).
+  static constexpr uint64_t kDirectWindow = uint64_t{64} << 20;
   int fd_of(const std::string& path);
   // An O_DIRECT descriptor of `path` (reads bypass the page cache: no kernel copy, and no
   // page cache grown by weights read once); -1 where the file system refuses it.
@@ -171,6 +184,7 @@ class DiskTier {
   std::mutex fd_mu_;
   std::unordered_map<std::string, int> fds_;
   std::unordered_map<std::string, int> direct_fds_;
+  std::vector<int> retired_fds_;  // direct descriptors given up, closed with the tier
   std::unordered_map<std::string, HostBuffer> mappings_;
 };
 

@@ -149,6 +149,8 @@ class ExpertCache {
   void evict(int slot);
   // Issues one copy of `keys` into `slots`, ordered after the compute that last read them.
   Event copy_in(const std::vector<int>& keys, const std::vector<int>& slots);
+  // copy_in, and when it throws (a failed disk read), the slots it did not fill made free.
+  Event copy_in_or_forget(const std::vector<int>& keys, const std::vector<int>& slots);
   void bind_host(int key);
   void unbind_host_bound();
   bool fetch_is_faster(int key, int64_t rows) const;
