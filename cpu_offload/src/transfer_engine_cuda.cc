@@ -34,6 +34,10 @@ namespace omni::offload {
 namespace {
 
 using CudaEventPtr = std::shared_ptr<at::cuda::CUDAEvent>;
+// Events a host thread may wait on (a disk-tier entry's copy, synchronize-like waits): the
+// waiting thread sleeps instead of spinning a core that the disk tier's readers and the
+// host-computed experts need (cudaEventBlockingSync); no timing where none is read.
+constexpr unsigned int kWaitableEvent = cudaEventDisableTiming | cudaEventBlockingSync;
 
 class CudaEvent final : public Event::Impl {
  public:
@@ -63,7 +67,7 @@ class TimingEventPool : public std::enable_shared_from_this<TimingEventPool> {
         free_.pop_back();
       }
     }
-    if (event == nullptr) event = new at::cuda::CUDAEvent(cudaEventDefault);
+    if (event == nullptr) event = new at::cuda::CUDAEvent(cudaEventBlockingSync);
     std::weak_ptr<TimingEventPool> pool = shared_from_this();
     return CudaEventPtr(event, [pool](at::cuda::CUDAEvent* e) {
       if (auto p = pool.lock()) {
@@ -221,7 +225,7 @@ class CudaTransferEngine final : public TransferEngine {
                                                     copy_stream_);
       bytes += op.bytes;
     }
-    auto end = timing_ ? events_->get() : std::make_shared<at::cuda::CUDAEvent>();
+    auto end = timing_ ? events_->get() : std::make_shared<at::cuda::CUDAEvent>(kWaitableEvent);
     end->record(copy_stream_);
     bytes_h2d_ += bytes;
     copies_ += 1;
@@ -253,7 +257,7 @@ class CudaTransferEngine final : public TransferEngine {
 
   Event record_compute() override {
     check_in_scope("record_compute");
-    auto event = std::make_shared<at::cuda::CUDAEvent>();
+    auto event = std::make_shared<at::cuda::CUDAEvent>(kWaitableEvent);
     event->record(compute_stream_);
     return Event(std::make_shared<CudaEvent>(event));
   }
