@@ -5,11 +5,13 @@
 // (opt-in) uses pooled events, resolved as they complete, at most kMaxPendingTimings waiting.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
+
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
+#include <exception>
 
 #include <chrono>
 #include <cstdlib>
@@ -214,6 +216,15 @@ class CudaTransferEngine final : public TransferEngine {
       start->record(copy_stream_);
     }
     uint64_t bytes = 0;
+    // An op that fails to enqueue throws with the ops before it queued and no event to wait
+    // for: the caller would free or refill their host sources at once. Let those finish first.
+    struct DrainOnThrow {
+      c10::cuda::CUDAStream& stream;
+      int exceptions = std::uncaught_exceptions();
+      ~DrainOnThrow() {
+        if (std::uncaught_exceptions() > exceptions) cudaStreamSynchronize(stream.stream());
+      }
+    } drain{copy_stream_};
     for (const auto& op : ops) {
       OMNI_CUDA_CHECK(cudaMemcpyAsync(op.dst.data() + op.dst_offset, op.src.data() + op.src_offset,
                                       op.bytes, cudaMemcpyHostToDevice, copy_stream_.stream()));
