@@ -11,7 +11,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
-#include <exception>
 
 #include <chrono>
 #include <cstdlib>
