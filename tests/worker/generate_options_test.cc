@@ -246,6 +246,40 @@ TEST(GenerateOptions, ExpertOffloadFlags) {
   // The default budget: a quarter of all experts' bytes.
   const auto plain = to_runner_options(generate({"--cpu-offload-experts"}));
   EXPECT_DOUBLE_EQ(plain.offload.expert_cache_budget_fraction, 0.25);
+  // The policy flags, and their defaults (the runner's).
+  const models::RunnerOffloadOptions runner_defaults;
+  EXPECT_EQ(plain.offload.expert_prefetch, runner_defaults.expert_prefetch);
+  EXPECT_EQ(plain.offload.expert_miss_policy, runner_defaults.expert_miss_policy);
+  EXPECT_EQ(plain.offload.expert_eviction, runner_defaults.expert_eviction);
+  EXPECT_EQ(plain.offload.disk_read, runner_defaults.disk_read);
+  const auto policy = to_runner_options(generate(
+      {"--cpu-offload-experts", "--no-expert-prefetch", "--expert-miss-policy", "auto",
+       "--expert-eviction", "lru", "--host-memory-budget", "3GiB", "--disk-read", "mmap"}));
+  EXPECT_FALSE(policy.offload.expert_prefetch);
+  EXPECT_EQ(policy.offload.expert_miss_policy, "auto");
+  EXPECT_EQ(policy.offload.expert_eviction, "lru");
+  EXPECT_EQ(policy.offload.host_memory_budget_bytes, size_t{3} << 30);
+  EXPECT_EQ(policy.offload.disk_read, "mmap");
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"--cpu-offload-experts", "--expert-miss-policy", "sometimes"},
+           {"--cpu-offload-experts", "--expert-eviction", "fifo"},
+           {"--disk-read", "tape"}}) {
+    std::vector<std::string> line = {"generate", "--model", "m", "--prompt", "p"};
+    line.insert(line.end(), args.begin(), args.end());
+    const Parsed p = parse(line);
+    ASSERT_TRUE(p.status.has_value()) << args.back();
+    EXPECT_NE(p.err.find(args[args.size() - 2]), std::string::npos) << p.err;
+    EXPECT_NE(p.err.find(args.back()), std::string::npos) << p.err;
+  }
+  for (const char* flag : {"--no-expert-prefetch", "--expert-miss-policy", "--expert-eviction"}) {
+    std::vector<std::string> line = {"generate", "--model", "m", "--prompt", "p", flag};
+    if (std::string(flag) != "--no-expert-prefetch") line.push_back("fetch");
+    if (std::string(flag) == "--expert-eviction") line.back() = "lru";
+    const Parsed p = parse(line);
+    ASSERT_TRUE(p.status.has_value()) << flag;
+    EXPECT_NE(p.err.find(std::string(flag) + " requires --cpu-offload-experts"), std::string::npos)
+        << p.err;
+  }
   const Parsed bad = parse({"generate", "--model", "m", "--prompt", "p", "--cpu-offload-experts",
                             "--expert-cache-budget", "lots"});
   ASSERT_TRUE(bad.status.has_value());

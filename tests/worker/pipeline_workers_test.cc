@@ -371,6 +371,46 @@ TEST(PipelineWorkers, ExpertOffloadFromFlagsAndYamlChangesNothing) {
     EXPECT_EQ(d["entries"], 4);
     EXPECT_GT(d["reads"].get<uint64_t>(), 0u);
   }
+  // The flags for the keys with defaults: a miss computed where the expert lies, no prefetch;
+  // then mmap reads of the checkpoint with LRU eviction. In process and through workers.
+  {
+    const std::vector<std::string> host = {
+        "--cpu-offload-experts", "--expert-cache-budget", "50%", "--expert-miss-policy", "host",
+        "--no-expert-prefetch"};
+    const std::vector<std::string> mmap = {"--cpu-offload-experts",
+                                           "--expert-cache-budget",
+                                           "49152",
+                                           "--expert-eviction",
+                                           "lru",
+                                           "--host-memory-budget",
+                                           "98304",
+                                           "--disk-read",
+                                           "mmap"};
+    for (const auto& source : std::vector<std::vector<std::string>>{
+             {"--model", kFixture}, {"--stage-configs-path", kTinyYaml}}) {
+      SCOPED_TRACE(source.front());
+      const bool local = source.front() == "--model";
+      const auto cache = [&](const Answer& a) -> const Json& {
+        return local ? a.json["offload"]["expert_cache"]
+                     : a.json["offload"]["stage 0 (thinker)"]["stage"]["expert_cache"];
+      };
+      const auto h = answer(source, host);
+      expect_same(h, in_process());
+      const auto& e = cache(h);
+      ASSERT_TRUE(e.is_object()) << h.json["offload"].dump();
+      EXPECT_EQ(e["slots"], 0);  // the host policy copies nothing
+      EXPECT_GT(e["misses"].get<uint64_t>(), 0u);
+      EXPECT_EQ(e["host_computed"], e["misses"]);
+      EXPECT_EQ(e["prefetched"], 0);
+      EXPECT_EQ(e["bytes_h2d"], 0);
+      const auto m = answer(source, mmap);
+      expect_same(m, in_process());
+      const auto& d = cache(m)["disk"];
+      ASSERT_TRUE(d.is_object()) << m.json["offload"].dump();
+      EXPECT_EQ(d["entries"], 0);  // mmap: the page cache is the cache
+      EXPECT_EQ(d["acquires"], cache(m)["loads"]);
+    }
+  }
   {
     const auto& e = got.json["offload"]["stage 0 (thinker)"]["stage"]["expert_cache"];
     ASSERT_TRUE(e.is_object()) << got.json["offload"].dump();

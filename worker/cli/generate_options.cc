@@ -140,6 +140,10 @@ GenerateOptions::GenerateOptions() {
   no_pin_memory = !offload.pin_memory;
   enable_layerwise_offload = offload.layerwise;
   layerwise_num_gpu_layers = offload.num_gpu_layers;
+  no_expert_prefetch = !offload.expert_prefetch;
+  expert_miss_policy = offload.expert_miss_policy;
+  expert_eviction = offload.expert_eviction;
+  disk_read = offload.disk_read;
 }
 
 bool GenerateOptions::wants_text() const {
@@ -359,11 +363,32 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
           },
           ""))
       ->needs(experts);
+  app.add_flag("--no-expert-prefetch", o.no_expert_prefetch,
+               "experts: do not predict and prefetch the next MoE layer's experts")
+      ->needs(experts);
+  app.add_option("--expert-miss-policy", o.expert_miss_policy,
+                 "experts: what a miss does: fetch it to the device, compute it on the host "
+                 "where it lies, or auto (whichever the measured link and host rates say is "
+                 "faster)")
+      ->type_name("fetch|host|auto")
+      ->check(one_of({"fetch", "host", "auto"}))
+      ->needs(experts);
+  app.add_option("--expert-eviction", o.expert_eviction,
+                 "experts: which expert leaves a full cache: layer (by the layers' run order) or "
+                 "lru")
+      ->type_name("layer|lru")
+      ->check(one_of({"layer", "lru"}))
+      ->needs(experts);
   app.add_option("--host-memory-budget", o.host_memory_budget,
                  "host bytes for the streamed weights (layerwise layers, experts); beyond it "
                  "they stay in the checkpoint's files and are read when needed (0 = no limit)")
       ->type_name("BYTES")
       ->transform(byte_size());
+  app.add_option("--disk-read", o.disk_read,
+                 "how weights beyond --host-memory-budget are read: pread (a bounded pinned "
+                 "cache, reader threads, read-ahead) or mmap (the OS page cache)")
+      ->type_name("pread|mmap")
+      ->check(one_of({"pread", "mmap"}));
 
   app.add_option("--device", o.device, "cpu (the simulated device) or cuda")
       ->type_name("cpu|cuda")
@@ -407,7 +432,11 @@ models::OmniRunnerOptions to_runner_options(const GenerateOptions& o) {
   models::parse_expert_cache_budget(o.expert_cache_budget, "--expert-cache-budget",
                                     &offload.expert_cache_budget_bytes,
                                     &offload.expert_cache_budget_fraction);
+  offload.expert_prefetch = !o.no_expert_prefetch;
+  offload.expert_miss_policy = o.expert_miss_policy;
+  offload.expert_eviction = o.expert_eviction;
   offload.host_memory_budget_bytes = o.host_memory_budget;
+  offload.disk_read = o.disk_read;
   return r;
 }
 

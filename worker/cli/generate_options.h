@@ -84,10 +84,14 @@ struct GenerateOptions {
   int layerwise_num_gpu_layers = 1;
   // Expert-level MoE offload of the thinker (RunnerOffloadOptions::cpu_offload_experts).
   bool cpu_offload_experts = false;
-  std::string expert_cache_budget = "25%";  // "25%" of all experts' bytes, or bytes
+  std::string expert_cache_budget = "25%";   // "25%" of all experts' bytes, or bytes
+  bool no_expert_prefetch = false;           // RunnerOffloadOptions::expert_prefetch = false
+  std::string expert_miss_policy = "fetch";  // fetch | host | auto
+  std::string expert_eviction = "layer";     // layer | lru
   // The disk tier: host bytes for the streamed weights (0 = no limit); beyond it they are read
   // from the checkpoint's files when needed (RunnerOffloadOptions::host_memory_budget_bytes).
   size_t host_memory_budget = 0;
+  std::string disk_read = "pread";  // pread | mmap (RunnerOffloadOptions::disk_read)
 
   std::string device = "cpu";  // cpu (the simulated device) | cuda
   std::string dtype = "auto";

@@ -37,7 +37,11 @@ config::GlobalStageFlags stage_flags(const GenerateOptions& o) {
   if (given("--dtype")) f.dtype = o.dtype;
   if (given("--cpu-offload-experts")) f.cpu_offload_experts = o.cpu_offload_experts;
   if (given("--expert-cache-budget")) f.expert_cache_budget = o.expert_cache_budget;
+  if (given("--no-expert-prefetch")) f.expert_prefetch = false;
+  if (given("--expert-miss-policy")) f.expert_miss_policy = o.expert_miss_policy;
+  if (given("--expert-eviction")) f.expert_eviction = o.expert_eviction;
   if (given("--host-memory-budget")) f.host_memory_budget = o.host_memory_budget;
+  if (given("--disk-read")) f.disk_read = o.disk_read;
   return f;
 }
 

@@ -104,6 +104,19 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
             }
           },
           ""));
+  app.add_flag_callback(
+      "--no-expert-prefetch", [&f] { f.expert_prefetch = false; },
+      "experts: do not predict and prefetch the next MoE layer's experts");
+  app.add_option_function<std::string>(
+         "--expert-miss-policy", [&f](const std::string& v) { f.expert_miss_policy = v; },
+         "experts: what a miss does (fetch, host, auto)")
+      ->type_name("fetch|host|auto")
+      ->check(CLI::IsMember({"fetch", "host", "auto"}));
+  app.add_option_function<std::string>(
+         "--expert-eviction", [&f](const std::string& v) { f.expert_eviction = v; },
+         "experts: which expert leaves a full cache (layer, lru)")
+      ->type_name("layer|lru")
+      ->check(CLI::IsMember({"layer", "lru"}));
   app.add_option_function<std::string>(
          "--host-memory-budget",
          [&f](const std::string& v) { f.host_memory_budget = config::parse_byte_size(v); },
@@ -120,6 +133,11 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
             }
           },
           ""));
+  app.add_option_function<std::string>(
+         "--disk-read", [&f](const std::string& v) { f.disk_read = v; },
+         "how weights beyond --host-memory-budget are read (pread, mmap)")
+      ->type_name("pread|mmap")
+      ->check(CLI::IsMember({"pread", "mmap"}));
 
   app.add_option("--stage-init-timeout", o.stage_init_timeout_s,
                  "with --stage-configs-path: seconds a stage worker may take to come up")

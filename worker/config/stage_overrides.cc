@@ -129,10 +129,19 @@ void apply_flags(PipelineConfig& config, const GlobalStageFlags& flags) {
     set_all(config, "expert_cache_budget",
             scalar(*flags.expert_cache_budget, "--expert-cache-budget", true));
   }
+  flag_bool(flags.expert_prefetch, "--no-expert-prefetch", "expert_prefetch");
+  if (flags.expert_miss_policy) {
+    set_all(config, "expert_miss_policy",
+            scalar(*flags.expert_miss_policy, "--expert-miss-policy", true));
+  }
+  if (flags.expert_eviction) {
+    set_all(config, "expert_eviction", scalar(*flags.expert_eviction, "--expert-eviction", true));
+  }
   if (flags.host_memory_budget) {
     set_all(config, "host_memory_budget",
             scalar(std::to_string(*flags.host_memory_budget), "--host-memory-budget", false));
   }
+  if (flags.disk_read) set_all(config, "disk_read", scalar(*flags.disk_read, "--disk-read", true));
 }
 
 [[noreturn]] void overrides_error(const std::string& message) {

@@ -34,7 +34,11 @@ struct GlobalStageFlags {
   std::optional<std::string> dtype;                 // --dtype
   std::optional<bool> cpu_offload_experts;          // --cpu-offload-experts
   std::optional<std::string> expert_cache_budget;   // --expert-cache-budget ("25%", "768MiB")
+  std::optional<bool> expert_prefetch;              // --no-expert-prefetch (false)
+  std::optional<std::string> expert_miss_policy;    // --expert-miss-policy
+  std::optional<std::string> expert_eviction;       // --expert-eviction
   std::optional<uint64_t> host_memory_budget;       // --host-memory-budget (bytes)
+  std::optional<std::string> disk_read;             // --disk-read
 };
 
 // Applies `flags` to every stage, then `stage_overrides_json` (may be empty): a JSON object keyed

@@ -297,8 +297,33 @@ def main():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+    # -- the expert policy flags: every miss computed where the expert lies, nothing copied.
+    proc, port = start_server("--cpu-offload-experts", "--expert-miss-policy", "host",
+                              "--no-expert-prefetch", "--expert-eviction", "lru")
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY)
+        r = client.chat.completions.create(
+            model="tiny", messages=messages, modalities=["text", "audio"], temperature=0,
+            seed=42, max_tokens=12, extra_body={"max_audio_frames": 12})
+        assert r.choices[0].message.content == ref_json["text"]
+        body = raw(port, "/metrics")[1].decode()
+        thinker = "stage 0 (thinker)"
+        misses = sample(body, "omni_expert_cache_misses_total", stage=thinker)
+        assert misses > 0, body
+        assert sample(body, "omni_expert_cache_host_computed_total", stage=thinker) == misses, body
+        assert sample(body, "omni_expert_cache_bytes_moved_total", stage=thinker) == 0, body
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    for flag, value in (("--expert-miss-policy", "sometimes"), ("--disk-read", "tape")):
+        bad = subprocess.run([VLLM_OMNI, "serve", "--model", FIXTURE, "--cpu-offload-experts",
+                              flag, value], capture_output=True, text=True, timeout=60)
+        assert bad.returncode != 0 and flag in bad.stderr and value in bad.stderr, \
+            (flag, bad.returncode, bad.stderr)
     print("openai API: text + speech equal to generate, streamed chunks, errors, 429, cancel, "
-          "shared device budget, expert offload from disk")
+          "shared device budget, expert offload from disk, "
+          "expert policy flags")
 
 
 if __name__ == "__main__":

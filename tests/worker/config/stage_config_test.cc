@@ -1000,6 +1000,29 @@ TEST_F(StageConfigTest, ExpertEvictionAndDiskTierKeysAndFlags) {
   EXPECT_TRUE(
       IsError(error_of([&] { apply_stage_flags(config, {}, R"({"0": {"disk_read": "tape"}})"); }),
               "--stage-overrides", "disk_read"));
+  // The expert policy and disk read flags set every stage; a bad value names the flag.
+  config = parse(kThree);
+  flags = {};
+  flags.expert_prefetch = false;
+  flags.expert_miss_policy = "host";
+  flags.expert_eviction = "lru";
+  flags.disk_read = "mmap";
+  apply_stage_flags(config, flags, R"({"1": {"expert_miss_policy": "auto"}})");
+  for (const auto& stage : config.stages) {
+    EXPECT_FALSE(stage.engine.expert_prefetch);
+    EXPECT_EQ(stage.engine.expert_eviction, "lru");
+    EXPECT_EQ(stage.engine.disk_read, "mmap");
+  }
+  EXPECT_EQ(config.stages.at(0).engine.expert_miss_policy, "host");
+  EXPECT_EQ(config.stages.at(1).engine.expert_miss_policy, "auto");  // the override wins
+  flags = {};
+  flags.expert_eviction = "fifo";
+  EXPECT_TRUE(IsError(error_of([&] { apply_stage_flags(config, flags, ""); }), "--expert-eviction",
+                      "fifo"));
+  flags = {};
+  flags.disk_read = "tape";
+  EXPECT_TRUE(
+      IsError(error_of([&] { apply_stage_flags(config, flags, ""); }), "--disk-read", "tape"));
 }
 
 }  // namespace
