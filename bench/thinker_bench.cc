@@ -17,6 +17,7 @@
 
 #include "bench_args.h"
 #include "cpu_offload/check.h"
+#include "cpu_offload/disk_probe.h"
 #include "model_runner/runner/synthetic_checkpoint.h"
 #include "model_runner/runner/thinker_runner.h"
 
@@ -51,9 +52,45 @@ struct Options {
   std::string host_memory_budget;
   int disk_read_ahead = 2;
   std::string disk_read = "pread";
+  // The disk's own speed: bytes of the checkpoint read with direct 9 MiB reads after the first
+  // run that reads from disk (0: not measured).
+  std::string raw_read_bytes = "2GiB";
   bool no_warmup = false;
   bool no_media = false;
 };
+
+// A byte count with an optional unit (805306368, 768MiB, 2GiB; KB/MB/GB powers of 1000); "0" is
+// 0. The error gives the reason only: CLI11 names the flag.
+size_t parse_bytes(const std::string& text, const char* flag) {
+  if (text == "0") return 0;
+  size_t bytes = 0;
+  double fraction = 0;
+  try {
+    omni::models::parse_expert_cache_budget(text, flag, &bytes, &fraction);
+  } catch (const std::exception&) {
+    fraction = -1;
+  }
+  if (fraction != 0) {
+    OMNI_THROW("'", text,
+               "' is not a byte count (805306368, 768MiB, 2GiB; KB/MB/GB are powers of 1000)");
+  }
+  return bytes;
+}
+
+// The checkpoint's largest .safetensors file (where a MoE model's experts lie).
+std::string largest_safetensors(const std::string& dir) {
+  std::string best;
+  uintmax_t best_bytes = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".safetensors" || !entry.is_regular_file()) continue;
+    if (entry.file_size() > best_bytes) {
+      best_bytes = entry.file_size();
+      best = entry.path().string();
+    }
+  }
+  OMNI_CHECK(!best.empty(), dir, ": no .safetensors file to measure the disk's read speed with");
+  return best;
+}
 
 // Peak and current resident set of this process (VmHWM, VmRSS in /proc/self/status), bytes.
 std::pair<uint64_t, uint64_t> rss_bytes() {
@@ -164,19 +201,8 @@ void add_options(CLI::App& app, Options& o) {
                  "they are read from the checkpoint file when needed (the disk tier). Bytes, "
                  "or with a unit: 4GiB, 512MiB (default: no limit)")
       ->type_name("SIZE")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            size_t bytes = 0;
-            double fraction = 0;
-            try {
-              omni::models::parse_expert_cache_budget(text, "--host-memory-budget", &bytes,
-                                                      &fraction);
-            } catch (const std::exception& e) {
-              return omni::bench::reason_of(e);
-            }
-            return fraction > 0 ? "--host-memory-budget: give bytes, not a percentage" : "";
-          },
-          ""));
+      ->check(
+          parsed_by([](const std::string& t) { return parse_bytes(t, "--host-memory-budget"); }));
   app.add_option("--disk-read-ahead", o.disk_read_ahead,
                  "disk tier: layerwise units read ahead beyond the device window")
       ->type_name("N")
@@ -186,6 +212,12 @@ void add_options(CLI::App& app, Options& o) {
                  "mapping with the OS page cache as the only cache (llama.cpp's way)")
       ->type_name("pread|mmap")
       ->check(parsed_by(omni::offload::parse_disk_read));
+  app.add_option("--raw-read-bytes", o.raw_read_bytes,
+                 "disk tier: after the first run that reads from disk, read this many bytes of "
+                 "the checkpoint's largest file alone (direct 9 MiB reads, as the tier reads an "
+                 "expert) and print each tier's read throughput as a fraction of it (0: skip)")
+      ->type_name("BYTES")
+      ->check(parsed_by([](const std::string& t) { return parse_bytes(t, "--raw-read-bytes"); }));
   app.add_flag("--no-warmup", o.no_warmup,
                "measure the first request (for runs too long to do twice)");
   app.add_flag("--no-media", o.no_media, "a text-only request (no audio, no image)");
@@ -196,9 +228,7 @@ ThinkerOffloadOptions offload_for(const std::string& strategy, const Options& op
   ThinkerOffloadOptions o;
   o.pin_memory = !opt.no_pin;
   if (!opt.host_memory_budget.empty()) {
-    double fraction = 0;
-    omni::models::parse_expert_cache_budget(opt.host_memory_budget, "--host-memory-budget",
-                                            &o.host_memory_budget_bytes, &fraction);
+    o.host_memory_budget_bytes = parse_bytes(opt.host_memory_budget, "--host-memory-budget");
   }
   o.disk_read_ahead = opt.disk_read_ahead;
   o.disk_read = opt.disk_read;
@@ -295,6 +325,13 @@ int run(const Options& o) {
   }
 
   std::vector<int64_t> baseline;
+  size_t raw_read_bytes = 0;
+  if (o.raw_read_bytes != "0") {
+    double fraction = 0;
+    omni::models::parse_expert_cache_budget(o.raw_read_bytes, "--raw-read-bytes", &raw_read_bytes,
+                                            &fraction);
+  }
+  std::optional<omni::offload::SequentialRead> raw_read;
   for (const auto& [strategy, expert_budget] : runs) {
     omni::models::ThinkerRunnerOptions options;
     options.model_dir = model_dir;
@@ -376,10 +413,29 @@ int run(const Options& o) {
                 << static_cast<double>(d.read_bytes - prefill_reads) /
                        static_cast<double>(decode_steps);
     };
-    if (const auto d = runner->offload().disk_stats())
+    // The disk's own speed on the same file, once, after the first run that read from it (the
+    // runs are not slowed by it), and each tier's throughput while reading as a fraction of it.
+    const bool read_disk =
+        (runner->offload().disk_stats() && runner->offload().disk_stats()->read_bytes > 0) ||
+        (experts && experts->disk() && experts->disk()->stats().read_bytes > 0);
+    if (read_disk && !raw_read && raw_read_bytes > 0) {
+      raw_read =
+          omni::offload::measure_sequential_read(largest_safetensors(model_dir), raw_read_bytes);
+    }
+    const auto add_fraction = [&](const char* key, const omni::offload::DiskTierStats& d) {
+      if (!raw_read || d.read_bytes == 0 || raw_read->bytes_per_s() <= 0) return;
+      disk_json << ", \"" << key
+                << "_read_fraction_of_raw\": " << d.read_bytes_per_s() / raw_read->bytes_per_s();
+    };
+    if (const auto d = runner->offload().disk_stats()) {
       add_disk("layer_disk", *d, prefill_layer_reads);
-    if (experts && experts->disk())
+      add_fraction("layer_disk", *d);
+    }
+    if (experts && experts->disk()) {
       add_disk("expert_disk", experts->disk()->stats(), prefill_expert_reads);
+      add_fraction("expert_disk", experts->disk()->stats());
+    }
+    if (raw_read) disk_json << ", \"raw_read\": " << raw_read->to_json();
     std::cout << "{\"strategy\": \"" << strategy << "\", \"device\": \"" << s.device
               << "\", \"model_dir\": \"" << model_dir << "\", \"param_bytes\": " << s.param_bytes
               << ", \"prompt_tokens\": " << inputs.input_ids.size()

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cpu_offload/check.h"
+#include "cpu_offload/disk_probe.h"
 #include "cpu_offload/disk_tier.h"
 #include "cpu_offload/expert_cache.h"
 #include "cpu_offload/offload_plan.h"
@@ -406,6 +407,41 @@ TEST(DiskTier, HostPlacementSendsExpertsToDiskFirst) {
   plan.strategy = Strategy::kComponent;
   config.host_memory_budget_bytes = 3 * unit + 2 * expert + 10;
   EXPECT_THROW(place_on_host(plan, config), omni::Error);
+}
+
+// The raw read the bench sets the tier's throughput against: every byte asked for (the file's
+// size at most, whole blocks past the end being short), in either mode; errors name the file.
+TEST(DiskProbe, ReadsWhatWasAskedUpToTheEndOfTheFile) {
+  const fs::path path =
+      fs::temp_directory_path() / ("omni_disk_probe_" + std::to_string(::getpid()) + ".bin");
+  const uint64_t size = 3 * 8192 + 100;  // not a whole number of blocks
+  {
+    std::ofstream f(path, std::ios::binary);
+    const std::string bytes(size, 'x');
+    f.write(bytes.data(), static_cast<std::streamsize>(size));
+  }
+  const SequentialRead all = measure_sequential_read(path.string(), 1ull << 30, 8192);
+  EXPECT_EQ(all.bytes, size);
+  EXPECT_EQ(all.block, 8192u);
+  EXPECT_GT(all.seconds, 0);
+  EXPECT_GT(all.bytes_per_s(), 0);
+  EXPECT_NE(all.to_json().find("\"bytes\": " + std::to_string(size)), std::string::npos)
+      << all.to_json();
+  const SequentialRead part = measure_sequential_read(path.string(), 10000, 4096);
+  EXPECT_EQ(part.bytes, 10000u);  // three reads, the last one cut to what was asked
+  try {
+    measure_sequential_read(path.string(), 10000, 5000);
+    FAIL() << "a block that O_DIRECT cannot take was accepted";
+  } catch (const omni::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of 4096"), std::string::npos) << e.what();
+  }
+  fs::remove(path);
+  try {
+    measure_sequential_read(path.string(), 10000);
+    FAIL() << "a missing file was read";
+  } catch (const omni::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
