@@ -50,9 +50,10 @@ std::string DiskTierStats::to_json() const {
   os << "{\"acquires\": " << acquires << ", \"hits\": " << hits << ", \"misses\": " << misses
      << ", \"reads\": " << reads << ", \"read_bytes\": " << read_bytes
      << ", \"read_aheads\": " << read_aheads << ", \"read_ahead_used\": " << read_ahead_used
-     << ", \"read_ms\": " << read_ms << ", \"read_wall_ms\": " << read_wall_ms
-     << ", \"wait_ms\": " << wait_ms << ", \"read_bytes_per_s\": " << read_bytes_per_s()
-     << ", \"entries\": " << entries << ", \"entry_bytes\": " << entry_bytes << "}";
+     << ", \"in_place_reads\": " << in_place_reads << ", \"read_ms\": " << read_ms
+     << ", \"read_wall_ms\": " << read_wall_ms << ", \"wait_ms\": " << wait_ms
+     << ", \"read_bytes_per_s\": " << read_bytes_per_s() << ", \"entries\": " << entries
+     << ", \"entry_bytes\": " << entry_bytes << "}";
   return os.str();
 }
 
@@ -124,6 +125,19 @@ int DiskTier::add(const OffloadUnit& unit, const TensorFiles& files) {
     fd_of(it->second.path);  // fails here, at setup, when the file cannot be opened
     if (options_.read == DiskRead::kMmap) mapping_of(it->second.path);
   }
+  // In place (see the header): one file, no conversion, a span no longer than the slab.
+  FileSpan span;
+  if (options_.read == DiskRead::kPread && options_.direct && !sources.empty()) {
+    bool ok = true;
+    span.begin = sources.front().extent.offset;
+    for (const Source& src : sources) {
+      ok = ok && src.extent.path == sources.front().extent.path && src.extent.dtype == src.dtype;
+      span.begin = std::min<uint64_t>(span.begin, src.extent.offset);
+      span.end = std::max<uint64_t>(span.end, src.extent.offset + src.extent.bytes);
+    }
+    if (!ok || span.end - span.begin > unit.bytes()) span = FileSpan{};
+  }
+  in_place_.push_back(span);
   units_.push_back(std::move(sources));
   names_.push_back(unit.name());
   unit_bytes_.push_back(unit.bytes());
@@ -163,8 +177,13 @@ HostBuffer DiskTier::mapping_of(const std::string& path) {
 std::vector<CopyOp> DiskTier::copy_ops(int id, const DeviceBuffer& dst, size_t dst_offset) {
   OMNI_CHECK(id >= 0 && static_cast<size_t>(id) < units_.size(), options_.label, ": no unit ", id);
   if (options_.read == DiskRead::kPread) {
-    const HostBuffer host = acquire(id);
-    return {CopyOp{host, 0, dst, dst_offset, unit_bytes_[id]}};
+    const AcquiredUnit host = acquire(id);
+    std::vector<CopyOp> ops;
+    for (const HostSpan& span : host.spans) {
+      ops.push_back(
+          CopyOp{host.buffer, span.host_offset, dst, dst_offset + span.unit_offset, span.bytes});
+    }
+    return ops;
   }
   std::vector<CopyOp> ops;
   {
@@ -180,9 +199,21 @@ std::vector<CopyOp> DiskTier::copy_ops(int id, const DeviceBuffer& dst, size_t d
   return ops;
 }
 
+bool DiskTier::in_place_possible() const {
+  if (entry_bytes_ == 0 || std::none_of(in_place_.begin(), in_place_.end(),
+                                        [](const FileSpan& f) { return f.in_place(); })) {
+    return false;
+  }
+  const size_t capacity = entry_bytes_ + kInPlaceSlack;
+  return static_cast<double>(kInPlaceSlack) <=
+             options_.in_place_max_slack * static_cast<double>(entry_bytes_) &&
+         options_.cache_bytes / capacity >= std::min(units_.size(), options_.min_entries);
+}
+
 size_t DiskTier::entries() const {
   if (options_.read == DiskRead::kMmap || entry_bytes_ == 0) return 0;
-  return std::min(units_.size(), options_.cache_bytes / entry_bytes_);
+  const size_t capacity = entry_bytes_ + (in_place_possible() ? kInPlaceSlack : 0);
+  return std::min(units_.size(), options_.cache_bytes / capacity);
 }
 
 void DiskTier::prepare() {
@@ -200,8 +231,10 @@ void DiskTier::allocate_entries() {
              options_.min_entries * entry_bytes_,
              " bytes): raise the host memory budget (--host-memory-budget)");
   entries_.resize(count);
+  in_place_on_ = in_place_possible();
+  entry_capacity_ = entry_bytes_ + (in_place_on_ ? kInPlaceSlack : 0);
   for (auto& e : entries_) {
-    e.buffer = engine_->allocate_host(entry_bytes_, options_.pin);
+    e.buffer = engine_->allocate_host(entry_capacity_, options_.pin);
     // A pageable entry would make every copy from it synchronous on CUDA (staged by the
     // driver), so read-ahead could never overlap compute.
     OMNI_CHECK(!options_.pin || e.buffer.pinned(), options_.label, ": cannot pin ", entry_bytes_,
@@ -215,7 +248,7 @@ void DiskTier::allocate_entries() {
     readers_.emplace_back([this] { reader_loop(); });
   log_info(options_.label, ": ", units_.size(), " units read from the checkpoint on demand, ",
            count, " host entries of ", entry_bytes_, " bytes, ", options_.reader_threads,
-           " reader threads");
+           " reader threads", in_place_on_ ? ", direct reads in place" : "");
 }
 
 int DiskTier::free_entry(bool wait, std::unique_lock<std::mutex>& lock) {
@@ -273,13 +306,19 @@ void DiskTier::start_read(int entry, int unit, bool ahead) {
   e.copy_done = Event();
   e.ahead = ahead;
   e.error.clear();
+  e.data_offset = 0;
+  if (reads_in_place(unit)) {
+    const auto base = reinterpret_cast<uintptr_t>(e.buffer.data());
+    const size_t pad = static_cast<size_t>((kBlock - base % kBlock) % kBlock);
+    e.data_offset = pad + static_cast<size_t>(in_place_[unit].begin % kBlock);
+  }
   e.last_use = ++tick_;
   entry_of_[unit] = entry;
   queue_.emplace_back(entry, unit);
   changed_.notify_all();
 }
 
-HostBuffer DiskTier::acquire(int id) {
+AcquiredUnit DiskTier::acquire(int id) {
   OMNI_CHECK(id >= 0 && static_cast<size_t>(id) < units_.size(), options_.label, ": no unit ", id);
   OMNI_CHECK(options_.read == DiskRead::kPread, options_.label,
              ": acquire() reads into host entries, which mmap reads do not have (copy_ops)");
@@ -319,7 +358,17 @@ HostBuffer DiskTier::acquire(int id) {
     e.unit = -1;
     OMNI_THROW(options_.label, ": reading '", names_[id], "' failed: ", error);
   }
-  return e.buffer;
+  AcquiredUnit out{e.buffer, {}};
+  if (!reads_in_place(id)) {
+    out.spans.push_back(HostSpan{0, 0, unit_bytes_[id]});
+    return out;
+  }
+  for (const Source& src : units_[id]) {
+    out.spans.push_back(
+        HostSpan{e.data_offset + static_cast<size_t>(src.extent.offset - in_place_[id].begin),
+                 src.offset, static_cast<size_t>(src.extent.bytes)});
+  }
+  return out;
 }
 
 void DiskTier::release(int id, Event copy_done) {
@@ -367,13 +416,15 @@ void DiskTier::reader_loop() {
     const auto [entry, unit] = queue_.front();
     queue_.pop_front();
     uint8_t* out = entries_[entry].buffer.data();
+    const size_t data_offset = entries_[entry].data_offset;
     if (reading_++ == 0) busy_since_ns_ = now_ns();
     lock.unlock();
     const int64_t start = now_ns();
     std::string error;
+    bool in_place = false;
     try {
       if (options_.before_read) options_.before_read(unit);
-      read_unit(unit, out, bounce);
+      in_place = read_unit(unit, out, data_offset, bounce);
     } catch (const std::exception& ex) {
       error = ex.what();
     }
@@ -386,6 +437,7 @@ void DiskTier::reader_loop() {
       e.state = State::kReady;
       stats_.reads += 1;
       stats_.read_bytes += unit_bytes_[unit];
+      stats_.in_place_reads += in_place ? 1 : 0;
     } else {
       e.state = State::kFailed;
       e.error = error;
@@ -425,7 +477,6 @@ int DiskTier::direct_fd_of(const std::string& path) {
 // and a single tensor larger than a window, stored in the unit's dtype, is read window by
 // window, so a reader's buffer never grows to a layer's size outside the host budget.
 bool DiskTier::read_direct(const std::vector<const Source*>& run, uint8_t* out, Bounce& bounce) {
-  constexpr uint64_t kBlock = 4096;
   const std::string& path = run.front()->extent.path;
   const int fd = direct_fd_of(path);
   if (fd < 0) return false;
@@ -461,7 +512,6 @@ bool DiskTier::read_direct(const std::vector<const Source*>& run, uint8_t* out, 
 
 bool DiskTier::read_window(int fd, const std::string& path, uint64_t begin, uint64_t end,
                            uint64_t capacity, uint8_t* buf) {
-  constexpr uint64_t kBlock = 4096;
   const uint64_t span = std::min(capacity, (end - begin + kBlock - 1) / kBlock * kBlock);
   uint64_t done = 0;
   while (done < end - begin) {
@@ -488,7 +538,28 @@ bool DiskTier::read_window(int fd, const std::string& path, uint64_t begin, uint
   return true;
 }
 
-void DiskTier::read_unit(int unit, uint8_t* out, Bounce& bounce) {
+bool DiskTier::read_in_place(int unit, uint8_t* entry, size_t data_offset) {
+  const FileSpan& span = in_place_[unit];
+  const std::string& path = units_[unit].front().extent.path;
+  const int fd = direct_fd_of(path);
+  if (fd < 0) return false;
+  const uint64_t begin = span.begin / kBlock * kBlock;
+  const size_t at = data_offset - static_cast<size_t>(span.begin - begin);  // 4096-aligned
+  return read_window(fd, path, begin, span.end, entry_capacity_ - at, entry + at);
+}
+
+bool DiskTier::read_unit(int unit, uint8_t* entry, size_t data_offset, Bounce& bounce) {
+  if (reads_in_place(unit)) {
+    if (read_in_place(unit, entry, data_offset)) return true;
+    // The file refuses direct reads: each tensor read buffered, to where the direct read would
+    // have put it (acquire's spans point there).
+    for (const Source& src : units_[unit]) {
+      pread_all(fd_of(src.extent.path), src.extent.path, src.extent.offset, src.extent.bytes,
+                entry + data_offset + (src.extent.offset - in_place_[unit].begin));
+    }
+    return false;
+  }
+  uint8_t* out = entry + data_offset;
   if (options_.direct) {
     // Runs of tensors that lie next to each other in one file (an expert's three projections):
     // one read each.
@@ -524,10 +595,11 @@ void DiskTier::read_unit(int unit, uint8_t* out, Bounce& bounce) {
     flush();
     if (all_direct) {
       for (const Source* s : buffered) read_buffered(*s, out);
-      return;
+      return false;
     }
   }
   for (const Source& s : units_[unit]) read_buffered(s, out);
+  return false;
 }
 
 void DiskTier::read_buffered(const Source& s, uint8_t* out) {

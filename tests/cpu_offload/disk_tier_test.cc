@@ -8,12 +8,14 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "cpu_offload/check.h"
@@ -77,21 +79,41 @@ struct Units {
   std::vector<std::unique_ptr<OffloadUnit>> layout;  // the disk tier's units
 };
 
-Units make_units(int count, TransferEngine& engine, const std::string& tag) {
+// With `convert`, each unit's bias is stored float32 and used bfloat16 (read through the
+// bounce buffer); without, every tensor is used as stored and the unit is read in place.
+Units make_units(int count, TransferEngine& engine, const std::string& tag, bool convert = true) {
   Units out;
   std::vector<std::pair<std::string, at::Tensor>> all;
-  const DtypeByName convert = convert_biases(count);
+  const DtypeByName convert_dtypes = convert ? convert_biases(count) : DtypeByName{};
+  const DtypeByName* conversions = &convert_dtypes;
   for (int u = 0; u < count; ++u) {
     auto tensors = unit_tensors(u);
     all.insert(all.end(), tensors.begin(), tensors.end());
     std::vector<std::pair<std::string, at::Tensor>> copies;
     for (const auto& [n, t] : tensors) copies.emplace_back(n, t.clone());
     out.packed.push_back(std::make_unique<OffloadUnit>("unit" + std::to_string(u), copies, engine,
-                                                       /*pin=*/true, &convert));
-    out.layout.push_back(OffloadUnit::layout_only("unit" + std::to_string(u), tensors, &convert));
+                                                       /*pin=*/true, conversions));
+    out.layout.push_back(
+        OffloadUnit::layout_only("unit" + std::to_string(u), tensors, conversions));
   }
   out.file = write_file(all, tag);
   return out;
+}
+
+// An acquired unit's bytes in its slab layout (what copy_ops puts on the device).
+std::vector<uint8_t> slab_of(const AcquiredUnit& host, size_t unit_bytes) {
+  std::vector<uint8_t> slab(unit_bytes, 0);
+  for (const HostSpan& span : host.spans) {
+    EXPECT_LE(span.host_offset + span.bytes, host.buffer.bytes());
+    EXPECT_LE(span.unit_offset + span.bytes, unit_bytes);
+    std::memcpy(slab.data() + span.unit_offset, host.buffer.data() + span.host_offset, span.bytes);
+  }
+  return slab;
+}
+
+// Whether `path`'s file system takes O_DIRECT reads (else the tier reads buffered).
+bool takes_direct_reads(const fs::path& path) {
+  return measure_sequential_read(path.string(), 4096, 4096).direct;
 }
 
 bool same_tensor_bytes(const OffloadUnit& unit, const uint8_t* a, const uint8_t* b) {
@@ -101,16 +123,23 @@ bool same_tensor_bytes(const OffloadUnit& unit, const uint8_t* a, const uint8_t*
   return true;
 }
 
-class DiskTierReads : public ::testing::TestWithParam<bool> {};
+// (direct reads, a converted tensor in each unit)
+class DiskTierReads : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
 
-// Direct (O_DIRECT, one aligned read per run of adjacent tensors) and buffered reads.
+// Direct (O_DIRECT, one aligned read per run of adjacent tensors; in place when no tensor is
+// converted) and buffered reads.
 TEST_P(DiskTierReads, ReadEachUnitAsItsPackedSlabHoldsIt) {
+  const auto [direct, convert] = GetParam();
   auto engine = strict_engine();
   auto compute = engine->enter_compute();
-  Units units = make_units(3, *engine, GetParam() ? "direct" : "buffered");
+  Units units = make_units(
+      3, *engine, std::string(direct ? "direct" : "buffered") + (convert ? "c" : ""), convert);
   DiskTierOptions options;
-  options.cache_bytes = 2 * units.packed[0]->bytes();
-  options.direct = GetParam();
+  // Two entries; units this small read in place only when told their slack is fine.
+  const bool in_place = direct && !convert;
+  options.cache_bytes = 2 * (units.packed[0]->bytes() + (in_place ? DiskTier::kInPlaceSlack : 0));
+  options.in_place_max_slack = 1e6;
+  options.direct = direct;
   DiskTier tier(engine, options);
   for (const auto& u : units.layout) {
     ASSERT_TRUE(DiskTier::readable(*u, units.file->files));
@@ -118,8 +147,11 @@ TEST_P(DiskTierReads, ReadEachUnitAsItsPackedSlabHoldsIt) {
   }
   for (int round = 0; round < 2; ++round) {
     for (int u = 0; u < 3; ++u) {
-      const HostBuffer host = tier.acquire(u);
-      EXPECT_TRUE(same_tensor_bytes(*units.packed[u], host.data(), units.packed[u]->host().data()))
+      const AcquiredUnit host = tier.acquire(u);
+      EXPECT_EQ(host.spans.size(), direct && !convert ? 2u : 1u);  // per tensor when in place
+      EXPECT_TRUE(same_tensor_bytes(*units.packed[u],
+                                    slab_of(host, units.packed[u]->bytes()).data(),
+                                    units.packed[u]->host().data()))
           << "unit " << u << " round " << round;
       tier.release(u, Event());
     }
@@ -132,10 +164,17 @@ TEST_P(DiskTierReads, ReadEachUnitAsItsPackedSlabHoldsIt) {
   // Two entries, three units in turn: every acquire misses (LRU evicts the next one).
   EXPECT_EQ(s.misses, 6u);
   EXPECT_GT(s.read_bytes_per_s(), 0.0);
+  // In place: every read went straight into its entry, where the file system allows O_DIRECT
+  // (the file starts its tensors 8 bytes into a block, so the entry's offset is not 0).
+  EXPECT_EQ(s.in_place_reads, in_place && takes_direct_reads(units.file->path) ? s.reads : 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(DirectAndBuffered, DiskTierReads, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "direct" : "buffered"; });
+INSTANTIATE_TEST_SUITE_P(DirectAndBuffered, DiskTierReads,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "direct" : "buffered") +
+                                  (std::get<1>(info.param) ? "_converted" : "_as_stored");
+                         });
 
 TEST(DiskTier, ReadAheadMakesTheNextAcquireAHit) {
   auto engine = strict_engine();
@@ -151,8 +190,9 @@ TEST(DiskTier, ReadAheadMakesTheNextAcquireAHit) {
   tier.read_ahead(3);  // refused: it would leave no entry for a unit needed now
   EXPECT_FALSE(tier.cached(3));
   for (int u : {1, 2}) {
-    const HostBuffer host = tier.acquire(u);
-    EXPECT_TRUE(same_tensor_bytes(*units.packed[u], host.data(), units.packed[u]->host().data()));
+    const AcquiredUnit host = tier.acquire(u);
+    EXPECT_TRUE(same_tensor_bytes(*units.packed[u], slab_of(host, units.packed[u]->bytes()).data(),
+                                  units.packed[u]->host().data()));
     tier.release(u, Event());
   }
   EXPECT_TRUE(tier.cached(1));
@@ -182,13 +222,16 @@ TEST(DiskTier, AnAcquireWaitsForReadAheadsWhenEveryOtherEntryIsBeingRead) {
   for (const auto& u : units.layout) tier.add(*u, units.file->files);
   tier.read_ahead(0);
   tier.read_ahead(1);
-  const HostBuffer second = tier.acquire(2);  // the third entry, read at once
+  const AcquiredUnit second = tier.acquire(2);  // the third entry, read at once
   const auto start = std::chrono::steady_clock::now();
-  const HostBuffer third = tier.acquire(3);  // entries: two being read, one held
+  const AcquiredUnit third = tier.acquire(3);  // entries: two being read, one held
   EXPECT_GT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(50))
       << "acquire(3) did not wait: the read-aheads were already over (the test proves nothing)";
-  EXPECT_TRUE(same_tensor_bytes(*units.packed[2], second.data(), units.packed[2]->host().data()));
-  EXPECT_TRUE(same_tensor_bytes(*units.packed[3], third.data(), units.packed[3]->host().data()));
+  const size_t unit_bytes = units.packed[0]->bytes();
+  EXPECT_TRUE(same_tensor_bytes(*units.packed[2], slab_of(second, unit_bytes).data(),
+                                units.packed[2]->host().data()));
+  EXPECT_TRUE(same_tensor_bytes(*units.packed[3], slab_of(third, unit_bytes).data(),
+                                units.packed[3]->host().data()));
   tier.release(2, Event());
   tier.release(3, Event());
   EXPECT_EQ(tier.stats().read_aheads, 2u);
@@ -232,21 +275,26 @@ TEST(DiskTier, AFailedExpertReadLeavesTheCacheConsistent) {
 // Two entries feed copies of six units into six device regions, nobody waiting for the copies
 // until the end. In strict mode a copy's bytes land when it is waited for: had an entry been
 // refilled while its copy was pending, the region would get the later unit's bytes.
-TEST(DiskTier, AnEntryIsRefilledOnlyAfterTheCopyThatReadsIt) {
+// Both layouts: the slab's (a converted tensor) and the file's (read in place).
+class DiskTierRefill : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DiskTierRefill, AnEntryIsRefilledOnlyAfterTheCopyThatReadsIt) {
   auto engine = strict_engine();
   auto compute = engine->enter_compute();
   constexpr int kUnits = 6;
-  Units units = make_units(kUnits, *engine, "order");
+  Units units = make_units(kUnits, *engine, GetParam() ? "order" : "orderinplace", GetParam());
   const size_t unit_bytes = units.packed[0]->bytes();
   DiskTierOptions options;
-  options.cache_bytes = 2 * unit_bytes;
+  // Two entries (with the in-place slack for the file layout, which these small units are
+  // allowed).
+  options.cache_bytes = 2 * (unit_bytes + (GetParam() ? 0 : DiskTier::kInPlaceSlack));
+  options.in_place_max_slack = 1e6;
   DiskTier tier(engine, options);
   for (const auto& u : units.layout) tier.add(*u, units.file->files);
   DeviceBuffer device = engine->allocate_device(kUnits * unit_bytes);
   std::vector<Event> copies;
   for (int u = 0; u < kUnits; ++u) {
-    const HostBuffer host = tier.acquire(u);
-    copies.push_back(engine->copy_async({CopyOp{host, 0, device, u * unit_bytes, unit_bytes}}, {}));
+    copies.push_back(engine->copy_async(tier.copy_ops(u, device, u * unit_bytes), {}));
     tier.release(u, copies.back());
     tier.read_ahead((u + 1) % kUnits);
   }
@@ -257,7 +305,15 @@ TEST(DiskTier, AnEntryIsRefilledOnlyAfterTheCopyThatReadsIt) {
                                   units.packed[u]->host().data()))
         << "unit " << u << " reached the device with another unit's bytes";
   }
+  EXPECT_EQ(tier.stats().entries, 2u);
+  if (!GetParam() && takes_direct_reads(units.file->path)) {
+    EXPECT_EQ(tier.stats().in_place_reads, tier.stats().reads);
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Layouts, DiskTierRefill, ::testing::Bool(), [](const auto& info) {
+  return info.param ? "slab_layout" : "file_layout";
+});
 
 // mmap reads: no entries of our own, one copy per tensor from the file's mapping.
 TEST(DiskTier, MmapReadsCopyEachTensorFromTheMapping) {

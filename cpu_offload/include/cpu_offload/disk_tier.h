@@ -42,6 +42,11 @@ struct DiskTierOptions {
   bool pin = true;
   // pread: read with O_DIRECT where the file system allows it (falls back to buffered reads).
   bool direct = true;
+  // Direct reads in place (see DiskTier) when the entries' alignment slack
+  // (DiskTier::kInPlaceSlack, counted in cache_bytes) is at most this fraction of an entry
+  // and min_entries entries still fit: 1/64 takes a real-size expert (9 MiB) and leaves
+  // small units (the tiny test checkpoints) to the bounce buffer.
+  double in_place_max_slack = 1.0 / 64;
   std::string label = "disk tier";  // names the cache in errors and logs
   // Tests: runs in a reader thread before it reads `unit` (a slow disk, made deterministic).
   std::function<void(int unit)> before_read;
@@ -55,6 +60,7 @@ struct DiskTierStats {
   uint64_t read_bytes = 0;       // bytes read from the files
   uint64_t read_aheads = 0;      // reads issued ahead of need
   uint64_t read_ahead_used = 0;  // ... later acquired
+  uint64_t in_place_reads = 0;   // direct reads straight into the entry (no bounce-buffer copy)
   double read_ms = 0;            // reader-thread time spent in pread (summed over threads)
   double wait_ms = 0;            // time acquire() blocked for a read
   double read_wall_ms = 0;       // time at least one read was running
@@ -67,8 +73,34 @@ struct DiskTierStats {
   std::string to_json() const;
 };
 
+// Where an acquired unit's tensors lie in its host entry: `bytes` at `host_offset` of the
+// entry's buffer belong at `unit_offset` of the unit's slab layout.
+struct HostSpan {
+  size_t host_offset = 0;
+  size_t unit_offset = 0;
+  size_t bytes = 0;
+};
+
+struct AcquiredUnit {
+  HostBuffer buffer;
+  // One span of the whole unit when the entry holds it as its slab would; one per tensor when
+  // it holds the file's bytes as they lie (read in place, see DiskTier).
+  std::vector<HostSpan> spans;
+};
+
+// Reading in place. A unit whose tensors lie in one file, each in the unit's dtype, within a
+// span no longer than the unit's slab (a real expert: its three projections side by side; a
+// layer without its experts taken out) is read with O_DIRECT straight into its entry, as the
+// file lays it out, instead of through a reader's bounce buffer and a copy out of it: one
+// user-space copy of every byte read less. Its copy to the device is then one CopyOp per
+// tensor from the entry. Other units (converted dtypes, tensors scattered over a file) go
+// through the bounce buffer as before. The entries are allocated kInPlaceSlack (12 KiB)
+// larger for it (the 4096-byte alignment of the buffer, of the read's start and of its
+// length), which counts against the cache's bytes (DiskTierOptions::in_place_max_slack).
 class DiskTier {
  public:
+  static constexpr size_t kInPlaceSlack = 3 * 4096;
+
   DiskTier(std::shared_ptr<TransferEngine> engine, DiskTierOptions options);
   // Stops the readers after the reads in flight; waits for the copies the entries feed.
   ~DiskTier();
@@ -85,10 +117,10 @@ class DiskTier {
   static bool readable(const OffloadUnit& unit, const TensorFiles& files,
                        DiskRead read = DiskRead::kPread);
 
-  // The unit's bytes in host memory, laid out as its slab would be: from the cache, from a
-  // read in flight, or read now (blocks). Every acquire is paired with a release. Throws when
-  // the read failed (naming the file), or when every entry is acquired.
-  HostBuffer acquire(int id);
+  // The unit's bytes in host memory: from the cache, from a read in flight, or read now
+  // (blocks). Every acquire is paired with a release. Throws when the read failed (naming the
+  // file), or when every entry is acquired.
+  AcquiredUnit acquire(int id);
   // The copy enqueued from acquire(id)'s buffer completes at `copy_done`: until then the
   // entry is not refilled.
   void release(int id, Event copy_done);
@@ -122,6 +154,10 @@ class DiskTier {
     Event copy_done;  // the last copy that read it
     uint64_t last_use = 0;
     bool ahead = false;  // filled by read_ahead and not acquired since
+    // Where the unit's bytes start in `buffer`: 0, or for a unit read in place the offset at
+    // which its file span begins (the buffer's alignment pad plus the span's offset in its
+    // first 4096-byte block).
+    size_t data_offset = 0;
     std::string error;
   };
   struct Source {
@@ -143,7 +179,12 @@ class DiskTier {
     size_t bytes = 0;
     uint8_t* reserve(size_t n);
   };
-  void read_unit(int unit, uint8_t* out, Bounce& bounce);  // no lock held
+  // Reads `unit` into an entry's buffer whose unit bytes start at `data_offset`; no lock held.
+  // True when it was read in place with a direct read.
+  bool read_unit(int unit, uint8_t* entry, size_t data_offset, Bounce& bounce);
+  // An in-place unit's file span with one direct read into `entry` at `data_offset`; false
+  // when the file refuses direct reads (the caller reads it buffered, at the same place).
+  bool read_in_place(int unit, uint8_t* entry, size_t data_offset);
   // Reads the sources [first, last) of `sources` (sorted by file offset, one file, adjacent)
   // with one O_DIRECT read of their span; false when the file refuses direct reads.
   bool read_direct(const std::vector<const Source*>& run, uint8_t* out, Bounce& bounce);
@@ -154,6 +195,9 @@ class DiskTier {
   void read_buffered(const Source& source, uint8_t* out);  // pread, converting if needed
   // Bytes a reader's direct-read buffer holds at most (plus two blocks of alignment).
   static constexpr uint64_t kDirectWindow = uint64_t{64} << 20;
+  // Direct I/O's alignment of buffers, file offsets and lengths (every common device's
+  // logical block size divides it).
+  static constexpr uint64_t kBlock = 4096;
   int fd_of(const std::string& path);
   // An O_DIRECT descriptor of `path` (reads bypass the page cache: no kernel copy, and no
   // page cache grown by weights read once); -1 where the file system refuses it.
@@ -166,7 +210,18 @@ class DiskTier {
   std::vector<std::vector<Source>> units_;
   std::vector<std::string> names_;
   std::vector<size_t> unit_bytes_;
+  // Per unit: the file bytes [begin, end) read in place, or begin == end when it is not.
+  struct FileSpan {
+    uint64_t begin = 0, end = 0;
+    bool in_place() const { return end > begin; }
+  };
+  std::vector<FileSpan> in_place_;
   size_t entry_bytes_ = 0;
+  size_t entry_capacity_ = 0;  // bytes allocated per entry: entry_bytes_ plus in-place slack
+  // Whether units read in place (decided with the entries: in_place_possible()).
+  bool in_place_on_ = false;
+  bool in_place_possible() const;
+  bool reads_in_place(int unit) const { return in_place_on_ && in_place_[unit].in_place(); }
   std::vector<Entry> entries_;
   std::vector<int> entry_of_;  // unit -> entry, -1 when not cached
 
