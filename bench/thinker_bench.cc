@@ -325,12 +325,7 @@ int run(const Options& o) {
   }
 
   std::vector<int64_t> baseline;
-  size_t raw_read_bytes = 0;
-  if (o.raw_read_bytes != "0") {
-    double fraction = 0;
-    omni::models::parse_expert_cache_budget(o.raw_read_bytes, "--raw-read-bytes", &raw_read_bytes,
-                                            &fraction);
-  }
+  const size_t raw_read_bytes = parse_bytes(o.raw_read_bytes, "--raw-read-bytes");
   std::optional<omni::offload::SequentialRead> raw_read;
   for (const auto& [strategy, expert_budget] : runs) {
     omni::models::ThinkerRunnerOptions options;

@@ -65,15 +65,21 @@ SequentialRead measure_sequential_read(const std::string& path, uint64_t bytes, 
   out.path = path;
   out.block = block;
   Fd file;
+  // Buffered reads, after dropping the file's cached pages: whatever an earlier run left in
+  // the page cache would otherwise be read from memory.
+  const auto open_buffered = [&] {
+    if (file.fd >= 0) ::close(file.fd);
+    file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    OMNI_CHECK(file.fd >= 0, path, ": cannot open for reading: ", std::strerror(errno));
+    ::posix_fadvise(file.fd, 0, 0, POSIX_FADV_DONTNEED);
+    out.direct = false;
+  };
   file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
   out.direct = file.fd >= 0;
-  if (!out.direct) file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  OMNI_CHECK(file.fd >= 0, path, ": cannot open for reading: ", std::strerror(errno));
+  if (!out.direct) open_buffered();
   struct stat st {};
   OMNI_CHECK(::fstat(file.fd, &st) == 0, path, ": cannot stat: ", std::strerror(errno));
   const uint64_t want = std::min<uint64_t>(bytes, static_cast<uint64_t>(st.st_size));
-  // Buffered: whatever an earlier run left in the page cache would be read from memory.
-  if (!out.direct) ::posix_fadvise(file.fd, 0, 0, POSIX_FADV_DONTNEED);
   void* raw = nullptr;
   OMNI_CHECK(::posix_memalign(&raw, kAlign, block) == 0, path, ": cannot allocate ", block,
              " bytes to read into");
@@ -86,12 +92,7 @@ SequentialRead measure_sequential_read(const std::string& path, uint64_t bytes, 
     const ssize_t got = ::pread(file.fd, buf.get(), block, static_cast<off_t>(done));
     if (got < 0 && errno == EINTR) continue;
     if (got < 0 && errno == EINVAL && out.direct && done == 0) {
-      // Opened with O_DIRECT but the file system refuses aligned direct reads: buffered.
-      ::close(file.fd);
-      file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      OMNI_CHECK(file.fd >= 0, path, ": cannot open for reading: ", std::strerror(errno));
-      ::posix_fadvise(file.fd, 0, 0, POSIX_FADV_DONTNEED);
-      out.direct = false;
+      open_buffered();  // opened with O_DIRECT, but the file system refuses direct reads
       continue;
     }
     OMNI_CHECK(got >= 0, path, ": read of ", block, " bytes at offset ", done,

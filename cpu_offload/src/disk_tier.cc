@@ -138,6 +138,7 @@ int DiskTier::add(const OffloadUnit& unit, const TensorFiles& files) {
     if (!ok || span.end - span.begin > unit.bytes()) span = FileSpan{};
   }
   in_place_.push_back(span);
+  any_in_place_ = any_in_place_ || span.in_place();
   units_.push_back(std::move(sources));
   names_.push_back(unit.name());
   unit_bytes_.push_back(unit.bytes());
@@ -200,10 +201,8 @@ std::vector<CopyOp> DiskTier::copy_ops(int id, const DeviceBuffer& dst, size_t d
 }
 
 bool DiskTier::in_place_possible() const {
-  if (entry_bytes_ == 0 || std::none_of(in_place_.begin(), in_place_.end(),
-                                        [](const FileSpan& f) { return f.in_place(); })) {
-    return false;
-  }
+  // Constant time: entries() asks it, and the expert cache asks entries() on every ensure.
+  if (entry_bytes_ == 0 || !any_in_place_) return false;
   const size_t capacity = entry_bytes_ + kInPlaceSlack;
   return static_cast<double>(kInPlaceSlack) <=
              options_.in_place_max_slack * static_cast<double>(entry_bytes_) &&

@@ -216,6 +216,7 @@ class DiskTier {
     bool in_place() const { return end > begin; }
   };
   std::vector<FileSpan> in_place_;
+  bool any_in_place_ = false;  // some unit's FileSpan is in place
   size_t entry_bytes_ = 0;
   size_t entry_capacity_ = 0;  // bytes allocated per entry: entry_bytes_ plus in-place slack
   // Whether units read in place (decided with the entries: in_place_possible()).

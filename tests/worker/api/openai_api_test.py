@@ -277,45 +277,38 @@ def main():
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "cannot hold" in bad.stderr, (bad.returncode, bad.stderr)
 
+    def metrics_after_one_answer(*flags):
+        """Serves with `flags`, checks one answer equals generate's, returns /metrics."""
+        proc, port = start_server(*flags)
+        try:
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY)
+            r = client.chat.completions.create(
+                model="tiny", messages=messages, modalities=["text", "audio"], temperature=0,
+                seed=42, max_tokens=12, extra_body={"max_audio_frames": 12})
+            assert r.choices[0].message.content == ref_json["text"]
+            return raw(port, "/metrics")[1].decode()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+    thinker = "stage 0 (thinker)"
     # -- expert offload with the experts on disk (2 device slots, 4 host entries for the 16
     # experts of 24576 bytes): the same answer, and /metrics reports the cache and the tier.
-    proc, port = start_server("--cpu-offload-experts", "--expert-cache-budget", "49152",
-                              "--host-memory-budget", "98304")
-    try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY)
-        r = client.chat.completions.create(
-            model="tiny", messages=messages, modalities=["text", "audio"], temperature=0,
-            seed=42, max_tokens=12, extra_body={"max_audio_frames": 12})
-        assert r.choices[0].message.content == ref_json["text"]
-        body = raw(port, "/metrics")[1].decode()
-        thinker = "stage 0 (thinker)"
-        assert sample(body, "omni_expert_cache_misses_total", stage=thinker) > 0, body
-        assert sample(body, "omni_expert_cache_device_bytes", stage=thinker) == 49152, body
-        assert sample(body, "omni_disk_read_bytes_total", stage=thinker, tier="experts") > 0, body
-        assert sample(body, "omni_disk_cache_entries", stage=thinker, tier="experts") == 4, body
-        assert "omni_expert_cache_hits_total{stage=\"stage 1 (talker)\"}" not in body, body
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    body = metrics_after_one_answer("--cpu-offload-experts", "--expert-cache-budget", "49152",
+                                    "--host-memory-budget", "98304")
+    assert sample(body, "omni_expert_cache_misses_total", stage=thinker) > 0, body
+    assert sample(body, "omni_expert_cache_device_bytes", stage=thinker) == 49152, body
+    assert sample(body, "omni_disk_read_bytes_total", stage=thinker, tier="experts") > 0, body
+    assert sample(body, "omni_disk_cache_entries", stage=thinker, tier="experts") == 4, body
+    assert "omni_expert_cache_hits_total{stage=\"stage 1 (talker)\"}" not in body, body
 
     # -- the expert policy flags: every miss computed where the expert lies, nothing copied.
-    proc, port = start_server("--cpu-offload-experts", "--expert-miss-policy", "host",
-                              "--no-expert-prefetch", "--expert-eviction", "lru")
-    try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY)
-        r = client.chat.completions.create(
-            model="tiny", messages=messages, modalities=["text", "audio"], temperature=0,
-            seed=42, max_tokens=12, extra_body={"max_audio_frames": 12})
-        assert r.choices[0].message.content == ref_json["text"]
-        body = raw(port, "/metrics")[1].decode()
-        thinker = "stage 0 (thinker)"
-        misses = sample(body, "omni_expert_cache_misses_total", stage=thinker)
-        assert misses > 0, body
-        assert sample(body, "omni_expert_cache_host_computed_total", stage=thinker) == misses, body
-        assert sample(body, "omni_expert_cache_bytes_moved_total", stage=thinker) == 0, body
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    body = metrics_after_one_answer("--cpu-offload-experts", "--expert-miss-policy", "host",
+                                    "--no-expert-prefetch", "--expert-eviction", "lru")
+    misses = sample(body, "omni_expert_cache_misses_total", stage=thinker)
+    assert misses > 0, body
+    assert sample(body, "omni_expert_cache_host_computed_total", stage=thinker) == misses, body
+    assert sample(body, "omni_expert_cache_bytes_moved_total", stage=thinker) == 0, body
     for flag, value in (("--expert-miss-policy", "sometimes"), ("--disk-read", "tape")):
         bad = subprocess.run([VLLM_OMNI, "serve", "--model", FIXTURE, "--cpu-offload-experts",
                               flag, value], capture_output=True, text=True, timeout=60)
