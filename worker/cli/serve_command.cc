@@ -109,13 +109,11 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
       "experts: do not predict and prefetch the next MoE layer's experts");
   app.add_option_function<std::string>(
          "--expert-miss-policy", [&f](const std::string& v) { f.expert_miss_policy = v; },
-         "experts: what a miss does (fetch, host, auto)")
-      ->type_name("fetch|host|auto")
+         "experts: what a miss does: fetch it, compute it on the host, or auto")
       ->check(CLI::IsMember({"fetch", "host", "auto"}));
   app.add_option_function<std::string>(
          "--expert-eviction", [&f](const std::string& v) { f.expert_eviction = v; },
-         "experts: which expert leaves a full cache (layer, lru)")
-      ->type_name("layer|lru")
+         "experts: which expert leaves a full cache: by the layers' run order, or lru")
       ->check(CLI::IsMember({"layer", "lru"}));
   app.add_option_function<std::string>(
          "--host-memory-budget",
@@ -135,8 +133,7 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
           ""));
   app.add_option_function<std::string>(
          "--disk-read", [&f](const std::string& v) { f.disk_read = v; },
-         "how weights beyond --host-memory-budget are read (pread, mmap)")
-      ->type_name("pread|mmap")
+         "how weights beyond --host-memory-budget are read: our pinned cache, or the page cache")
       ->check(CLI::IsMember({"pread", "mmap"}));
 
   app.add_option("--stage-init-timeout", o.stage_init_timeout_s,
