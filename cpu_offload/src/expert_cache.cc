@@ -20,12 +20,15 @@ std::string ExpertCacheStats::to_json() const {
   os << "{\"requests\": " << requests << ", \"uses\": " << uses() << ", \"hits\": " << hits
      << ", \"misses\": " << misses << ", \"host_computed\": " << host_computed
      << ", \"prefetched\": " << prefetched << ", \"prefetch_hits\": " << prefetch_hits
-     << ", \"loads\": " << loads << ", \"evictions\": " << evictions
-     << ", \"bytes_h2d\": " << bytes_h2d << ", \"stall_ms\": " << stall_ms
-     << ", \"hit_rate\": " << hit_rate() << ", \"prefetch_hit_rate\": " << prefetch_hit_rate()
-     << ", \"expert_bytes\": " << expert_bytes << ", \"experts\": " << experts
-     << ", \"slots\": " << slots << ", \"budget_bytes\": " << budget_bytes
-     << ", \"device_bytes\": " << device_bytes << "}";
+     << ", \"prefetch_scored\": " << prefetch_scored
+     << ", \"prefetch_scored_used\": " << prefetch_scored_used
+     << ", \"prefetch_precision\": " << prefetch_precision()
+     << ", \"prefetch_skipped\": " << prefetch_skipped << ", \"loads\": " << loads
+     << ", \"evictions\": " << evictions << ", \"bytes_h2d\": " << bytes_h2d
+     << ", \"stall_ms\": " << stall_ms << ", \"hit_rate\": " << hit_rate()
+     << ", \"prefetch_hit_rate\": " << prefetch_hit_rate() << ", \"expert_bytes\": " << expert_bytes
+     << ", \"experts\": " << experts << ", \"slots\": " << slots
+     << ", \"budget_bytes\": " << budget_bytes << ", \"device_bytes\": " << device_bytes << "}";
   return os.str();
 }
 
@@ -73,6 +76,7 @@ ExpertCache::ExpertCache(std::vector<std::unique_ptr<OffloadUnit>> units,
   const size_t count =
       device_slots ? std::min(units_.size(), options_.budget_bytes / slot_bytes_) : 0;
   entries_.resize(units_.size());
+  predicted_mask_.assign(units_.size(), 0);
   slots_.resize(count);
   if (count > 0) pool_ = engine_->allocate_device(count * slot_bytes_);
   stats_.expert_bytes = slot_bytes_;
@@ -272,7 +276,20 @@ std::vector<ExpertCache::Placement> ExpertCache::ensure(const std::vector<int>& 
     protect[key] = 1;
     layer_tick_[layer_of_[key]] = tick_;
   }
-  if (!keys.empty()) current_layer_ = layer_of_[keys.front()];
+  if (!keys.empty()) {
+    current_layer_ = layer_of_[keys.front()];
+    // The pending prediction is scored over every ensure() of its layer (a prefill asks in
+    // chunks), and closed by the first of another layer.
+    if (current_layer_ == predicted_layer_) {
+      for (int key : keys) {
+        if (!predicted_mask_[key]) continue;
+        predicted_mask_[key] = 0;
+        ++predicted_used_;
+      }
+    } else {
+      score_prediction();
+    }
+  }
   std::vector<Placement> placement(keys.size(), Placement::kDevice);
   std::vector<int> misses, miss_slots, to_wait;
   // Hits first: they must not be chosen as victims for the misses.
@@ -363,11 +380,35 @@ std::vector<ExpertCache::Placement> ExpertCache::ensure(const std::vector<int>& 
   return placement;
 }
 
+void ExpertCache::score_prediction() {
+  if (predicted_layer_ < 0) return;
+  for (int key : predicted_) predicted_mask_[key] = 0;
+  stats_.prefetch_scored += predicted_count_;
+  stats_.prefetch_scored_used += predicted_used_;
+  window_predicted_ += predicted_count_;
+  window_used_ += predicted_used_;
+  predicted_.clear();
+  predicted_layer_ = -1;
+  predicted_count_ = predicted_used_ = 0;
+  if (window_predicted_ < std::max<size_t>(options_.prefetch_window, 1)) return;
+  prefetch_open_ = static_cast<double>(window_used_) >=
+                   options_.prefetch_min_precision * static_cast<double>(window_predicted_);
+  window_predicted_ = window_used_ = 0;
+}
+
+bool ExpertCache::prefetch_wanted() {
+  if (prefetch_open_ || options_.prefetch_min_precision <= 0) return true;
+  const bool probe = gate_calls_++ % std::max(options_.prefetch_probe_every, 1) == 0;
+  if (!probe) stats_.prefetch_skipped += 1;
+  return probe;
+}
+
 size_t ExpertCache::prefetch(const std::vector<int>& keys) {
+  score_prediction();  // the previous one, if its layer never ran
   if (slots_.empty()) return 0;
   std::vector<char> protect(units_.size(), 0);
   for (int key : current_) protect[key] = 1;
-  std::vector<int> loads, load_slots, read_aheads;
+  std::vector<int> loads, load_slots, read_aheads, read_ahead_keys;
   for (int key : keys) {
     OMNI_CHECK(key >= 0 && static_cast<size_t>(key) < units_.size(), "expert key ", key,
                " out of range (", units_.size(), " experts)");
@@ -380,6 +421,7 @@ size_t ExpertCache::prefetch(const std::vector<int>& keys) {
       // entries, so that a read cannot evict them), and leave the device copy to ensure(),
       // which then finds the bytes read (or being read) instead of waiting for the disk.
       read_aheads.push_back(disk_id_[key]);
+      read_ahead_keys.push_back(key);
       continue;
     }
     if (options_.miss_policy == ExpertMissPolicy::kHost) continue;
@@ -392,6 +434,16 @@ size_t ExpertCache::prefetch(const std::vector<int>& keys) {
   }
   if (!loads.empty()) copy_in_or_forget(loads, load_slots);
   for (int id : read_aheads) disk_->read_ahead(id);
+  // What this prediction cost (copies, reads), scored by the next ensure() of its layer: the
+  // predicted experts already on the device cost nothing and are not scored.
+  for (const auto* acted : {&loads, &read_ahead_keys}) {
+    for (int key : *acted) {
+      predicted_mask_[key] = 1;
+      predicted_.push_back(key);
+    }
+  }
+  if (!predicted_.empty()) predicted_layer_ = layer_of_[predicted_.front()];
+  predicted_count_ = predicted_.size();
   if (loads.empty()) return 0;
   ++tick_;
   for (int key : loads) {
@@ -410,7 +462,7 @@ ExpertCacheStats ExpertCache::stats() {
 }
 
 void ExpertCache::reset_stats() {
-  ExpertCacheStats fresh;
+  ExpertCacheStats fresh;  // the gate's window stays: it describes the model, not a request
   fresh.expert_bytes = stats_.expert_bytes;
   fresh.experts = stats_.experts;
   fresh.slots = stats_.slots;
@@ -486,6 +538,7 @@ std::unique_ptr<ExpertCache> make_expert_cache(torch::nn::Module& root, const Of
   ExpertCacheOptions options;
   options.miss_policy = config.expert_miss_policy;
   options.eviction = config.expert_eviction;
+  options.prefetch_min_precision = config.expert_prefetch_min_precision;
   options.budget_bytes = config.expert_cache_budget_bytes;
   if (options.budget_bytes == 0) {
     options.budget_bytes =

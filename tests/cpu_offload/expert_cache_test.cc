@@ -110,7 +110,7 @@ class UntimedEngine : public TransferEngine {
 // Experts of a 1-layer toy in a cache of `slots` experts (+ `extra` bytes of budget).
 Setup make(DeviceKind kind, int experts, size_t slots, size_t extra = 0,
            ExpertMissPolicy policy = ExpertMissPolicy::kFetch, int layers = 1, bool untimed = false,
-           ExpertEviction eviction = ExpertEviction::kLayer) {
+           ExpertEviction eviction = ExpertEviction::kLayer, double prefetch_min_precision = 0.5) {
   Setup s;
   s.engine = make_transfer_engine(kind);
   if (untimed) s.engine = std::make_shared<UntimedEngine>(s.engine);
@@ -124,6 +124,7 @@ Setup make(DeviceKind kind, int experts, size_t slots, size_t extra = 0,
   config.expert_cache_budget_bytes = slots * slab + extra;
   config.expert_miss_policy = policy;
   config.expert_eviction = eviction;
+  config.expert_prefetch_min_precision = prefetch_min_precision;
   s.cache = make_expert_cache(*s.model, s.plan, config, s.engine);
   s.scope = s.engine->enter_compute();  // the tests' forwards
   return s;
@@ -310,6 +311,55 @@ TEST_P(ExpertCacheTest, PrefetchedExpertsAreHitsAndSpareTheCurrentRequest) {
   cache.reset_stats();
   EXPECT_EQ(cache.stats().uses(), 0u);
   EXPECT_EQ(cache.stats().slots, 3u);
+}
+
+// The prefetch gate: 128 predictions that miss (each copies an expert its layer then does not
+// ask for) close it, so that prefetch_wanted() says yes to one call in eight only; 128 that hit
+// open it again. With a minimum of 0 it never closes. Two layers, two slots: layer 0's expert
+// stays, layer 1's cycle through the other slot, so that every prediction is copied (scored).
+TEST_P(ExpertCacheTest, PrefetchStopsWhileItsPredictionsMissAndResumesWhenTheyHit) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  for (double min_precision : {0.5, 0.0}) {
+    SCOPED_TRACE(min_precision);
+    auto s = make(GetParam(), 4, 2, 0, ExpertMissPolicy::kFetch, 2, false, ExpertEviction::kLayer,
+                  min_precision);
+    auto& cache = *s.cache;
+    auto key = [&](int l, int e) { return cache.key_of(ToyMoe::path(l, e)); };
+    const size_t window = cache.options().prefetch_window;
+    ASSERT_EQ(window, 128u);
+    for (size_t i = 0; i < window; ++i) {  // wrong: layer 1 asks for expert 0
+      cache.ensure({key(0, 0)});
+      ASSERT_TRUE(cache.prefetch_wanted()) << "closed before a window was scored, at " << i;
+      ASSERT_EQ(cache.prefetch({key(1, 2 + static_cast<int>(i % 2))}), 1u);
+      cache.ensure({key(1, 0)});
+    }
+    cache.ensure({key(0, 0)});  // scores the last prediction: the window is full
+    int yes = 0;
+    for (int i = 0; i < 16; ++i) yes += cache.prefetch_wanted() ? 1 : 0;
+    auto st = cache.stats();
+    EXPECT_EQ(st.prefetch_scored, window);
+    EXPECT_EQ(st.prefetch_scored_used, 0u);
+    if (min_precision > 0) {
+      EXPECT_EQ(yes, 2);  // the probes
+      EXPECT_EQ(st.prefetch_skipped, 14u);
+    } else {
+      EXPECT_EQ(yes, 16);
+      EXPECT_EQ(st.prefetch_skipped, 0u);
+    }
+    for (size_t i = 0; i < window; ++i) {           // right: layer 1 asks for the predicted expert
+      const int e = static_cast<int>((i + 1) % 2);  // expert 0 is on the device now
+      ASSERT_EQ(cache.prefetch({key(1, e)}), 1u) << i;
+      cache.ensure({key(1, e)});
+      cache.ensure({key(0, 0)});
+    }
+    yes = 0;
+    for (int i = 0; i < 16; ++i) yes += cache.prefetch_wanted() ? 1 : 0;
+    EXPECT_EQ(yes, 16);
+    st = cache.stats();
+    EXPECT_EQ(st.prefetch_scored, 2 * window);
+    EXPECT_EQ(st.prefetch_scored_used, window);
+    EXPECT_DOUBLE_EQ(st.prefetch_precision(), 0.5);
+  }
 }
 
 TEST_P(ExpertCacheTest, HostMissPolicyComputesFromTheHostSlab) {

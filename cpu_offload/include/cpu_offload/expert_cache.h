@@ -20,6 +20,15 @@
 // ensure() that uses them waits (on the device, not the host). Model-agnostic: keys are unit
 // indices, found by module path with key_of().
 //
+// A prediction pays only when it is right: a wrong one costs a copy (or a disk read) and
+// evicts an expert that may have hit, and the prediction itself costs the model a router
+// product and a device-to-host sync per layer. The cache scores what each prefetch() acted on
+// (the experts it copied or read ahead; those already on the device cost nothing) against the
+// next ensure() of the predicted layer: the fraction it asked for. Once a window of
+// prefetch_window scored experts is below prefetch_min_precision, prefetch_wanted() tells the
+// model to stop predicting, except one call in prefetch_probe_every, whose predictions keep
+// the score current: prefetch resumes as soon as a window scores at least the minimum.
+//
 // Miss policy `host` (ExpertMissPolicy, offload_config.h): a miss is not fetched but bound to
 // views of its host slab, and the model computes it where it lies (the host CPU), as llama.cpp's
 // --cpu-moe does for every expert and Fiddler per expert; nothing is copied or prefetched, so
@@ -51,21 +60,30 @@ struct ExpertCacheStats {
   uint64_t host_computed = 0;  // misses computed from the host slab (miss policy host/auto)
   uint64_t prefetched = 0;     // experts copied by prefetch()
   uint64_t prefetch_hits = 0;  // prefetched experts that a later ensure() used
-  uint64_t loads = 0;          // copies of experts to the device (fetched misses + prefetched)
-  uint64_t evictions = 0;      // experts that left the device to make room
-  uint64_t bytes_h2d = 0;      // loads x expert bytes
-  double stall_ms = 0;         // time compute waited for expert copies
-  size_t expert_bytes = 0;     // one expert's slab (the slot size)
-  size_t experts = 0;          // experts under the cache
-  size_t slots = 0;            // device slots: budget / expert_bytes, at most `experts`
-  size_t budget_bytes = 0;     // the budget asked for
-  size_t device_bytes = 0;     // slots x expert_bytes (<= budget_bytes)
+  // Experts a prefetch() copied or read ahead (the predicted ones it acted on), scored by
+  // the next ensure() of their layer, and how many that ensure() asked for.
+  uint64_t prefetch_scored = 0;
+  uint64_t prefetch_scored_used = 0;
+  uint64_t prefetch_skipped = 0;  // prefetch_wanted() calls answered no (the gate, below)
+  uint64_t loads = 0;             // copies of experts to the device (fetched misses + prefetched)
+  uint64_t evictions = 0;         // experts that left the device to make room
+  uint64_t bytes_h2d = 0;         // loads x expert bytes
+  double stall_ms = 0;            // time compute waited for expert copies
+  size_t expert_bytes = 0;        // one expert's slab (the slot size)
+  size_t experts = 0;             // experts under the cache
+  size_t slots = 0;               // device slots: budget / expert_bytes, at most `experts`
+  size_t budget_bytes = 0;        // the budget asked for
+  size_t device_bytes = 0;        // slots x expert_bytes (<= budget_bytes)
 
   uint64_t uses() const { return hits + misses; }
   double hit_rate() const { return uses() ? static_cast<double>(hits) / uses() : 0.0; }
   // Of the prefetched experts, the fraction used before being evicted.
   double prefetch_hit_rate() const {
     return prefetched ? static_cast<double>(prefetch_hits) / prefetched : 0.0;
+  }
+  // Of the experts prefetch() acted on, the fraction their layer asked for.
+  double prefetch_precision() const {
+    return prefetch_scored ? static_cast<double>(prefetch_scored_used) / prefetch_scored : 0.0;
   }
   std::string to_json() const;
 };
@@ -77,6 +95,12 @@ struct ExpertCacheOptions {
   // Auto policy: host compute rate (FLOP/s) when nothing was measured yet (0: fetch until a
   // host computation was measured).
   double host_flops_hint = 0;
+  // Prefetch gate (see the class comment): the least precision of a window of
+  // `prefetch_window` scored experts for prefetch_wanted() to say yes (0: always yes), and
+  // while it says no, one call in `prefetch_probe_every` says yes.
+  double prefetch_min_precision = 0.5;
+  size_t prefetch_window = 128;
+  int prefetch_probe_every = 8;
 };
 
 class ExpertCache {
@@ -115,6 +139,10 @@ class ExpertCache {
   // ensure()'s keys nor earlier keys of this call, as many as there are such slots; does not
   // wait. Returns the number of copies issued.
   size_t prefetch(const std::vector<int>& keys);
+  // Whether a model should predict its next layer's experts and prefetch() them now: yes
+  // until a window of scored experts is below options().prefetch_min_precision, then one call
+  // in prefetch_probe_every until a window scores at least that again.
+  bool prefetch_wanted();
   // Host-computation time of `flops` floating-point operations that took `ms` (the model
   // reports it for host-placed experts; the auto policy reads the rate).
   void record_host_compute(double flops, double ms);
@@ -154,6 +182,8 @@ class ExpertCache {
   void bind_host(int key);
   void unbind_host_bound();
   bool fetch_is_faster(int key, int64_t rows) const;
+  // Scores the pending prediction (prefetch()'s keys) and adds it to the window.
+  void score_prediction();
   // Link bytes per ms: the engine's copy timings, else the cache's own timed fetch; 0 unknown.
   double link_rate() const;
 
@@ -178,6 +208,16 @@ class ExpertCache {
   TimeAccumulator stall_;
   double host_flops_ = 0, host_ms_ = 0;
   double probe_bytes_ = 0, probe_ms_ = 0;  // auto policy: fetches timed on the host
+  // The prefetch gate: the last prefetch()'s scored keys (marked in predicted_mask_ until
+  // their layer asks for them), how many it asked for, and the window being filled.
+  std::vector<int> predicted_;
+  std::vector<char> predicted_mask_;
+  int predicted_layer_ = -1;
+  size_t predicted_used_ = 0;
+  size_t predicted_count_ = 0;
+  size_t window_predicted_ = 0, window_used_ = 0;
+  bool prefetch_open_ = true;  // the last full window scored at least the minimum
+  uint64_t gate_calls_ = 0;    // prefetch_wanted() calls while closed
 };
 
 // Packs the plan's experts (OffloadPlan::experts) of `root` into an ExpertCache under

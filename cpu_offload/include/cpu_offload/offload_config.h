@@ -116,6 +116,10 @@ struct OffloadConfig {
   double expert_cache_budget_fraction = 0.25;
   ExpertMissPolicy expert_miss_policy = ExpertMissPolicy::kFetch;
   ExpertEviction expert_eviction = ExpertEviction::kLayer;
+  // Prefetch only while its predictions are used (ExpertCacheOptions::prefetch_min_precision):
+  // below this fraction of predicted experts asked for, the model stops predicting except one
+  // layer call in eight. 0: always predict.
+  double expert_prefetch_min_precision = 0.5;
 
   // The disk tier (disk_tier.h). Host bytes the streamed weights (layerwise units and experts)
   // may take; 0: no limit. When they do not fit, experts (then layerwise units too, if need be)

@@ -34,7 +34,8 @@ class ExpertOffload final : public qwen3_omni::ExpertProvider {
   size_t capacity() const override;
   std::vector<bool> prepare(int64_t layer, const std::vector<int64_t>& experts,
                             const std::vector<int64_t>& rows) override;
-  bool wants_prediction() const override { return prefetch_; }
+  // With prefetch on, while the cache's prefetch gate is open (ExpertCache::prefetch_wanted).
+  bool wants_prediction() override { return prefetch_ && cache_.prefetch_wanted(); }
   void prefetch(int64_t layer, const std::vector<int64_t>& experts) override;
   void host_computed(int64_t layer, int64_t expert, int64_t rows, double ms) override;
 
