@@ -396,8 +396,20 @@ int run(const Options& o) {
                          static_cast<double>(decode_steps)
                   << ", \"expert_stats\": " << e.to_json();
     }
-    // The disk tier's reads (per token over the request, and over the decode steps alone),
-    // and their throughput while a read ran.
+    // The disk tiers' stats, taken once: the layers' and the experts'.
+    const auto layer_disk = runner->offload().disk_stats();
+    std::optional<omni::offload::DiskTierStats> expert_disk;
+    if (experts && experts->disk()) expert_disk = experts->disk()->stats();
+    // The disk's own speed on the same file, once, after the first run that read from it (the
+    // runs are not slowed by it).
+    const bool read_disk =
+        (layer_disk && layer_disk->read_bytes > 0) || (expert_disk && expert_disk->read_bytes > 0);
+    if (read_disk && !raw_read && raw_read_bytes > 0) {
+      raw_read =
+          omni::offload::measure_sequential_read(largest_safetensors(model_dir), raw_read_bytes);
+    }
+    // Each tier's reads (per token over the request, and over the decode steps alone), their
+    // throughput while a read ran, and that as a fraction of the disk's own speed.
     std::ostringstream disk_json;
     auto add_disk = [&](const char* key, const omni::offload::DiskTierStats& d,
                         uint64_t prefill_reads) {
@@ -407,29 +419,13 @@ int run(const Options& o) {
                 << ", \"" << key << "_decode_read_bytes_per_token\": "
                 << static_cast<double>(d.read_bytes - prefill_reads) /
                        static_cast<double>(decode_steps);
+      if (raw_read && d.read_bytes > 0 && raw_read->bytes_per_s() > 0) {
+        disk_json << ", \"" << key
+                  << "_read_fraction_of_raw\": " << d.read_bytes_per_s() / raw_read->bytes_per_s();
+      }
     };
-    // The disk's own speed on the same file, once, after the first run that read from it (the
-    // runs are not slowed by it), and each tier's throughput while reading as a fraction of it.
-    const bool read_disk =
-        (runner->offload().disk_stats() && runner->offload().disk_stats()->read_bytes > 0) ||
-        (experts && experts->disk() && experts->disk()->stats().read_bytes > 0);
-    if (read_disk && !raw_read && raw_read_bytes > 0) {
-      raw_read =
-          omni::offload::measure_sequential_read(largest_safetensors(model_dir), raw_read_bytes);
-    }
-    const auto add_fraction = [&](const char* key, const omni::offload::DiskTierStats& d) {
-      if (!raw_read || d.read_bytes == 0 || raw_read->bytes_per_s() <= 0) return;
-      disk_json << ", \"" << key
-                << "_read_fraction_of_raw\": " << d.read_bytes_per_s() / raw_read->bytes_per_s();
-    };
-    if (const auto d = runner->offload().disk_stats()) {
-      add_disk("layer_disk", *d, prefill_layer_reads);
-      add_fraction("layer_disk", *d);
-    }
-    if (experts && experts->disk()) {
-      add_disk("expert_disk", experts->disk()->stats(), prefill_expert_reads);
-      add_fraction("expert_disk", experts->disk()->stats());
-    }
+    if (layer_disk) add_disk("layer_disk", *layer_disk, prefill_layer_reads);
+    if (expert_disk) add_disk("expert_disk", *expert_disk, prefill_expert_reads);
     if (raw_read) disk_json << ", \"raw_read\": " << raw_read->to_json();
     std::cout << "{\"strategy\": \"" << strategy << "\", \"device\": \"" << s.device
               << "\", \"model_dir\": \"" << model_dir << "\", \"param_bytes\": " << s.param_bytes

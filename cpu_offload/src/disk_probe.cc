@@ -7,13 +7,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <sstream>
 
 #include "cpu_offload/check.h"
+#include "json_text.h"
 
 namespace omni::offload {
 namespace {
@@ -28,24 +28,6 @@ struct Fd {
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
-
-// A JSON string literal of `text` (quotes, backslashes and control bytes escaped).
-std::string json_quoted(const std::string& text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char hex[8];
-      std::snprintf(hex, sizeof(hex), "\\u%04x", c);
-      out += hex;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
 
 }  // namespace
 

@@ -383,13 +383,13 @@ std::vector<ExpertCache::Placement> ExpertCache::ensure(const std::vector<int>& 
 void ExpertCache::score_prediction() {
   if (predicted_layer_ < 0) return;
   for (int key : predicted_) predicted_mask_[key] = 0;
-  stats_.prefetch_scored += predicted_count_;
+  stats_.prefetch_scored += predicted_.size();
   stats_.prefetch_scored_used += predicted_used_;
-  window_predicted_ += predicted_count_;
+  window_predicted_ += predicted_.size();
   window_used_ += predicted_used_;
   predicted_.clear();
   predicted_layer_ = -1;
-  predicted_count_ = predicted_used_ = 0;
+  predicted_used_ = 0;
   if (window_predicted_ < std::max<size_t>(options_.prefetch_window, 1)) return;
   prefetch_open_ = static_cast<double>(window_used_) >=
                    options_.prefetch_min_precision * static_cast<double>(window_predicted_);
@@ -443,7 +443,6 @@ size_t ExpertCache::prefetch(const std::vector<int>& keys) {
     }
   }
   if (!predicted_.empty()) predicted_layer_ = layer_of_[predicted_.front()];
-  predicted_count_ = predicted_.size();
   if (loads.empty()) return 0;
   ++tick_;
   for (int key : loads) {

@@ -3,22 +3,14 @@
 #include <iomanip>
 #include <sstream>
 
+#include "json_text.h"
+
 namespace omni::offload {
-namespace {
-std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
-}  // namespace
 
 std::string OffloadStats::to_json(bool with_units) const {
   std::ostringstream os;
   os << std::fixed << std::setprecision(3);
-  os << "{\"strategy\": " << quoted(strategy) << ", \"device\": " << quoted(device)
+  os << "{\"strategy\": " << json_quoted(strategy) << ", \"device\": " << json_quoted(device)
      << ", \"param_bytes\": " << param_bytes << ", \"resident_bytes\": " << resident_bytes
      << ", \"max_unit_bytes\": " << max_unit_bytes << ", \"host_bytes\": " << host_bytes
      << ", \"peak_device_bytes\": " << peak_device_bytes
@@ -33,7 +25,7 @@ std::string OffloadStats::to_json(bool with_units) const {
     os << ", \"units\": [";
     for (size_t i = 0; i < units.size(); ++i) {
       const auto& u = units[i];
-      os << (i ? ", " : "") << "{\"name\": " << quoted(u.name) << ", \"bytes\": " << u.bytes
+      os << (i ? ", " : "") << "{\"name\": " << json_quoted(u.name) << ", \"bytes\": " << u.bytes
          << ", \"loads\": " << u.loads << ", \"sync_loads\": " << u.sync_loads
          << ", \"copy_ms\": " << u.copy_ms << ", \"compute_ms\": " << u.compute_ms
          << ", \"stall_ms\": " << u.stall_ms << "}";

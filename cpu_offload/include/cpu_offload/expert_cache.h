@@ -214,7 +214,6 @@ class ExpertCache {
   std::vector<char> predicted_mask_;
   int predicted_layer_ = -1;
   size_t predicted_used_ = 0;
-  size_t predicted_count_ = 0;
   size_t window_predicted_ = 0, window_used_ = 0;
   bool prefetch_open_ = true;  // the last full window scored at least the minimum
   uint64_t gate_calls_ = 0;    // prefetch_wanted() calls while closed

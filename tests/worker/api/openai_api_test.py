@@ -104,6 +104,12 @@ def main():
     ref_json = json.loads(ref.stdout)
     ref_rate, ref_channels, _, ref_frames = wav_info(open(ref_wav, "rb").read())
 
+    def speak(client):
+        """The greedy text + speech request the offload cases compare with generate's."""
+        return client.chat.completions.create(
+            model="tiny", messages=messages, modalities=["text", "audio"], temperature=0,
+            seed=42, max_tokens=12, extra_body={"max_audio_frames": 12})
+
     proc, port = start_server("--max-concurrent-requests", "2", "--max-request-bytes", "4000000")
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY)
@@ -238,9 +244,7 @@ def main():
                               "--gpu-memory-budget", "3000000")
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY)
-        r = client.chat.completions.create(
-            model="tiny", messages=messages, modalities=["text", "audio"], temperature=0,
-            seed=42, max_tokens=12, extra_body={"max_audio_frames": 12})
+        r = speak(client)
         assert r.choices[0].message.content == ref_json["text"]
         assert wav_info(base64.b64decode(r.choices[1].message.audio.data))[3] == ref_frames
 
@@ -264,9 +268,7 @@ def main():
         assert sample(body, "omni_process_resident_bytes") > 0, body
         # A second answer moves the weights again (they take turns): the counter grows.
         moved = sample(body, "omni_offload_bytes_moved_total", stage=names["thinker"])
-        client.chat.completions.create(
-            model="tiny", messages=messages, modalities=["text", "audio"], temperature=0,
-            seed=42, max_tokens=12, extra_body={"max_audio_frames": 12})
+        speak(client)
         body = raw(port, "/metrics")[1].decode()
         assert sample(body, "omni_offload_bytes_moved_total", stage=names["thinker"]) > moved, body
     finally:
@@ -282,9 +284,7 @@ def main():
         proc, port = start_server(*flags)
         try:
             client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY)
-            r = client.chat.completions.create(
-                model="tiny", messages=messages, modalities=["text", "audio"], temperature=0,
-                seed=42, max_tokens=12, extra_body={"max_audio_frames": 12})
+            r = speak(client)
             assert r.choices[0].message.content == ref_json["text"]
             return raw(port, "/metrics")[1].decode()
         finally:
