@@ -408,7 +408,11 @@ size_t ExpertCache::prefetch(const std::vector<int>& keys) {
   if (slots_.empty()) return 0;
   std::vector<char> protect(units_.size(), 0);
   for (int key : current_) protect[key] = 1;
-  std::vector<int> loads, load_slots, read_aheads, read_ahead_keys;
+  // A closed gate's probe only scores: it marks the experts a prediction would have copied or
+  // read ahead, and moves nothing. A probe that acted would cost the copies and disk reads the
+  // gate was closed to save, for a prediction already known to miss more often than not.
+  const bool score_only = !prefetch_open_ && options_.prefetch_min_precision > 0;
+  std::vector<int> loads, load_slots, read_aheads, read_ahead_keys, would_act;
   for (int key : keys) {
     OMNI_CHECK(key >= 0 && static_cast<size_t>(key) < units_.size(), "expert key ", key,
                " out of range (", units_.size(), " experts)");
@@ -416,6 +420,10 @@ size_t ExpertCache::prefetch(const std::vector<int>& keys) {
     protect[key] = 1;
     Entry& e = entries_[key];
     if (e.slot >= 0) continue;  // on the device or arriving
+    if (score_only) {
+      would_act.push_back(key);
+      continue;
+    }
     if (disk_id_[key] >= 0 && !disk_->cached(disk_id_[key])) {
       // Not in host memory yet: start reading it (after the copies below have taken their
       // entries, so that a read cannot evict them), and leave the device copy to ensure(),
@@ -436,7 +444,7 @@ size_t ExpertCache::prefetch(const std::vector<int>& keys) {
   for (int id : read_aheads) disk_->read_ahead(id);
   // What this prediction cost (copies, reads), scored by the next ensure() of its layer: the
   // predicted experts already on the device cost nothing and are not scored.
-  for (const auto* acted : {&loads, &read_ahead_keys}) {
+  for (const auto* acted : {&loads, &read_ahead_keys, &would_act}) {
     for (int key : *acted) {
       predicted_mask_[key] = 1;
       predicted_.push_back(key);

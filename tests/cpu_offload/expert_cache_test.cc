@@ -346,19 +346,27 @@ TEST_P(ExpertCacheTest, PrefetchStopsWhileItsPredictionsMissAndResumesWhenTheyHi
       EXPECT_EQ(yes, 16);
       EXPECT_EQ(st.prefetch_skipped, 0u);
     }
-    for (size_t i = 0; i < window; ++i) {           // right: layer 1 asks for the predicted expert
-      const int e = static_cast<int>((i + 1) % 2);  // expert 0 is on the device now
-      ASSERT_EQ(cache.prefetch({key(1, e)}), 1u) << i;
+    // Right: layer 1 asks for the predicted expert. Experts 2 and 3 alternate, so the one
+    // predicted is never the one layer 1 left on the device. While the gate is closed the
+    // predictions are only scored: nothing is copied.
+    const bool closed = min_precision > 0;
+    for (size_t i = 0; i < window; ++i) {
+      const int e = 2 + static_cast<int>(i % 2);
+      ASSERT_EQ(cache.prefetch({key(1, e)}), closed ? 0u : 1u) << i;
       cache.ensure({key(1, e)});
       cache.ensure({key(0, 0)});
     }
+    st = cache.stats();
+    EXPECT_EQ(st.prefetched, closed ? window : 2 * window);
+    EXPECT_EQ(st.prefetch_hits, closed ? 0u : window);
     yes = 0;
     for (int i = 0; i < 16; ++i) yes += cache.prefetch_wanted() ? 1 : 0;
     EXPECT_EQ(yes, 16);
-    st = cache.stats();
     EXPECT_EQ(st.prefetch_scored, 2 * window);
     EXPECT_EQ(st.prefetch_scored_used, window);
     EXPECT_DOUBLE_EQ(st.prefetch_precision(), 0.5);
+    // Open again: a prediction is copied.
+    EXPECT_EQ(cache.prefetch({key(1, 2)}), 1u);
   }
 }
 

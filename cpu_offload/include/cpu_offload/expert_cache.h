@@ -27,7 +27,8 @@
 // next ensure() of the predicted layer: the fraction it asked for. Once a window of
 // prefetch_window scored experts is below prefetch_min_precision, prefetch_wanted() tells the
 // model to stop predicting, except one call in prefetch_probe_every, whose predictions keep
-// the score current: prefetch resumes as soon as a window scores at least the minimum.
+// the score current: prefetch resumes as soon as a window scores at least the minimum. While
+// the gate is closed, prefetch() only scores (the probes copy and read nothing).
 //
 // Miss policy `host` (ExpertMissPolicy, offload_config.h): a miss is not fetched but bound to
 // views of its host slab, and the model computes it where it lies (the host CPU), as llama.cpp's
@@ -137,7 +138,8 @@ class ExpertCache {
                                 const std::vector<int64_t>& rows = {});
   // Starts copies of those of `keys` not on the device, into slots that hold neither the last
   // ensure()'s keys nor earlier keys of this call, as many as there are such slots; does not
-  // wait. Returns the number of copies issued.
+  // wait. Returns the number of copies issued. While the prefetch gate is closed, it only
+  // scores `keys` (no copies, no disk reads) and returns 0.
   size_t prefetch(const std::vector<int>& keys);
   // Whether a model should predict its next layer's experts and prefetch() them now: yes
   // until a window of scored experts is below options().prefetch_min_precision, then one call
