@@ -4,6 +4,7 @@
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
+#include "cpu_offload/option_names.h"
 
 namespace omni::offload {
 
@@ -27,14 +28,15 @@ Granularity parse_granularity(const std::string& text) {
 ComponentPolicy parse_component_policy(const std::string& text) {
   if (text == "alternating") return ComponentPolicy::kAlternating;
   if (text == "sequential") return ComponentPolicy::kSequential;
-  OMNI_THROW("unknown component offload strategy '", text,
-             "' (expected alternating or sequential)");
+  OMNI_THROW("unknown component offload strategy '", text, "' (expected ",
+             names::listed(names::component_policies()), ")");
 }
 
 DiskRead parse_disk_read(const std::string& text) {
   if (text == "pread") return DiskRead::kPread;
   if (text == "mmap") return DiskRead::kMmap;
-  OMNI_THROW("unknown disk read mode '", text, "' (pread, mmap)");
+  OMNI_THROW("unknown disk read mode '", text, "' (expected ", names::listed(names::disk_reads()),
+             ")");
 }
 
 std::string to_string(DiskRead read) { return read == DiskRead::kMmap ? "mmap" : "pread"; }
@@ -42,7 +44,8 @@ std::string to_string(DiskRead read) { return read == DiskRead::kMmap ? "mmap" :
 ExpertEviction parse_expert_eviction(const std::string& text) {
   if (text == "lru") return ExpertEviction::kLru;
   if (text == "layer") return ExpertEviction::kLayer;
-  OMNI_THROW("unknown expert_eviction '", text, "' (expected lru or layer)");
+  OMNI_THROW("unknown expert_eviction '", text, "' (expected ",
+             names::listed(names::expert_evictions()), ")");
 }
 
 std::string to_string(ExpertEviction eviction) {
@@ -53,7 +56,8 @@ ExpertMissPolicy parse_expert_miss_policy(const std::string& text) {
   if (text == "fetch") return ExpertMissPolicy::kFetch;
   if (text == "host") return ExpertMissPolicy::kHost;
   if (text == "auto") return ExpertMissPolicy::kAuto;
-  OMNI_THROW("unknown expert_miss_policy '", text, "' (expected fetch, host or auto)");
+  OMNI_THROW("unknown expert_miss_policy '", text, "' (expected ",
+             names::listed(names::expert_miss_policies()), ")");
 }
 
 std::string to_string(ExpertMissPolicy policy) {

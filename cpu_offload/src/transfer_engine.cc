@@ -4,13 +4,14 @@
 #include <string>
 
 #include "cpu_offload/check.h"
+#include "cpu_offload/option_names.h"
 
 namespace omni::offload {
 
 DeviceKind parse_device_kind(const std::string& text) {
   if (text == "cpu" || text == "cpu-sim") return DeviceKind::kCpuSim;
   if (text == "cuda" || text == "gpu") return DeviceKind::kCuda;
-  OMNI_THROW("unknown device '", text, "' (expected cpu or cuda)");
+  OMNI_THROW("unknown device '", text, "' (expected ", names::listed(names::device_kinds()), ")");
 }
 
 std::string to_string(DeviceKind kind) { return kind == DeviceKind::kCuda ? "cuda" : "cpu"; }

@@ -200,7 +200,7 @@ TEST_P(ExpertOffload, BadOptionsAreClearErrors) {
     load(GetParam(), o);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown expert_eviction 'fifo' (expected lru or layer)"),
+    EXPECT_NE(std::string(e.what()).find("unknown expert_eviction 'fifo' (expected layer or lru)"),
               std::string::npos)
         << e.what();
   }

@@ -3,118 +3,16 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <cerrno>
-#include <climits>
 #include <cmath>
-#include <cstdlib>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "cpu_offload/check.h"
+#include "cpu_offload/option_names.h"
 #include "model_runner/runner/expert_offload.h"
+#include "worker/cli/validators.h"
 
 namespace omni::cli {
-namespace {
-
-// Validators. Each returns "" or the reason, which CLI11 turns into "--flag: reason"; their
-// descriptions are empty so that --help shows the type names set below (N, X, ...) and not
-// CLI11's generic ones. CLI11 checks the text before converting it, so the integer checks also
-// catch "2.5", which would otherwise fail as "Could not convert".
-
-bool parse_integer(const std::string& text, long long* value) {
-  if (text.empty()) return false;
-  errno = 0;
-  char* end = nullptr;
-  *value = std::strtoll(text.c_str(), &end, 10);
-  return errno == 0 && end == text.c_str() + text.size();
-}
-
-bool parse_number(const std::string& text, double* value) {
-  if (text.empty()) return false;
-  errno = 0;
-  char* end = nullptr;
-  *value = std::strtod(text.c_str(), &end);
-  return errno == 0 && end == text.c_str() + text.size() && std::isfinite(*value);
-}
-
-CLI::Validator integer_at_least(long long min) {
-  return CLI::Validator(
-      [min](std::string& text) -> std::string {
-        long long v;
-        if (!parse_integer(text, &v) || v < min) {
-          return "expected an integer >= " + std::to_string(min) + ", got '" + text + "'";
-        }
-        return "";
-      },
-      "");
-}
-
-CLI::Validator unsigned_integer() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        // Digits only: strtoull would accept "-1" (and wrap it around).
-        const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
-          return c >= '0' && c <= '9';
-        });
-        errno = 0;
-        if (!digits || (std::strtoull(text.c_str(), nullptr, 10) == ULLONG_MAX && errno != 0)) {
-          return "expected an unsigned 64-bit integer, got '" + text + "'";
-        }
-        return "";
-      },
-      "");
-}
-
-// A number in [min, max] (or (min, max] with `min_open`).
-CLI::Validator number_in(double min, double max, bool min_open = false) {
-  return CLI::Validator(
-      [=](std::string& text) -> std::string {
-        double v;
-        const bool ok = parse_number(text, &v) && (min_open ? v > min : v >= min) && v <= max;
-        if (ok) return "";
-        std::ostringstream why;
-        why << "expected a number ";
-        if (max == HUGE_VAL) {
-          why << (min_open ? "> " : ">= ") << min;
-        } else {
-          why << "in " << (min_open ? "(" : "[") << min << ", " << max << "]";
-        }
-        why << ", got '" << text << "'";
-        return why.str();
-      },
-      "");
-}
-
-CLI::Validator one_of(std::vector<std::string> names) {
-  return CLI::Validator(
-      [names](std::string& text) -> std::string {
-        if (std::find(names.begin(), names.end(), text) != names.end()) return "";
-        std::string list;
-        for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
-        return "expected one of " + list + "; got '" + text + "'";
-      },
-      "");
-}
-
-// Bytes, with an optional SI or binary suffix: 8000000000, 8GB (10^9), 8GiB (2^30).
-CLI::Validator byte_size() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        const std::string original = text;
-        const std::string bad =
-            "expected a byte count (suffixes KB, MB, GB: powers of 1000; KiB, "
-            "MiB, GiB: powers of 1024), got '" +
-            original + "'";
-        if (text.empty() || text[0] == '-' || text[0] == '+') return bad;
-        // AsSizeValue rewrites `text` to the plain number of bytes.
-        if (!CLI::AsSizeValue(/*kb_is_1000=*/true)(text).empty()) return bad;
-        return "";
-      },
-      "");
-}
-
-}  // namespace
 
 GenerateOptions::GenerateOptions() {
   const models::SamplingParams thinker = models::OmniSampling::default_thinker();
@@ -316,7 +214,7 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
                  "alternating: a component leaves when another needs the room; sequential: "
                  "right after its forward")
       ->type_name("alternating|sequential")
-      ->check(one_of({"alternating", "sequential"}));
+      ->check(one_of(offload::names::component_policies()));
   app.add_flag("--cpu-offload-enabled", o.cpu_offload_enabled,
                "component offload of --cpu-offload-components, or of visual and audio_tower "
                "when that is not given");
@@ -371,13 +269,13 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
                  "where it lies, or auto (whichever the measured link and host rates say is "
                  "faster)")
       ->type_name("fetch|host|auto")
-      ->check(one_of({"fetch", "host", "auto"}))
+      ->check(one_of(offload::names::expert_miss_policies()))
       ->needs(experts);
   app.add_option("--expert-eviction", o.expert_eviction,
                  "experts: which expert leaves a full cache: layer (by the layers' run order) or "
                  "lru")
       ->type_name("layer|lru")
-      ->check(one_of({"layer", "lru"}))
+      ->check(one_of(offload::names::expert_evictions()))
       ->needs(experts);
   app.add_option("--host-memory-budget", o.host_memory_budget,
                  "host bytes for the streamed weights (layerwise layers, experts); beyond it "
@@ -388,11 +286,11 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
                  "how weights beyond --host-memory-budget are read: pread (a bounded pinned "
                  "cache, reader threads, read-ahead) or mmap (the OS page cache)")
       ->type_name("pread|mmap")
-      ->check(one_of({"pread", "mmap"}));
+      ->check(one_of(offload::names::disk_reads()));
 
   app.add_option("--device", o.device, "cpu (the simulated device) or cuda")
       ->type_name("cpu|cuda")
-      ->check(one_of({"cpu", "cuda"}));
+      ->check(one_of(offload::names::device_kinds()));
   app.add_option("--dtype", o.dtype,
                  "compute dtype; checkpoint weights of another dtype are converted to it (auto: "
                  "the checkpoint's own)")

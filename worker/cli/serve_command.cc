@@ -9,12 +9,14 @@
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
+#include "cpu_offload/option_names.h"
 #include "model_runner/qwen3_omni/config.h"
 #include "model_runner/runner/expert_offload.h"
 #include "model_runner/weights/hf_config.h"
 #include "worker/cli/generate_command.h"
 #include "worker/cli/generate_options.h"
 #include "worker/cli/process_control.h"
+#include "worker/cli/validators.h"
 #include "worker/config/stage_config.h"
 #include "worker/config/stage_overrides.h"
 #include "worker/http/chat_server.h"
@@ -51,7 +53,7 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
   app.add_option_function<std::string>(
          "--cpu-offload-strategy", [&f](const std::string& v) { f.cpu_offload_strategy = v; },
          "alternating or sequential")
-      ->check(CLI::IsMember({"alternating", "sequential"}));
+      ->check(one_of(offload::names::component_policies()));
   app.add_flag_callback(
       "--cpu-offload-pin-memory", [&f] { f.cpu_offload_pin_memory = true; },
       "pinned host memory for offloaded weights (the default)");
@@ -110,11 +112,11 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
   app.add_option_function<std::string>(
          "--expert-miss-policy", [&f](const std::string& v) { f.expert_miss_policy = v; },
          "experts: what a miss does: fetch it, compute it on the host, or auto")
-      ->check(CLI::IsMember({"fetch", "host", "auto"}));
+      ->check(one_of(offload::names::expert_miss_policies()));
   app.add_option_function<std::string>(
          "--expert-eviction", [&f](const std::string& v) { f.expert_eviction = v; },
          "experts: which expert leaves a full cache: by the layers' run order, or lru")
-      ->check(CLI::IsMember({"layer", "lru"}));
+      ->check(one_of(offload::names::expert_evictions()));
   app.add_option_function<std::string>(
          "--host-memory-budget",
          [&f](const std::string& v) { f.host_memory_budget = config::parse_byte_size(v); },
@@ -134,7 +136,7 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
   app.add_option_function<std::string>(
          "--disk-read", [&f](const std::string& v) { f.disk_read = v; },
          "how weights beyond --host-memory-budget are read: our pinned cache, or the page cache")
-      ->check(CLI::IsMember({"pread", "mmap"}));
+      ->check(one_of(offload::names::disk_reads()));
 
   app.add_option("--stage-init-timeout", o.stage_init_timeout_s,
                  "with --stage-configs-path: seconds a stage worker may take to come up")
@@ -168,10 +170,10 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--device", o.device, "with --model: cpu (the simulated device) or cuda")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->check(one_of(offload::names::device_kinds()))
       ->capture_default_str();
   app.add_option("--dtype", o.dtype, "with --model: compute dtype (auto: the checkpoint's)")
-      ->check(CLI::IsMember({"auto", "float32", "bfloat16", "float16"}))
+      ->check(one_of({"auto", "float32", "bfloat16", "float16"}))
       ->capture_default_str();
   app.parse_complete_callback([model, configs] {
     if (model->count() == 0 && configs->count() == 0) {

@@ -10,9 +10,11 @@
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
+#include "cpu_offload/option_names.h"
 #include "worker/cli/generate_command.h"
 #include "worker/cli/generate_options.h"
 #include "worker/cli/process_control.h"
+#include "worker/cli/validators.h"
 #include "worker/config/stage_config.h"
 #include "worker/config/stage_overrides.h"
 #include "worker/pipeline/local_stages.h"
@@ -62,7 +64,7 @@ void add_worker_options(CLI::App& app, WorkerOptions& o) {
       ->capture_default_str();
   app.add_option("--device", o.device, "instead of runtime.devices: cpu or cuda")
       ->type_name("cpu|cuda")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+      ->check(one_of(offload::names::device_kinds()));
 }
 
 int run_worker(const WorkerOptions& o, std::ostream& err) {

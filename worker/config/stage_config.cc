@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 
+#include "cpu_offload/option_names.h"
 #include "worker/config/stage_overrides.h"
 
 namespace omni::config {
@@ -31,7 +32,6 @@ using Kind = RawValue::Kind;
 const std::vector<std::string> kModelStages = {"thinker", "talker", "code2wav", "diffusion"};
 const std::vector<std::string> kStageTypes = {"llm", "generation", "diffusion"};
 const std::vector<std::string> kOutputTypes = {"text", "audio", "image"};
-const std::vector<std::string> kStrategies = {"alternating", "sequential"};
 const std::vector<std::string> kDtypes = {"float32", "bfloat16", "float16"};
 
 // clang-format off
@@ -395,7 +395,8 @@ bool set_engine_key(StageEngineArgs& e, const std::string& key, const RawValue& 
   } else if (key == "cpu_offload_components") {
     e.cpu_offload_components = null ? d.cpu_offload_components : to_string_list(key, v);
   } else if (key == "cpu_offload_strategy") {
-    e.cpu_offload_strategy = null ? d.cpu_offload_strategy : one_of(key, v, kStrategies);
+    e.cpu_offload_strategy =
+        null ? d.cpu_offload_strategy : one_of(key, v, offload::names::component_policies());
   } else if (key == "cpu_offload_pin_memory") {
     e.cpu_offload_pin_memory = null ? d.cpu_offload_pin_memory : to_bool(key, v);
   } else if (key == "enable_cpu_offload") {
@@ -420,13 +421,15 @@ bool set_engine_key(StageEngineArgs& e, const std::string& key, const RawValue& 
   } else if (key == "expert_prefetch") {
     e.expert_prefetch = null ? d.expert_prefetch : to_bool(key, v);
   } else if (key == "expert_miss_policy") {
-    e.expert_miss_policy = null ? d.expert_miss_policy : one_of(key, v, {"fetch", "host", "auto"});
+    e.expert_miss_policy =
+        null ? d.expert_miss_policy : one_of(key, v, offload::names::expert_miss_policies());
   } else if (key == "expert_eviction") {
-    e.expert_eviction = null ? d.expert_eviction : one_of(key, v, {"lru", "layer"});
+    e.expert_eviction =
+        null ? d.expert_eviction : one_of(key, v, offload::names::expert_evictions());
   } else if (key == "host_memory_budget") {
     e.host_memory_budget = null ? d.host_memory_budget : to_byte_size(key, v);
   } else if (key == "disk_read") {
-    e.disk_read = null ? d.disk_read : one_of(key, v, {"pread", "mmap"});
+    e.disk_read = null ? d.disk_read : one_of(key, v, offload::names::disk_reads());
   } else if (contains(kIgnoredEngineKeys, key)) {
     e.ignored[key] = v.text;
   } else {

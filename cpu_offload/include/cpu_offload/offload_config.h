@@ -1,4 +1,5 @@
-// What the user asks of the engine. Parsed at the edges (CLI, YAML) into this struct.
+// What the user asks of the engine. Parsed at the edges (CLI, YAML) into this struct; the names
+// each parse_*() accepts are listed in option_names.h for the front ends that check them first.
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -35,7 +36,7 @@ enum class ExpertEviction {
   kLru,    // the least recently used
   kLayer,  // experts its layer passed over first, then the one whose layer runs last from now
 };
-ExpertEviction parse_expert_eviction(const std::string& text);  // lru | layer
+ExpertEviction parse_expert_eviction(const std::string& text);  // layer | lru
 std::string to_string(ExpertEviction eviction);
 std::string to_string(Strategy strategy);
 std::string to_string(Granularity granularity);

@@ -1,0 +1,107 @@
+#include "worker/cli/validators.h"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+namespace omni::cli {
+namespace {
+
+bool parse_integer(const std::string& text, long long* value) {
+  if (text.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  *value = std::strtoll(text.c_str(), &end, 10);
+  return errno == 0 && end == text.c_str() + text.size();
+}
+
+bool parse_number(const std::string& text, double* value) {
+  if (text.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  *value = std::strtod(text.c_str(), &end);
+  return errno == 0 && end == text.c_str() + text.size() && std::isfinite(*value);
+}
+
+}  // namespace
+
+CLI::Validator integer_at_least(long long min) {
+  return CLI::Validator(
+      [min](std::string& text) -> std::string {
+        long long v;
+        if (!parse_integer(text, &v) || v < min) {
+          return "expected an integer >= " + std::to_string(min) + ", got '" + text + "'";
+        }
+        return "";
+      },
+      "");
+}
+
+CLI::Validator unsigned_integer() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        // Digits only: strtoull would accept "-1" (and wrap it around).
+        const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+          return c >= '0' && c <= '9';
+        });
+        errno = 0;
+        if (!digits || (std::strtoull(text.c_str(), nullptr, 10) == ULLONG_MAX && errno != 0)) {
+          return "expected an unsigned 64-bit integer, got '" + text + "'";
+        }
+        return "";
+      },
+      "");
+}
+
+CLI::Validator number_in(double min, double max, bool min_open) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double v;
+        const bool ok = parse_number(text, &v) && (min_open ? v > min : v >= min) && v <= max;
+        if (ok) return "";
+        std::ostringstream why;
+        why << "expected a number ";
+        if (max == HUGE_VAL) {
+          why << (min_open ? "> " : ">= ") << min;
+        } else {
+          why << "in " << (min_open ? "(" : "[") << min << ", " << max << "]";
+        }
+        why << ", got '" << text << "'";
+        return why.str();
+      },
+      "");
+}
+
+CLI::Validator one_of(std::vector<std::string> names) {
+  return CLI::Validator(
+      [names](std::string& text) -> std::string {
+        if (std::find(names.begin(), names.end(), text) != names.end()) return "";
+        std::string list;
+        for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+        return "expected one of " + list + "; got '" + text + "'";
+      },
+      "");
+}
+
+CLI::Validator byte_size() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const std::string original = text;
+        const std::string bad =
+            "expected a byte count (suffixes KB, MB, GB: powers of 1000; KiB, "
+            "MiB, GiB: powers of 1024), got '" +
+            original + "'";
+        if (text.empty() || text[0] == '-' || text[0] == '+') return bad;
+        // AsSizeValue rewrites `text` to the plain number of bytes.
+        if (!CLI::AsSizeValue(/*kb_is_1000=*/true)(text).empty()) return bad;
+        return "";
+      },
+      "");
+}
+
+}  // namespace omni::cli

@@ -1,0 +1,27 @@
+// CLI11 validators shared by the vllm-omni subcommands. Each returns "" or the reason, which
+// CLI11 turns into "--flag: reason", naming what was expected and what was given. Their
+// descriptions are empty so that --help shows the option's own type name (N, BYTES, a|b)
+// instead of CLI11's generic one. CLI11 checks the text before converting it, so the integer
+// checks also catch "2.5", which would otherwise fail as "Could not convert".
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace CLI {
+class Validator;
+}
+
+namespace omni::cli {
+
+CLI::Validator integer_at_least(long long min);
+CLI::Validator unsigned_integer();  // digits only, fits 64 bits
+// A number in [min, max] (or (min, max] with `min_open`); max HUGE_VAL: no upper bound.
+CLI::Validator number_in(double min, double max, bool min_open = false);
+// One of `names` exactly (for the engine's options, cpu_offload/option_names.h lists them).
+CLI::Validator one_of(std::vector<std::string> names);
+// Bytes, with an optional SI or binary suffix: 8000000000, 8GB (10^9), 8GiB (2^30); rewrites
+// the text to the plain number.
+CLI::Validator byte_size();
+
+}  // namespace omni::cli
