@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "cpu_offload/check.h"
+#include "cpu_offload/load_progress.h"
 #include "cpu_offload/logging.h"
 
 namespace omni::offload {
@@ -527,6 +528,7 @@ std::unique_ptr<ExpertCache> make_expert_cache(torch::nn::Module& root, const Of
     if (disk) {
       auto unit = OffloadUnit::layout_only(expert.name, tensors, &config.convert_dtypes);
       if (DiskTier::readable(*unit, config.disk_files, config.disk_read)) {
+        for (const auto& named : tensors) LoadProgress::add(named.second.nbytes());
         unit->unbind();  // the checkpoint mapping's pages were never touched
         total += unit->bytes();
         units.push_back(std::move(unit));

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "cpu_offload/check.h"
+#include "cpu_offload/load_progress.h"
 
 namespace omni::offload {
 
@@ -65,6 +66,7 @@ OffloadUnit::OffloadUnit(std::string name,
   for (auto& entry : tensors_) {
     const at::Tensor flat = flat_source(entry);
     write_elements(entry, flat, 0, flat.numel(), host_.data() + entry.offset);
+    LoadProgress::add(flat.nbytes());
   }
   // Only now release the originals: a failure above leaves the module untouched.
   unbind();
@@ -139,6 +141,7 @@ void OffloadUnit::stream_to_device(TransferEngine& engine, const DeviceBuffer& d
       const auto fit = static_cast<int64_t>((half - pos) / item);
       const int64_t count = std::min(numel - done, fit);
       write_elements(entry, flat, done, count, stage[k].data() + pos);
+      LoadProgress::add(static_cast<uint64_t>(count) * flat.element_size());
       ops.push_back(CopyOp{stage[k], pos, dst, dst_offset + entry.offset + done * item,
                            static_cast<size_t>(count) * item});
       done += count;

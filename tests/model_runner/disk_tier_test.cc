@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "cpu_offload/check.h"
+#include "cpu_offload/load_progress.h"
 #include "model_runner/runner/thinker_runner.h"
+#include "model_runner/weights/safetensors.h"
 
 namespace omni::models {
 namespace {
@@ -81,6 +83,15 @@ ThinkerOffloadOptions experts(bool with_layerwise) {
     o.layerwise_encoders = false;
   }
   return o;
+}
+
+// The largest unit of the layerwise plan (the disk tier needs room for three).
+size_t layerwise_max_unit() {
+  size_t max_unit = 0;
+  for (const auto& u : load(layerwise()).runner->offload().plan().units) {
+    max_unit = std::max(max_unit, planned_bytes(u));
+  }
+  return max_unit;
 }
 
 void expect_within_budget(const Loaded& l, size_t budget) {
@@ -217,6 +228,45 @@ TEST(DiskTier, ExpertsReadFromTheCheckpointGiveTheSameTokens) {
     EXPECT_EQ(mapped.entries, 0u);
     EXPECT_EQ(mapped.acquires, m.runner->expert_cache()->stats().loads);
     EXPECT_LE(m.engine->host_counter()->current(), units);  // only the layers' slabs
+  }
+}
+
+// Loading reports progress in checkpoint bytes placed (load_progress.h). Every way of placing
+// a weight must count it once: streamed to the device (resident), packed into a host slab
+// (layerwise, experts), or left in the file for the disk tier. Whatever the strategy, the
+// count is the same, and at least every checkpoint tensor's bytes.
+TEST(LoadProgress, EveryStrategyCountsEachWeightOnce) {
+  const auto checkpoint = SafetensorsCheckpoint::open(kDir);
+  uint64_t thinker_bytes = 0;
+  for (const auto& name : checkpoint.names()) {
+    if (name.rfind("thinker.", 0) == 0) thinker_bytes += checkpoint.info(name).nbytes;
+  }
+  auto placed = [](const ThinkerOffloadOptions& o) {
+    offload::LoadProgress outer("test", 0, /*interval_s=*/3600);
+    load(o);
+    return outer.done_bytes();
+  };
+  const uint64_t resident = placed({});
+  EXPECT_GE(resident, thinker_bytes);
+  // Buffers (rotary frequencies) come on top of the checkpoint's tensors; not many.
+  EXPECT_LE(resident, thinker_bytes + thinker_bytes / 100);
+
+  const auto plan = load(experts(true)).runner->offload().plan();
+  size_t units = 0, expert = 0;
+  for (const auto& u : plan.units) units += planned_bytes(u);
+  for (const auto& e : plan.experts) expert = std::max(expert, planned_bytes(e));
+  auto layers_on_disk = layerwise();
+  layers_on_disk.disk_read_ahead = 1;  // the smallest cache: 3 units
+  layers_on_disk.host_memory_budget_bytes = 3 * layerwise_max_unit();
+  auto experts_on_disk = experts(true);
+  experts_on_disk.host_memory_budget_bytes = units + 5 * expert;
+  for (const auto& [what, o] : std::vector<std::pair<std::string, ThinkerOffloadOptions>>{
+           {"layerwise", layerwise()},
+           {"layerwise, disk tier", layers_on_disk},
+           {"experts", experts(false)},
+           {"experts-layerwise, disk tier", experts_on_disk}}) {
+    SCOPED_TRACE(what);
+    EXPECT_EQ(placed(o), resident);
   }
 }
 

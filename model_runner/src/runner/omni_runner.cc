@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "cpu_offload/check.h"
+#include "cpu_offload/load_progress.h"
 #include "cpu_offload/logging.h"
 #include "model_runner/generation/generate.h"
 #include "model_runner/qwen3_omni/code2wav_stream.h"
@@ -210,8 +211,13 @@ std::unique_ptr<OmniRunner> OmniRunner::load(const OmniRunnerOptions& options,
   auto [oc, spec] = offload_setup(options.offload, "thinker.", s.has_talker, omni_component_paths);
   oc.convert_dtypes = std::move(convert);
   oc.disk_files = std::move(disk_files);
-  s.backend = offload::apply_offload(*s.model, spec, oc, engine);
-  s.expert_cache = offload::make_expert_cache(*s.model, s.backend->plan(), oc, engine);
+  {
+    // The checkpoint is read here, as the weights are placed: for a large one, the long part.
+    offload::LoadProgress progress("placing the weights of " + options.model_dir,
+                                   offload::module_tensor_bytes(*s.model));
+    s.backend = offload::apply_offload(*s.model, spec, oc, engine);
+    s.expert_cache = offload::make_expert_cache(*s.model, s.backend->plan(), oc, engine);
+  }
   if (s.expert_cache) {
     s.expert_offload =
         std::make_unique<ExpertOffload>(s.model->thinker().language_model(), "thinker.model.",

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "cpu_offload/check.h"
+#include "cpu_offload/load_progress.h"
 #include "cpu_offload/logging.h"
 #include "model_runner/weights/hf_config.h"
 #include "model_runner/weights/load_weights.h"
@@ -101,6 +102,8 @@ std::unique_ptr<TalkerRunner> TalkerRunner::load(const SpeechRunnerOptions& opti
   }
   defer_conversions(report, "", oc.convert_dtypes);
   oc.validate();
+  offload::LoadProgress progress("placing the talker weights of " + options.model_dir,
+                                 offload::module_tensor_bytes(*r->talker_));
   r->backend_ = offload::apply_offload(*r->talker_, spec, oc, engine);
   r->talker_->set_device(engine->compute_device());
   return r;
@@ -252,6 +255,8 @@ std::unique_ptr<Code2WavRunner> Code2WavRunner::load(
   }
   defer_conversions(report, "code2wav.", oc.convert_dtypes);
   oc.validate();
+  offload::LoadProgress progress("placing the code2wav weights of " + options.model_dir,
+                                 offload::module_tensor_bytes(*r->root_));
   r->backend_ = offload::apply_offload(*r->root_, offload::ModelSpec{}, oc, engine);
   return r;
 }

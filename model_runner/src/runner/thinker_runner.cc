@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "cpu_offload/check.h"
+#include "cpu_offload/load_progress.h"
 #include "cpu_offload/logging.h"
 #include "model_runner/weights/hf_config.h"
 #include "model_runner/weights/load_weights.h"
@@ -62,9 +63,14 @@ std::unique_ptr<ThinkerRunner> ThinkerRunner::load(
   auto [oc, spec] = offload_setup(options.offload, "", /*talker=*/false, thinker_component_paths);
   defer_conversions(report, "", oc.convert_dtypes);
   if (oc.host_memory_budget_bytes > 0) add_disk_files(report, "", oc.disk_files);
-  r->backend_ = offload::apply_offload(*r->thinker_, spec, oc, engine);
-  // The experts the plan carved out (cpu_offload_experts) go to a device expert cache.
-  r->expert_cache_ = offload::make_expert_cache(*r->thinker_, r->backend_->plan(), oc, engine);
+  {
+    // The checkpoint is read here, as the weights are placed: for a large one, the long part.
+    offload::LoadProgress progress("placing the weights of " + options.model_dir,
+                                   offload::module_tensor_bytes(*r->thinker_));
+    r->backend_ = offload::apply_offload(*r->thinker_, spec, oc, engine);
+    // The experts the plan carved out (cpu_offload_experts) go to a device expert cache.
+    r->expert_cache_ = offload::make_expert_cache(*r->thinker_, r->backend_->plan(), oc, engine);
+  }
   if (r->expert_cache_) {
     r->expert_offload_ =
         std::make_unique<ExpertOffload>(r->thinker_->language_model(), "model.", *r->expert_cache_,
