@@ -51,6 +51,7 @@ struct Options {
   // The disk tier: host bytes for the streamed weights (empty: no limit), read-ahead.
   std::string host_memory_budget;
   int disk_read_ahead = 2;
+  int disk_reader_threads = 2;
   std::string disk_read = "pread";
   // The disk's own speed: bytes of the checkpoint read with direct 9 MiB reads after the first
   // run that reads from disk (0: not measured).
@@ -207,6 +208,10 @@ void add_options(CLI::App& app, Options& o) {
                  "disk tier: layerwise units read ahead beyond the device window")
       ->type_name("N")
       ->check(at_least(0));
+  app.add_option("--disk-reader-threads", o.disk_reader_threads,
+                 "disk tier: threads that read units from the checkpoint")
+      ->type_name("N")
+      ->check(at_least(1));
   app.add_option("--disk-read", o.disk_read,
                  "disk tier: pread into our bounded pinned cache, or copy from the file's "
                  "mapping with the OS page cache as the only cache (llama.cpp's way)")
@@ -231,6 +236,7 @@ ThinkerOffloadOptions offload_for(const std::string& strategy, const Options& op
     o.host_memory_budget_bytes = parse_bytes(opt.host_memory_budget, "--host-memory-budget");
   }
   o.disk_read_ahead = opt.disk_read_ahead;
+  o.disk_reader_threads = opt.disk_reader_threads;
   o.disk_read = opt.disk_read;
   if (strategy == "none") return o;
   if (is_expert_strategy(strategy)) {

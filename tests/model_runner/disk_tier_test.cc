@@ -132,6 +132,22 @@ TEST(DiskTier, LayerwiseUnitsReadFromTheCheckpointGiveTheSameTokens) {
   } catch (const omni::Error& e) {
     EXPECT_NE(std::string(e.what()).find("--host-memory-budget"), std::string::npos) << e.what();
   }
+
+  // The reader threads reach the engine's config (thinker-bench --disk-reader-threads).
+  o.host_memory_budget_bytes = budget;
+  o.disk_reader_threads = 1;
+  auto one_reader = load(o);
+  EXPECT_EQ(one_reader.runner->generate(one_reader.runner->prepare(request()), greedy()).tokens,
+            baseline());
+  o.disk_reader_threads = 0;
+  try {
+    load(o);
+    FAIL() << "0 reader threads were accepted";
+  } catch (const omni::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("disk_reader_threads must be in [1, 64], got 0"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // A layer read that fails mid-forward (the checkpoint shrank) fails that request with the file

@@ -41,6 +41,7 @@ std::pair<offload::OffloadConfig, offload::ModelSpec> offload_setup(
   }
   oc.host_memory_budget_bytes = o.host_memory_budget_bytes;
   oc.disk_read_ahead = o.disk_read_ahead;
+  oc.disk_reader_threads = o.disk_reader_threads;
   oc.disk_read = offload::parse_disk_read(o.disk_read);
   oc.validate();
   return {oc, spec};

@@ -59,6 +59,8 @@ struct RunnerOffloadOptions {
   size_t host_memory_budget_bytes = 0;
   // disk_read_ahead: layerwise units read ahead of need beyond the device window.
   int disk_read_ahead = 2;
+  // disk_reader_threads: threads of each disk tier that read (OffloadConfig's).
+  int disk_reader_threads = 2;
   // disk_read: "pread" (our bounded pinned cache, reader threads, read-ahead) or "mmap" (copies
   // from the file's mapping; the OS page cache is the only cache, as llama.cpp's loading).
   std::string disk_read = "pread";
