@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced on the GPU machine (`. scripts/gpu_env.sh`, from the repository root) after
 # scripts/gpu_bundle.sh's .gpu-deps/ was carried there. Unpacks its Debian packages into
 # .gpu-deps/root (once) and points CMake, pkg-config and the loader at them:
@@ -10,7 +11,7 @@
 omni_deps="$PWD/.gpu-deps"
 if [[ ! -d $omni_deps/debs ]]; then
   echo "gpu_env: no $omni_deps/debs: run scripts/gpu_bundle.sh on the Debian machine and carry .gpu-deps" >&2
-  return 1 2>/dev/null || exit 1
+  return 1
 fi
 if [[ ! -d $omni_deps/root ]]; then
   mkdir -p "$omni_deps/root.part"
