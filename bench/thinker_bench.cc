@@ -53,8 +53,8 @@ struct Options {
   int disk_read_ahead = 2;
   int disk_reader_threads = 2;
   std::string disk_read = "pread";
-  // The disk's own speed: bytes of the checkpoint read with direct 9 MiB reads after the first
-  // run that reads from disk (0: not measured).
+  // The disk's own speed: bytes of the checkpoint read with direct 9 MiB reads after each run
+  // that reads from disk (0: not measured).
   std::string raw_read_bytes = "2GiB";
   bool no_warmup = false;
   bool no_media = false;

@@ -26,7 +26,9 @@ packages=(
 for dir in /usr/src/googletest /usr/include/CLI; do
   [[ -e $dir ]] || { echo "gpu_bundle: $dir is missing: run scripts/setup.sh first" >&2; exit 1; }
 done
-tmp=$(mktemp -d "$PWD/.gpu-deps.XXXXXX")  # built aside, then moved: no half-written bundle
+# Built in a scratch folder and moved into place at the end, so that a failed download leaves
+# the previous bundle (or none) rather than a partial one.
+tmp=$(mktemp -d "$PWD/.gpu-deps.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/debs" "$tmp/cli11"
 (cd "$tmp/debs" && apt-get download "${packages[@]}" >/dev/null)

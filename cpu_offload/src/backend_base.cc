@@ -3,7 +3,6 @@
 #include <unordered_map>
 
 #include "cpu_offload/check.h"
-#include "cpu_offload/load_progress.h"
 #include "cpu_offload/logging.h"
 #include "module_paths.h"
 
@@ -83,13 +82,8 @@ int BackendBase::add_unit(const UnitPlan& plan, bool prefetched) {
 
 std::unique_ptr<OffloadUnit> BackendBase::disk_unit(const UnitPlan& plan,
                                                     const TensorFiles& files) {
-  const auto tensors = lookup(tensors_, plan.tensor_names);
-  auto unit = OffloadUnit::layout_only(plan.name, tensors, &config_.convert_dtypes);
-  if (!DiskTier::readable(*unit, files, config_.disk_read)) return nullptr;
-  for (const auto& named : tensors) LoadProgress::add(named.second.nbytes());
-  // The tensors view the checkpoint's mapping; letting them go never touched its pages.
-  unit->unbind();
-  return unit;
+  return DiskTier::leave_on_disk(plan.name, lookup(tensors_, plan.tensor_names),
+                                 &config_.convert_dtypes, files, config_.disk_read);
 }
 
 int BackendBase::push_unit(std::unique_ptr<OffloadUnit> unit) {

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "cpu_offload/check.h"
+#include "cpu_offload/load_progress.h"
 #include "cpu_offload/logging.h"
 
 namespace omni::offload {
@@ -155,6 +156,16 @@ int DiskTier::fd_of(const std::string& path) {
   OMNI_CHECK(fd >= 0, path, ": cannot open for reading: ", std::strerror(errno));
   fds_.emplace(path, fd);
   return fd;
+}
+
+std::unique_ptr<OffloadUnit> DiskTier::leave_on_disk(
+    const std::string& name, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+    const DtypeByName* convert, const TensorFiles& files, DiskRead read) {
+  auto unit = OffloadUnit::layout_only(name, tensors, convert);
+  if (!readable(*unit, files, read)) return nullptr;
+  for (const auto& named : tensors) LoadProgress::add(named.second.nbytes());
+  unit->unbind();
+  return unit;
 }
 
 HostBuffer DiskTier::mapping_of(const std::string& path) {

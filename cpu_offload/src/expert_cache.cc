@@ -10,7 +10,6 @@
 #include <sstream>
 
 #include "cpu_offload/check.h"
-#include "cpu_offload/load_progress.h"
 #include "cpu_offload/logging.h"
 
 namespace omni::offload {
@@ -526,10 +525,8 @@ std::unique_ptr<ExpertCache> make_expert_cache(torch::nn::Module& root, const Of
     }
     OMNI_CHECK(!tensors.empty(), "expert module '", expert.name, "' holds no tensors");
     if (disk) {
-      auto unit = OffloadUnit::layout_only(expert.name, tensors, &config.convert_dtypes);
-      if (DiskTier::readable(*unit, config.disk_files, config.disk_read)) {
-        for (const auto& named : tensors) LoadProgress::add(named.second.nbytes());
-        unit->unbind();  // the checkpoint mapping's pages were never touched
+      if (auto unit = DiskTier::leave_on_disk(expert.name, tensors, &config.convert_dtypes,
+                                              config.disk_files, config.disk_read)) {
         total += unit->bytes();
         units.push_back(std::move(unit));
         ++on_disk;

@@ -116,6 +116,13 @@ class DiskTier {
   // dtype, as the copy cannot convert).
   static bool readable(const OffloadUnit& unit, const TensorFiles& files,
                        DiskRead read = DiskRead::kPread);
+  // A layout-only unit of `tensors` (views of the checkpoint's mapping) that stays in the
+  // files, when it is readable() from them: the views are let go (their pages never touched)
+  // and the bytes count as placed for LoadProgress. Null when it is not readable: the caller
+  // packs it instead.
+  static std::unique_ptr<OffloadUnit> leave_on_disk(
+      const std::string& name, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+      const DtypeByName* convert, const TensorFiles& files, DiskRead read);
 
   // The unit's bytes in host memory: from the cache, from a read in flight, or read now
   // (blocks). Every acquire is paired with a release. Throws when the read failed (naming the
