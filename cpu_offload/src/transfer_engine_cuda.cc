@@ -12,6 +12,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <deque>
@@ -241,6 +242,7 @@ class CudaTransferEngine final : public TransferEngine {
     bytes_h2d_ += bytes;
     copies_ += 1;
     if (timing_) add_pending({start, end, optional_time(time), Kind::kCopy});
+    hold_sources(ops, end);
     return Event(std::make_shared<CudaEvent>(end));
   }
 
@@ -345,6 +347,7 @@ class CudaTransferEngine final : public TransferEngine {
     copy_stream_.synchronize();
     compute_stream_.synchronize();
     c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
+    release_copied_sources();
   }
 
   void collect_timings() override {
@@ -361,6 +364,47 @@ class CudaTransferEngine final : public TransferEngine {
     OMNI_CHECK(c10::cuda::getCurrentCUDAStream(device_.index()) == compute_stream_, call,
                "() outside the engine's compute scope: run forwards inside "
                "OffloadBackend::forward_scope() (or TransferEngine::enter_compute())");
+  }
+
+  // The host memory a queued copy reads stays allocated until the copy has run. A caller may
+  // drop its last handle to a source as soon as copy_async returns (a backend torn down, a
+  // staging buffer replaced); the DMA engine would then read freed memory, or memory already
+  // handed to someone else, and nothing reports it: the device gets garbage weights. The
+  // simulated device holds its sources the same way (CopyPart), so both engines free a host
+  // buffer only after the last copy from it.
+  struct InFlightCopy {
+    CudaEventPtr end;
+    std::vector<HostBuffer> sources;  // one handle per distinct buffer
+  };
+
+  void hold_sources(const std::vector<CopyOp>& ops, const CudaEventPtr& end) {
+    InFlightCopy copy{end, {}};
+    for (const auto& op : ops) {
+      const bool seen = std::any_of(copy.sources.begin(), copy.sources.end(),
+                                    [&](const HostBuffer& b) { return b.data() == op.src.data(); });
+      if (!seen) copy.sources.push_back(op.src);
+    }
+    std::vector<InFlightCopy> done;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      take_copied_locked(done);
+      in_flight_.push_back(std::move(copy));
+    }
+    // `done` goes out of scope here, outside the lock: freeing pinned memory can take a while.
+  }
+
+  // Copies on one stream complete in order: the finished ones are at the front.
+  void take_copied_locked(std::vector<InFlightCopy>& done) {
+    while (!in_flight_.empty() && in_flight_.front().end->query()) {
+      done.push_back(std::move(in_flight_.front()));
+      in_flight_.pop_front();
+    }
+  }
+
+  void release_copied_sources() {
+    std::vector<InFlightCopy> done;
+    std::lock_guard<std::mutex> lock(mutex_);
+    take_copied_locked(done);
   }
 
   enum class Kind { kCopy, kStall, kCompute };
@@ -409,6 +453,7 @@ class CudaTransferEngine final : public TransferEngine {
   std::once_flag pin_warning_;
   std::mutex mutex_;
   std::deque<Pending> pending_;
+  std::deque<InFlightCopy> in_flight_;            // oldest first
   std::map<int64_t, CudaEventPtr> open_timings_;  // by token: the oldest first
   int64_t next_token_ = 0;
 };

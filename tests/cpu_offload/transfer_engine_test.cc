@@ -17,6 +17,21 @@ namespace {
 
 class TransferEngineTest : public ::testing::TestWithParam<DeviceKind> {};
 
+// An event completed by the test, standing for compute that has not finished yet.
+class ManualEvent final : public Event::Impl {
+ public:
+  ManualEvent() : future_(promise_.get_future().share()) {}
+  bool ready() const override {
+    return future_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+  void host_wait() const override { future_.wait(); }
+  void fire() { promise_.set_value(); }
+
+ private:
+  std::promise<void> promise_;
+  std::shared_future<void> future_;
+};
+
 void fill(const HostBuffer& buffer, uint8_t seed) {
   for (size_t i = 0; i < buffer.bytes(); ++i) buffer.data()[i] = static_cast<uint8_t>(seed + i * 7);
 }
@@ -99,24 +114,39 @@ TEST_P(TransferEngineTest, AGroupCopyWithOneBadOpMovesNothing) {
   EXPECT_EQ(engine->counters().copies, 0u);
 }
 
+TEST_P(TransferEngineTest, AHostSourceDroppedWhileItsCopyIsQueuedLivesUntilTheCopyRan) {
+  // Callers may drop their last handle to a source as soon as copy_async returns (a backend
+  // torn down, a staging buffer replaced). Freed under a queued copy, the memory could be
+  // reused before the copy reads it and the device would get someone else's bytes.
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  auto engine = make_transfer_engine(GetParam());
+  auto compute_scope = engine->enter_compute();  // compute calls need one
+  constexpr size_t kBytes = 1 << 20;
+  HostBuffer src = engine->allocate_host(kBytes, /*pin=*/true);
+  fill(src, 11);
+  const at::Tensor expected = host_bytes(src);
+  DeviceBuffer dst = engine->allocate_device(kBytes);
+  // The simulated copy waits for an event of the test's, so it is surely still queued; the
+  // CUDA engine lets go of its sources only when a later call finds the copy complete.
+  std::vector<Event> after;
+  std::shared_ptr<ManualEvent> compute;
+  if (GetParam() == DeviceKind::kCpuSim) {
+    compute = std::make_shared<ManualEvent>();
+    after.emplace_back(compute);
+  }
+  Event done = engine->copy_async({CopyOp{src, 0, dst, 0, kBytes}}, after);
+  src = HostBuffer();
+  EXPECT_EQ(engine->host_counter()->current(), kBytes) << "freed under a queued copy";
+  if (compute) compute->fire();
+  engine->compute_wait(done);
+  engine->synchronize();
+  EXPECT_TRUE(at::equal(device_bytes(dst, 0, kBytes), expected));
+  EXPECT_EQ(engine->host_counter()->current(), 0u) << "still held after the copy ran";
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, TransferEngineTest,
                          ::testing::ValuesIn(omni::testing::all_devices()),
                          omni::testing::device_name);
-
-// An event completed by the test, standing for compute that has not finished yet.
-class ManualEvent final : public Event::Impl {
- public:
-  ManualEvent() : future_(promise_.get_future().share()) {}
-  bool ready() const override {
-    return future_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-  }
-  void host_wait() const override { future_.wait(); }
-  void fire() { promise_.set_value(); }
-
- private:
-  std::promise<void> promise_;
-  std::shared_future<void> future_;
-};
 
 TEST(CpuSimEngine, CopyWaitsForTheEventsItIsOrderedAfter) {
   auto engine = make_cpu_sim_engine({});
