@@ -187,26 +187,40 @@ HostBuffer DiskTier::mapping_of(const std::string& path) {
 }
 
 std::vector<CopyOp> DiskTier::copy_ops(int id, const DeviceBuffer& dst, size_t dst_offset) {
-  OMNI_CHECK(id >= 0 && static_cast<size_t>(id) < units_.size(), options_.label, ": no unit ", id);
+  return copy_ops(std::vector<int>{id}, dst, {dst_offset});
+}
+
+std::vector<CopyOp> DiskTier::copy_ops(const std::vector<int>& ids, const DeviceBuffer& dst,
+                                       const std::vector<size_t>& dst_offsets) {
+  OMNI_CHECK(ids.size() == dst_offsets.size(), options_.label, ": ", ids.size(), " units but ",
+             dst_offsets.size(), " destinations");
+  for (int id : ids) {
+    OMNI_CHECK(id >= 0 && static_cast<size_t>(id) < units_.size(), options_.label, ": no unit ",
+               id);
+  }
+  std::vector<CopyOp> ops;
   if (options_.read == DiskRead::kPread) {
-    const AcquiredUnit host = acquire(id);
-    std::vector<CopyOp> ops;
-    for (const HostSpan& span : host.spans) {
-      ops.push_back(
-          CopyOp{host.buffer, span.host_offset, dst, dst_offset + span.unit_offset, span.bytes});
+    const std::vector<AcquiredUnit> host = acquire_all(ids);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      for (const HostSpan& span : host[i].spans) {
+        ops.push_back(CopyOp{host[i].buffer, span.host_offset, dst,
+                             dst_offsets[i] + span.unit_offset, span.bytes});
+      }
     }
     return ops;
   }
-  std::vector<CopyOp> ops;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.acquires += 1;
-    stats_.reads += 1;
-    stats_.read_bytes += unit_bytes_[id];  // what the copies touch; the page cache may hold it
-  }
-  for (const Source& s : units_[id]) {
-    ops.push_back(CopyOp{mapping_of(s.extent.path), static_cast<size_t>(s.extent.offset), dst,
-                         dst_offset + s.offset, static_cast<size_t>(s.extent.bytes)});
+  for (size_t i = 0; i < ids.size(); ++i) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.acquires += 1;
+      stats_.reads += 1;
+      stats_.read_bytes +=
+          unit_bytes_[ids[i]];  // what the copies touch; the page cache may hold it
+    }
+    for (const Source& s : units_[ids[i]]) {
+      ops.push_back(CopyOp{mapping_of(s.extent.path), static_cast<size_t>(s.extent.offset), dst,
+                           dst_offsets[i] + s.offset, static_cast<size_t>(s.extent.bytes)});
+    }
   }
   return ops;
 }
@@ -328,12 +342,50 @@ void DiskTier::start_read(int entry, int unit, bool ahead) {
   changed_.notify_all();
 }
 
-AcquiredUnit DiskTier::acquire(int id) {
-  OMNI_CHECK(id >= 0 && static_cast<size_t>(id) < units_.size(), options_.label, ": no unit ", id);
+AcquiredUnit DiskTier::acquire(int id) { return std::move(acquire_all({id}).front()); }
+
+std::vector<AcquiredUnit> DiskTier::acquire_all(const std::vector<int>& ids) {
+  for (int id : ids) {
+    OMNI_CHECK(id >= 0 && static_cast<size_t>(id) < units_.size(), options_.label, ": no unit ",
+               id);
+  }
   OMNI_CHECK(options_.read == DiskRead::kPread, options_.label,
              ": acquire() reads into host entries, which mmap reads do not have (copy_ops)");
   std::unique_lock<std::mutex> lock(mu_);
   allocate_entries();
+  // Entries, in the order of ids. The units held already are taken first: a miss's free
+  // entry must not be one that a later unit of the same call would hit.
+  std::vector<int> taken(ids.size(), -1);
+  try {
+    for (int pass = 0; pass < 2; ++pass) {
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const bool held = entry_of_[ids[i]] >= 0;
+        if (taken[i] < 0 && (pass == 1 || held)) taken[i] = reserve(ids[i], lock);
+      }
+    }
+  } catch (...) {
+    for (int entry : taken) {
+      if (entry >= 0) entries_[entry].refs -= 1;
+    }
+    throw;
+  }
+  std::vector<AcquiredUnit> out;
+  out.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    try {
+      out.push_back(await(ids[i], taken[i], lock));
+    } catch (...) {
+      // await() dropped the failed one's reference; no copy reads the others yet.
+      for (size_t j = 0; j < taken.size(); ++j) {
+        if (j != i) entries_[taken[j]].refs -= 1;
+      }
+      throw;
+    }
+  }
+  return out;
+}
+
+int DiskTier::reserve(int id, std::unique_lock<std::mutex>& lock) {
   stats_.acquires += 1;
   int entry = entry_of_[id];
   if (entry >= 0 && entries_[entry].state == State::kFailed && entries_[entry].refs == 0) {
@@ -355,6 +407,11 @@ AcquiredUnit DiskTier::acquire(int id) {
     e.ahead = false;
   }
   e.refs += 1;  // not refilled while we wait for it
+  return entry;
+}
+
+AcquiredUnit DiskTier::await(int id, int entry, std::unique_lock<std::mutex>& lock) {
+  Entry& e = entries_[entry];
   if (e.state == State::kReading) {
     const int64_t start = now_ns();
     changed_.wait(lock, [&] { return e.state != State::kReading; });

@@ -155,18 +155,24 @@ Event ExpertCache::copy_in(const std::vector<int>& keys, const std::vector<int>&
   for (size_t first = 0; first < keys.size(); first += chunk) {
     const size_t last = std::min(keys.size(), first + chunk);
     std::vector<CopyOp> ops;
-    std::vector<int> acquired;  // disk ids
+    std::vector<int> disk_ids;  // acquired from the disk tier, all at once: read side by side
+    std::vector<size_t> disk_offsets;
+    for (size_t i = first; i < last; ++i) {
+      const int key = keys[i];
+      const size_t offset = static_cast<size_t>(slots[i]) * slot_bytes_;
+      if (disk_id_[key] < 0) {
+        ops.push_back(units_[key]->copy_to(pool_, offset));
+        continue;
+      }
+      disk_ids.push_back(disk_id_[key]);
+      disk_offsets.push_back(offset);
+    }
+    std::vector<int> acquired;
     try {
-      for (size_t i = first; i < last; ++i) {
-        const int key = keys[i];
-        const size_t offset = static_cast<size_t>(slots[i]) * slot_bytes_;
-        if (disk_id_[key] < 0) {
-          ops.push_back(units_[key]->copy_to(pool_, offset));
-          continue;
-        }
-        const auto unit_ops = disk_->copy_ops(disk_id_[key], pool_, offset);
-        acquired.push_back(disk_id_[key]);
-        ops.insert(ops.end(), unit_ops.begin(), unit_ops.end());
+      if (!disk_ids.empty()) {
+        const auto disk_ops = disk_->copy_ops(disk_ids, pool_, disk_offsets);
+        acquired = disk_ids;
+        ops.insert(ops.end(), disk_ops.begin(), disk_ops.end());
       }
       ready = engine_->copy_async(ops, {readers_done});
     } catch (...) {

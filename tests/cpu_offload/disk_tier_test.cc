@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -270,6 +271,95 @@ TEST(DiskTier, AFailedExpertReadLeavesTheCacheConsistent) {
   const auto after = cache.stats();
   EXPECT_EQ(after.hits, before.hits + 1) << "expert 2 left the device for expert 0";
   EXPECT_EQ(after.evictions, 0u);
+}
+
+// The experts one call misses are read side by side: the cache queues every read before it
+// waits for the first (one acquire() after another would keep one reader busy at a time).
+TEST(DiskTier, AnExpertCallReadsItsMissesSideBySide) {
+  auto engine = strict_engine();
+  auto compute = engine->enter_compute();
+  constexpr int kUnits = 3;
+  Units units = make_units(kUnits, *engine, "sidebyside");
+  std::atomic<int> reading{0}, most{0};
+  auto tier = std::make_unique<DiskTier>(engine, [&] {
+    DiskTierOptions o;
+    o.cache_bytes = kUnits * units.packed[0]->bytes();
+    o.reader_threads = 2;
+    o.before_read = [&](int) {
+      const int now = ++reading;
+      int seen = most.load();
+      while (now > seen && !most.compare_exchange_weak(seen, now)) {
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      --reading;
+    };
+    return o;
+  }());
+  for (auto& u : units.layout) u->unbind();  // as make_expert_cache leaves them
+  ExpertCacheOptions cache_options;
+  cache_options.budget_bytes = kUnits * units.packed[0]->bytes();
+  ExpertCache cache(std::move(units.layout), engine, cache_options, std::move(tier),
+                    &units.file->files);
+  cache.ensure({0, 1, 2});
+  EXPECT_EQ(most.load(), 2) << "the misses were read one at a time";
+  for (int u = 0; u < kUnits; ++u) {
+    const at::Tensor got = cache.unit(u).tensors()[0].tensor.cpu();
+    EXPECT_TRUE(at::equal(got, unit_tensors(u)[0].second)) << "unit " << u;
+  }
+}
+
+// acquire_all() takes the units it holds before it picks entries for the others: a miss must
+// not evict a unit the same call is about to use.
+TEST(DiskTier, AcquireAllKeepsTheUnitsItAlreadyHolds) {
+  auto engine = strict_engine();
+  auto compute = engine->enter_compute();
+  Units units = make_units(3, *engine, "keepheld");
+  DiskTierOptions options;
+  options.cache_bytes = 2 * units.packed[0]->bytes();
+  options.min_entries = 1;
+  DiskTier tier(engine, options);
+  for (const auto& u : units.layout) tier.add(*u, units.file->files);
+  for (int u : {0, 2}) {  // unit 0 is the least recently used of the two entries
+    tier.acquire(u);
+    tier.release(u, Event());
+  }
+  tier.reset_stats();
+  const auto host = tier.acquire_all({1, 0});
+  const size_t unit_bytes = units.packed[0]->bytes();
+  for (int i : {0, 1}) {
+    const int u = i == 0 ? 1 : 0;
+    EXPECT_TRUE(same_tensor_bytes(*units.packed[u], slab_of(host[i], unit_bytes).data(),
+                                  units.packed[u]->host().data()))
+        << "unit " << u;
+  }
+  tier.release(1, Event());
+  tier.release(0, Event());
+  EXPECT_EQ(tier.stats().hits, 1u);
+  EXPECT_EQ(tier.stats().reads, 1u) << "unit 0 was evicted for unit 1 and read again";
+}
+
+// A failed read in acquire_all() leaves none of its units taken: every entry can be refilled.
+TEST(DiskTier, AFailedAcquireAllTakesNoEntry) {
+  auto engine = strict_engine();
+  auto compute = engine->enter_compute();
+  constexpr int kUnits = 6;
+  Units units = make_units(kUnits, *engine, "allornothing");
+  const std::string content = [&] {
+    std::ifstream in(units.file->path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  DiskTierOptions options;
+  options.cache_bytes = 3 * units.packed[0]->bytes();
+  DiskTier tier(engine, options);
+  for (const auto& u : units.layout) tier.add(*u, units.file->files);
+  // Units 0 and 1 lie in the first bytes of the file; unit 2 is cut off.
+  fs::resize_file(units.file->path, 8 + 2 * 4 * (8 * 16 + 40) + 16);
+  EXPECT_THROW(tier.acquire_all({0, 1, 2}), omni::Error);
+  std::ofstream(units.file->path, std::ios::binary | std::ios::trunc) << content;
+  // Three other units need all three entries: one still taken would make this throw.
+  const auto host = tier.acquire_all({3, 4, 5});
+  ASSERT_EQ(host.size(), 3u);
+  for (int u : {3, 4, 5}) tier.release(u, Event());
 }
 
 // Two entries feed copies of six units into six device regions, nobody waiting for the copies

@@ -128,6 +128,10 @@ class DiskTier {
   // (blocks). Every acquire is paired with a release. Throws when the read failed (naming the
   // file), or when every entry is acquired.
   AcquiredUnit acquire(int id);
+  // acquire() of several units at once: every read is queued before the first is waited for,
+  // so the reader threads work on them side by side (one acquire() after another would read
+  // them one at a time). All or nothing: when one read fails, none stays acquired.
+  std::vector<AcquiredUnit> acquire_all(const std::vector<int>& ids);
   // The copy enqueued from acquire(id)'s buffer completes at `copy_done`: until then the
   // entry is not refilled.
   void release(int id, Event copy_done);
@@ -135,6 +139,10 @@ class DiskTier {
   // from its entry; mmap: one copy per tensor straight from the file's mapping (the page cache
   // reads it in as the copy touches it). Either way, release(id, their event) follows.
   std::vector<CopyOp> copy_ops(int id, const DeviceBuffer& dst, size_t dst_offset);
+  // copy_ops() of several units, unit ids[i] to dst_offsets[i], read side by side
+  // (acquire_all); release() each after the copy.
+  std::vector<CopyOp> copy_ops(const std::vector<int>& ids, const DeviceBuffer& dst,
+                               const std::vector<size_t>& dst_offsets);
   // Starts reading `id` if it is neither cached nor being read and an entry is free without
   // waiting; never blocks.
   void read_ahead(int id);
@@ -179,6 +187,12 @@ class DiskTier {
   // least recently used unacquired entry. Called with mu_ held.
   int free_entry(bool wait, std::unique_lock<std::mutex>& lock);
   void start_read(int entry, int unit, bool ahead);  // mu_ held
+  // The two halves of acquire(), mu_ held. reserve() takes a reference on the entry of `id`,
+  // queuing its read if it has none, without waiting for the read (it may wait for a free
+  // entry); await() waits for that read and returns the unit's spans, or drops the
+  // reference and throws when the read failed.
+  int reserve(int id, std::unique_lock<std::mutex>& lock);
+  AcquiredUnit await(int id, int entry, std::unique_lock<std::mutex>& lock);
   void reader_loop();
   // A reader thread's aligned buffer for direct reads.
   struct Bounce {
