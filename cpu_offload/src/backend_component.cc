@@ -83,6 +83,9 @@ class ComponentBackend final : public BackendBase {
     }
     for (const auto& spare : spares_) freed += spare.bytes();
     spares_.clear();
+    // Freed buffers go to the device allocator's cache, which only this process can use: the
+    // room is for another stage, perhaps in another process.
+    if (freed > 0) engine_->return_cached_memory();
     return freed;
   }
 

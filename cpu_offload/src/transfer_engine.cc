@@ -83,7 +83,13 @@ TransferCounters TransferEngine::counters() {
   c.copy_ms = static_cast<double>(copy_ns_.load()) / 1e6;
   c.stall_ms = static_cast<double>(stall_ns_.load()) / 1e6;
   c.timings_dropped = timings_dropped_.load();
+  c.cache_returns = cache_returns_.load();
   return c;
+}
+
+size_t TransferEngine::return_cached_memory() {
+  cache_returns_ += 1;
+  return release_allocator_cache();
 }
 
 void TransferEngine::reset_counters() {
@@ -92,6 +98,7 @@ void TransferEngine::reset_counters() {
   copy_ns_ = 0;
   stall_ns_ = 0;
   timings_dropped_ = 0;
+  cache_returns_ = 0;
   memory_->reset_peak();
   host_->reset_peak();
 }

@@ -104,11 +104,18 @@ class CudaComputeScope final : public TransferEngine::ComputeScope {
     }
   }
   ~CudaComputeScope() override {
-    const auto compute = c10::cuda::getCurrentCUDAStream(caller_.device_index());
-    if (caller_ != compute) {
-      at::cuda::CUDAEvent done;
-      done.record(compute);
-      done.block(caller_);
+    // A sticky CUDA error (an illegal address seen while an exception unwinds this scope) makes
+    // the record throw, and a throwing destructor would terminate the process: the error is
+    // the stage's to report, from the call that hit it.
+    try {
+      const auto compute = c10::cuda::getCurrentCUDAStream(caller_.device_index());
+      if (caller_ != compute) {
+        at::cuda::CUDAEvent done;
+        done.record(compute);
+        done.block(caller_);
+      }
+    } catch (const std::exception& e) {
+      log_warning("leaving the CUDA compute scope failed: ", e.what());
     }
   }
 
@@ -130,9 +137,16 @@ class CudaTransferEngine final : public TransferEngine {
     log_info("CUDA engine on ", describe(), ": runtime ", runtime / 1000, ".", runtime % 1000 / 10,
              ", driver supports ", driver / 1000, ".", driver % 1000 / 10,
              timing_ ? ", timing on" : "");
-    OMNI_CHECK(driver >= runtime, "the CUDA driver (", driver / 1000, ".", driver % 1000 / 10,
-               ") is older than the CUDA runtime this build uses (", runtime / 1000, ".",
-               runtime % 1000 / 10, "): update the driver");
+    // CUDA's minor-version compatibility runs a 13.x runtime on any 13.y driver (features
+    // newer than the driver aside); across majors it does not run at all.
+    OMNI_CHECK(driver / 1000 >= runtime / 1000, "the CUDA driver (", driver / 1000, ".",
+               driver % 1000 / 10, ") is older than the CUDA runtime this build uses (",
+               runtime / 1000, ".", runtime % 1000 / 10, "): update the driver");
+    if (driver < runtime) {
+      log_warning("the CUDA driver (", driver / 1000, ".", driver % 1000 / 10,
+                  ") is older than the runtime (", runtime / 1000, ".", runtime % 1000 / 10,
+                  "): running under minor-version compatibility");
+    }
   }
 
   ~CudaTransferEngine() override {
@@ -348,6 +362,18 @@ class CudaTransferEngine final : public TransferEngine {
     compute_stream_.synchronize();
     c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
     release_copied_sources();
+  }
+
+  size_t release_allocator_cache() override {
+    // emptyCache frees only blocks with no pending use: after the synchronize, the copy
+    // stream's recorded uses of freed slots are over too.
+    synchronize();
+    const size_t before = device_memory().allocator_reserved;
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    const size_t after = device_memory().allocator_reserved;
+    log_debug("CUDA engine: gave ", before > after ? before - after : 0,
+              " cached bytes back to the device");
+    return before > after ? before - after : 0;
   }
 
   void collect_timings() override {

@@ -276,7 +276,10 @@ TEST_P(ComponentOffload, ReleaseDeviceGivesBackEveryLoadedComponent) {
   const size_t offloaded = unit_bytes(loaded, "visual") + unit_bytes(loaded, "audio_tower") +
                            unit_bytes(loaded, "language_model");
   EXPECT_EQ(loaded.current_device_bytes, loaded.resident_bytes + offloaded);
+  EXPECT_EQ(engine->counters().cache_returns, 0u);  // nothing was freed
   EXPECT_EQ(backend->release_device(), offloaded);
+  // The freed memory left this process's allocator cache too (another process may want it).
+  EXPECT_EQ(engine->counters().cache_returns, 1u);
   const auto released = backend->stats();
   EXPECT_EQ(released.current_device_bytes, released.resident_bytes);
   EXPECT_EQ(model.named_parameters()["visual.fc1.weight"].numel(), 0);

@@ -186,6 +186,8 @@ struct TransferCounters {
   // CUDA with timing on: timings given up because more than kMaxPendingTimings were waiting
   // for their events (nobody collected them); their time is missing from the totals.
   uint64_t timings_dropped = 0;
+  // Times the engine gave the device allocator's cached memory back (return_cached_memory).
+  uint64_t cache_returns = 0;
 };
 
 // A use of device memory that is a bug on CUDA, found by the simulated device's strict mode
@@ -310,6 +312,14 @@ class TransferEngine {
   // Free device memory and the allocator's figures, now.
   virtual DeviceMemoryInfo device_memory() = 0;
 
+  // Gives the device memory the allocator keeps cached but unused back to the device, once the
+  // work in flight is over. CUDA's caching allocator keeps the blocks this process frees for
+  // its own next allocations: memory an idle stage releases for another stage
+  // (OffloadBackend::release_device) would otherwise stay taken for every other process on
+  // the card, and a stage in another worker process would run out of memory. Returns the
+  // bytes given back (the simulated device caches nothing: 0). Counted in counters().
+  size_t return_cached_memory();
+
   TransferCounters counters();
   // Restarts the counters and every peak (device, host, allocator).
   virtual void reset_counters();
@@ -320,6 +330,8 @@ class TransferEngine {
   const std::shared_ptr<DeviceMemoryCounter>& host_counter() const { return host_; }
 
  protected:
+  // The engine's part of return_cached_memory().
+  virtual size_t release_allocator_cache() { return 0; }
   void count_copy(uint64_t bytes, int64_t ns);
   void count_stall(int64_t ns);
 
@@ -334,6 +346,7 @@ class TransferEngine {
   std::atomic<int64_t> copy_ns_{0};
   std::atomic<int64_t> stall_ns_{0};
   std::atomic<uint64_t> timings_dropped_{0};
+  std::atomic<uint64_t> cache_returns_{0};
 };
 
 // The engine for `kind`. Throws when CUDA is asked for but not built in or not available.
