@@ -214,15 +214,20 @@ at::Tensor SparseMoe::forward(const at::Tensor& x) {
     out = at::zeros_like(flat);  // no tokens
   } else {
     std::vector<at::Tensor> outputs;
-    outputs.reserve(routing.experts.size());
     {
       const auto rows = flat.index_select(0, routing.tokens);
       // With expert offload, the provider makes each chunk of at most capacity() experts
       // usable before it runs: one chunk (one call per layer) unless the cache is smaller than
-      // the hit experts. The next layer's prediction follows the first prepare, so that its
-      // copies overlap these experts' compute and never evict them.
+      // the hit experts.
       const size_t n = routing.experts.size();
       const size_t chunk = provider_ ? std::max<size_t>(1, provider_->capacity()) : n;
+      outputs.resize(n);
+      // The next layer's prediction (when the hit experts fit one prepare): taken before
+      // prepare() makes compute wait for this layer's missing experts, so that its host copy
+      // waits only for the next router's product; handed over after prepare(), so that its
+      // copies overlap these experts' compute and never evict them.
+      const bool predict = provider_ && next_router_ && n <= chunk && provider_->wants_prediction();
+      const std::vector<int64_t> predicted = predict ? predict_next(flat) : std::vector<int64_t>{};
       for (size_t first = 0; first < n; first += chunk) {
         const size_t last = std::min(n, first + chunk);
         std::vector<bool> on_host(last - first, false);
@@ -233,23 +238,9 @@ at::Tensor SparseMoe::forward(const at::Tensor& x) {
             counts.push_back(routing.experts[i].end - routing.experts[i].begin);
           }
           on_host = provider_->prepare(layer_, ids, counts);
-          if (first == 0 && last == n) predict_next(flat);
+          if (predict) provider_->prefetch(next_layer_, predicted);
         }
-        for (size_t i = first; i < last; ++i) {
-          const auto& e = routing.experts[i];
-          const auto expert_rows = rows.slice(0, e.begin, e.end);
-          if (!on_host[i - first]) {
-            outputs.push_back(run_expert(e.expert, expert_rows));
-            continue;
-          }
-          // Computed where its weights lie (the host), as llama.cpp's --cpu-moe does.
-          const auto start = std::chrono::steady_clock::now();
-          auto out = run_expert(e.expert, expert_rows.to(at::kCPU)).to(expert_rows.device());
-          const std::chrono::duration<double, std::milli> took =
-              std::chrono::steady_clock::now() - start;
-          provider_->host_computed(layer_, e.expert, e.end - e.begin, took.count());
-          outputs.push_back(std::move(out));
-        }
+        run_experts(rows, routing, first, on_host, outputs);
       }
     }
     auto sorted_outputs = at::cat(outputs);
@@ -275,22 +266,74 @@ void SparseMoe::set_expert_provider(ExpertProvider* provider, int64_t layer,
   next_layer_ = next_layer;
 }
 
-void SparseMoe::predict_next(const at::Tensor& flat) {
-  if (!next_router_ || !provider_->wants_prediction()) return;
+void SparseMoe::run_experts(const at::Tensor& rows, const MoeRouting& routing, size_t first,
+                            const std::vector<bool>& on_host, std::vector<at::Tensor>& outputs) {
+  const size_t last = first + on_host.size();
+  // Host-placed experts (computed where their weights lie, as llama.cpp's --cpu-moe does): on
+  // a device, their rows go to the host in one copy before the device experts are queued, so
+  // that the copy waits only for the work queued so far and the host computes while the
+  // device runs the others; their outputs come back in one copy. (The simulated device takes
+  // the same path, its copies no-ops, so that the tests run it.)
+  std::vector<size_t> host;
+  for (size_t i = first; i < last; ++i) {
+    if (on_host[i - first]) host.push_back(i);
+  }
+  const bool copy = !host.empty();
+  at::Tensor host_rows = rows;
+  if (copy) {
+    std::vector<at::Tensor> parts;
+    for (size_t i : host)
+      parts.push_back(rows.slice(0, routing.experts[i].begin, routing.experts[i].end));
+    host_rows = at::cat(parts).to(at::kCPU);
+  }
+  for (size_t i = first; i < last; ++i) {
+    if (on_host[i - first]) continue;
+    const auto& e = routing.experts[i];
+    outputs[i] = run_expert(e.expert, rows.slice(0, e.begin, e.end));
+  }
+  int64_t at = 0;  // where the next host expert's rows start in host_rows (when copied)
+  for (size_t i : host) {
+    const auto& e = routing.experts[i];
+    const int64_t count = e.end - e.begin;
+    const auto expert_rows =
+        copy ? host_rows.slice(0, at, at + count) : host_rows.slice(0, e.begin, e.end);
+    at += count;
+    // Timed alone: the auto miss policy compares the host's rate with the link's.
+    const auto start = std::chrono::steady_clock::now();
+    outputs[i] = run_expert(e.expert, expert_rows);
+    const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
+    provider_->host_computed(layer_, e.expert, count, took.count());
+  }
+  if (copy) {
+    std::vector<at::Tensor> host_outputs;
+    for (size_t i : host) host_outputs.push_back(outputs[i]);
+    const auto back = at::cat(host_outputs).to(rows.device());
+    at = 0;
+    for (size_t i : host) {
+      const int64_t count = routing.experts[i].end - routing.experts[i].begin;
+      outputs[i] = back.slice(0, at, at + count);
+      at += count;
+    }
+  }
+}
+
+std::vector<int64_t> SparseMoe::predict_next(const at::Tensor& flat) {
   // The next router's top-k on this layer's MoE input (softmax keeps the order: no need for
-  // it), counted per expert on the device; one small host copy.
+  // it). One small host copy of the ids, counted on the host: at::bincount on CUDA would read
+  // their minimum and maximum on the host first, two more waits for the device.
   const auto logits = next_router_->forward(flat);
-  const auto top = std::get<1>(at::topk(logits, top_k_, -1));
-  const auto counts =
-      at::bincount(top.reshape({-1}), {}, logits.size(-1)).to(at::kCPU).contiguous();
-  const auto* c = counts.data_ptr<int64_t>();
+  const auto top =
+      std::get<1>(at::topk(logits, top_k_, -1)).reshape({-1}).to(at::kCPU).contiguous();
+  std::vector<int64_t> count(static_cast<size_t>(logits.size(-1)), 0);
+  const auto* t = top.data_ptr<int64_t>();
+  for (int64_t i = 0; i < top.numel(); ++i) ++count[static_cast<size_t>(t[i])];
   std::vector<int64_t> experts;
-  for (int64_t e = 0; e < counts.numel(); ++e) {
-    if (c[e] > 0) experts.push_back(e);
+  for (size_t e = 0; e < count.size(); ++e) {
+    if (count[e] > 0) experts.push_back(static_cast<int64_t>(e));
   }
   std::stable_sort(experts.begin(), experts.end(),
-                   [&](int64_t a, int64_t b) { return c[a] > c[b]; });
-  provider_->prefetch(next_layer_, experts);
+                   [&](int64_t a, int64_t b) { return count[a] > count[b]; });
+  return experts;
 }
 
 MoeStats SparseMoe::stats() const {

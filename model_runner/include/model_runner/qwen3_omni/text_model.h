@@ -17,6 +17,8 @@
 
 namespace omni::models::qwen3_omni {
 
+struct MoeRouting;  // moe_routing.h
+
 // Keys and values of every layer for one sequence, grown in place: appending a step writes
 // into spare capacity (doubling when full) instead of re-concatenating the whole history.
 class KvCache {
@@ -122,7 +124,11 @@ class SparseMoe : public torch::nn::Module {
 
  private:
   // Experts of the next MoE layer predicted from `flat` (most tokens first), to prefetch.
-  void predict_next(const at::Tensor& flat);
+  std::vector<int64_t> predict_next(const at::Tensor& flat);
+  // Runs the hit experts routing.experts[first, first + on_host.size()) over their ranges of
+  // the sorted `rows` into outputs[i]: on the compute device, or on the host where on_host.
+  void run_experts(const at::Tensor& rows, const MoeRouting& routing, size_t first,
+                   const std::vector<bool>& on_host, std::vector<at::Tensor>& outputs);
   // The one place an expert's weights are used: `rows` [n, hidden] routed to `expert` ->
   // [n, hidden]. Expert offload hooks in here (fetch the expert before it runs, or run it on
   // the host).
