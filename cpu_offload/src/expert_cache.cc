@@ -402,6 +402,13 @@ void ExpertCache::score_prediction() {
   window_predicted_ = window_used_ = 0;
 }
 
+bool ExpertCache::prefetch_wanted(int key) {
+  OMNI_CHECK(key >= 0 && static_cast<size_t>(key) < units_.size(), "expert key ", key,
+             " out of range (", units_.size(), " experts)");
+  if (predicted_layer_ >= 0 && layer_of_[key] != predicted_layer_) score_prediction();
+  return prefetch_wanted();
+}
+
 bool ExpertCache::prefetch_wanted() {
   if (prefetch_open_ || options_.prefetch_min_precision <= 0) return true;
   const bool probe = gate_calls_++ % std::max(options_.prefetch_probe_every, 1) == 0;

@@ -370,6 +370,35 @@ TEST_P(ExpertCacheTest, PrefetchStopsWhileItsPredictionsMissAndResumesWhenTheyHi
   }
 }
 
+// A model asks the gate before a layer's ensure() (its prediction is taken before it waits for
+// the layer's misses): a prediction of another layer still pending is then over, and is scored
+// first, as that ensure() would score it. Without that, the window that the last layer's
+// prediction completes would close the gate only one call later.
+TEST_P(ExpertCacheTest, TheGateAskedBeforeALayerScoresWhatTheLayerBeforeItUsed) {
+  OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
+  auto s =
+      make(GetParam(), 4, 2, 0, ExpertMissPolicy::kFetch, 2, false, ExpertEviction::kLayer, 0.5);
+  auto& cache = *s.cache;
+  auto key = [&](int l, int e) { return cache.key_of(ToyMoe::path(l, e)); };
+  const size_t window = cache.options().prefetch_window;
+  for (size_t i = 0; i < window; ++i) {  // wrong: layer 1 asks for expert 0
+    ASSERT_TRUE(cache.prefetch_wanted(key(0, 0))) << "closed before a window was scored, at " << i;
+    cache.ensure({key(0, 0)});
+    ASSERT_EQ(cache.prefetch({key(1, 2 + static_cast<int>(i % 2))}), 1u);
+    cache.ensure({key(1, 0)});
+  }
+  int yes = 0;
+  for (int i = 0; i < 16; ++i) yes += cache.prefetch_wanted(key(0, 0)) ? 1 : 0;
+  EXPECT_EQ(yes, 2);  // closed at the first call: the probes only
+  EXPECT_EQ(cache.stats().prefetch_scored, window);
+  cache.ensure({key(0, 0)});  // nothing left to score
+  EXPECT_EQ(cache.stats().prefetch_scored, window);
+  // A prediction of the layer about to run is not over yet: it is not scored.
+  cache.prefetch({key(1, 2)});
+  cache.prefetch_wanted(key(1, 0));
+  EXPECT_EQ(cache.stats().prefetch_scored, window);
+}
+
 TEST_P(ExpertCacheTest, HostMissPolicyComputesFromTheHostSlab) {
   OMNI_SKIP_IF_DEVICE_MISSING(GetParam());
   at::manual_seed(3);

@@ -145,6 +145,10 @@ class ExpertCache {
   // until a window of scored experts is below options().prefetch_min_precision, then one call
   // in prefetch_probe_every until a window scores at least that again.
   bool prefetch_wanted();
+  // The same, asked before an ensure() of `key`'s layer: a pending prediction of another layer
+  // is over, and is scored first as that ensure() would score it, so that the answer does not
+  // depend on asking before or after the ensure().
+  bool prefetch_wanted(int key);
   // Host-computation time of `flops` floating-point operations that took `ms` (the model
   // reports it for host-placed experts; the auto policy reads the rate).
   void record_host_compute(double flops, double ms);

@@ -226,7 +226,8 @@ at::Tensor SparseMoe::forward(const at::Tensor& x) {
       // prepare() makes compute wait for this layer's missing experts, so that its host copy
       // waits only for the next router's product; handed over after prepare(), so that its
       // copies overlap these experts' compute and never evict them.
-      const bool predict = provider_ && next_router_ && n <= chunk && provider_->wants_prediction();
+      const bool predict =
+          provider_ && next_router_ && n <= chunk && provider_->wants_prediction(layer_);
       const std::vector<int64_t> predicted = predict ? predict_next(flat) : std::vector<int64_t>{};
       for (size_t first = 0; first < n; first += chunk) {
         const size_t last = std::min(n, first + chunk);

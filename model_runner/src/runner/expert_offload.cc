@@ -111,6 +111,10 @@ std::vector<bool> ExpertOffload::prepare(int64_t layer, const std::vector<int64_
   return on_host;
 }
 
+bool ExpertOffload::wants_prediction(int64_t layer) {
+  return prefetch_ && cache_.prefetch_wanted(key(layer, 0));
+}
+
 void ExpertOffload::prefetch(int64_t layer, const std::vector<int64_t>& experts) {
   std::vector<int> keys;
   keys.reserve(experts.size());

@@ -95,9 +95,9 @@ class ExpertProvider {
   virtual std::vector<bool> prepare(int64_t layer, const std::vector<int64_t>& experts,
                                     const std::vector<int64_t>& rows) = 0;
   // Whether SparseMoe should predict the next MoE layer's experts (one extra router product
-  // and one small host copy per layer); asked once per forward, so that a provider can answer
-  // by how well its predictions have done.
-  virtual bool wants_prediction() = 0;
+  // and one small host copy per layer); asked once per forward of MoE layer `layer`, before
+  // its prepare(), so that a provider can answer by how well its predictions have done.
+  virtual bool wants_prediction(int64_t layer) = 0;
   // The next MoE layer `layer`'s likely experts, most likely first.
   virtual void prefetch(int64_t layer, const std::vector<int64_t>& experts) = 0;
   // A host-placed expert with `rows` tokens took `ms` (the auto miss policy learns from it).

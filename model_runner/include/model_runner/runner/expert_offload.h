@@ -35,7 +35,7 @@ class ExpertOffload final : public qwen3_omni::ExpertProvider {
   std::vector<bool> prepare(int64_t layer, const std::vector<int64_t>& experts,
                             const std::vector<int64_t>& rows) override;
   // With prefetch on, while the cache's prefetch gate is open (ExpertCache::prefetch_wanted).
-  bool wants_prediction() override { return prefetch_ && cache_.prefetch_wanted(); }
+  bool wants_prediction(int64_t layer) override;
   void prefetch(int64_t layer, const std::vector<int64_t>& experts) override;
   void host_computed(int64_t layer, int64_t expert, int64_t rows, double ms) override;
 
