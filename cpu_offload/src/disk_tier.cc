@@ -338,8 +338,19 @@ void DiskTier::start_read(int entry, int unit, bool ahead) {
   }
   e.last_use = ++tick_;
   entry_of_[unit] = entry;
-  queue_.emplace_back(entry, unit);
+  // A read someone waits for goes before the read-aheads still queued: a speculative read
+  // must not delay the reads the model is stalled on (it may read a unit nobody asks for).
+  if (ahead) {
+    queue_.emplace_back(entry, unit);
+  } else {
+    queue_.insert(first_queued_read_ahead(), {entry, unit});
+  }
   changed_.notify_all();
+}
+
+std::deque<std::pair<int, int>>::iterator DiskTier::first_queued_read_ahead() {
+  return std::find_if(queue_.begin(), queue_.end(),
+                      [&](const std::pair<int, int>& q) { return entries_[q.first].ahead; });
 }
 
 AcquiredUnit DiskTier::acquire(int id) { return std::move(acquire_all({id}).front()); }
@@ -404,7 +415,16 @@ int DiskTier::reserve(int id, std::unique_lock<std::mutex>& lock) {
   Entry& e = entries_[entry];
   if (e.ahead) {
     stats_.read_ahead_used += 1;
+    // Still queued: now someone waits for it, it goes before the other read-aheads.
+    const auto queued =
+        std::find_if(queue_.begin(), queue_.end(),
+                     [&](const std::pair<int, int>& q) { return q.first == entry; });
     e.ahead = false;
+    if (queued != queue_.end()) {
+      const auto read = *queued;
+      queue_.erase(queued);
+      queue_.insert(first_queued_read_ahead(), read);
+    }
   }
   e.refs += 1;  // not refilled while we wait for it
   return entry;

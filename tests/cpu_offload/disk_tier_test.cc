@@ -12,8 +12,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iterator>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -306,6 +308,51 @@ TEST(DiskTier, AnExpertCallReadsItsMissesSideBySide) {
     const at::Tensor got = cache.unit(u).tensors()[0].tensor.cpu();
     EXPECT_TRUE(at::equal(got, unit_tensors(u)[0].second)) << "unit " << u;
   }
+}
+
+// One reader, held in its first read while more are queued: a read someone waits for goes
+// before the read-aheads queued earlier, and a queued read-ahead that someone now waits for
+// moves up with it. Speculative reads must not delay the reads the model is stalled on.
+TEST(DiskTier, ReadsSomeoneWaitsForGoBeforeQueuedReadAheads) {
+  auto engine = strict_engine();
+  auto compute = engine->enter_compute();
+  Units units = make_units(5, *engine, "priority");
+  std::mutex mu;
+  std::vector<int> order;
+  std::promise<void> go, reading_first;
+  std::shared_future<void> may_go = go.get_future().share();
+  DiskTierOptions options;
+  options.cache_bytes = 5 * units.packed[0]->bytes();
+  options.min_entries = 1;
+  options.reader_threads = 1;
+  options.before_read = [&](int unit) {
+    if (unit == 0) {  // the reader is busy while the test queues
+      reading_first.set_value();
+      may_go.wait();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    order.push_back(unit);
+  };
+  DiskTier tier(engine, options);
+  for (const auto& u : units.layout) tier.add(*u, units.file->files);
+  tier.read_ahead(0);  // taken by the reader, held in before_read
+  reading_first.get_future().wait();
+  tier.read_ahead(1);
+  tier.read_ahead(2);
+  tier.read_ahead(3);
+  // Wanted now: 4 (not read yet) and 3 (a queued read-ahead; acquire_all takes it first).
+  auto wanted = std::async(std::launch::async, [&] { return tier.acquire_all({4, 3}); });
+  while (tier.stats().acquires < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  go.set_value();
+  const auto host = wanted.get();
+  tier.release(4, Event());
+  tier.release(3, Event());
+  for (int u : {1, 2}) {
+    tier.acquire(u);
+    tier.release(u, Event());
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(order, (std::vector<int>{0, 3, 4, 1, 2}));
 }
 
 // acquire_all() takes the units it holds before it picks entries for the others: a miss must

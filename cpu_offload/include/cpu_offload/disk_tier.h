@@ -144,7 +144,8 @@ class DiskTier {
   std::vector<CopyOp> copy_ops(const std::vector<int>& ids, const DeviceBuffer& dst,
                                const std::vector<size_t>& dst_offsets);
   // Starts reading `id` if it is neither cached nor being read and an entry is free without
-  // waiting; never blocks.
+  // waiting; never blocks. Read-aheads wait behind the reads someone waits for (acquire),
+  // whenever those were queued.
   void read_ahead(int id);
   // Whether `id`'s bytes are in the cache, read (a copy from acquire() would not wait).
   bool cached(int id) const;
@@ -187,6 +188,8 @@ class DiskTier {
   // least recently used unacquired entry. Called with mu_ held.
   int free_entry(bool wait, std::unique_lock<std::mutex>& lock);
   void start_read(int entry, int unit, bool ahead);  // mu_ held
+  // Where a read someone waits for joins the queue: before the first read-ahead. mu_ held.
+  std::deque<std::pair<int, int>>::iterator first_queued_read_ahead();
   // The two halves of acquire(), mu_ held. reserve() takes a reference on the entry of `id`,
   // queuing its read if it has none, without waiting for the read (it may wait for a free
   // entry); await() waits for that read and returns the unit's spans, or drops the
@@ -248,8 +251,9 @@ class DiskTier {
   std::vector<int> entry_of_;  // unit -> entry, -1 when not cached
 
   mutable std::mutex mu_;
-  std::condition_variable changed_;        // an entry's state or refs changed; work was queued
-  std::deque<std::pair<int, int>> queue_;  // (entry, unit) reads to do
+  std::condition_variable changed_;  // an entry's state or refs changed; work was queued
+  // (entry, unit) reads to do: those someone waits for first, then the read-aheads.
+  std::deque<std::pair<int, int>> queue_;
   std::vector<std::thread> readers_;
   bool stopping_ = false;
   uint64_t tick_ = 0;
