@@ -310,7 +310,12 @@ int DiskTier::free_entry(bool wait, std::unique_lock<std::mutex>& lock) {
   const Event done = entries_[best].copy_done;
   const int unit = entries_[best].unit;
   lock.unlock();
-  done.host_wait();
+  try {
+    done.host_wait();
+  } catch (...) {
+    lock.lock();  // the caller's rollback changes entries: under the lock, as everywhere
+    throw;
+  }
   lock.lock();
   // Someone may have taken it meanwhile (and perhaps a newer copy reads it now): look again.
   const Entry& again = entries_[best];
@@ -376,7 +381,7 @@ std::vector<AcquiredUnit> DiskTier::acquire_all(const std::vector<int>& ids) {
     }
   } catch (...) {
     for (int entry : taken) {
-      if (entry >= 0) entries_[entry].refs -= 1;
+      if (entry >= 0) let_go(entry);
     }
     throw;
   }
@@ -388,7 +393,7 @@ std::vector<AcquiredUnit> DiskTier::acquire_all(const std::vector<int>& ids) {
     } catch (...) {
       // await() dropped the failed one's reference; no copy reads the others yet.
       for (size_t j = 0; j < taken.size(); ++j) {
-        if (j != i) entries_[taken[j]].refs -= 1;
+        if (j != i) let_go(taken[j]);
       }
       throw;
     }
@@ -396,21 +401,42 @@ std::vector<AcquiredUnit> DiskTier::acquire_all(const std::vector<int>& ids) {
   return out;
 }
 
+void DiskTier::let_go(int entry) {
+  Entry& e = entries_[entry];
+  e.refs -= 1;
+  if (e.refs > 0 || e.state != State::kReading || e.ahead) return;
+  // A read nobody waits for any more is a read-ahead now: it goes behind the reads someone
+  // waits for, and counts against the entries read-aheads may take.
+  e.ahead = true;
+  const auto queued = std::find_if(queue_.begin(), queue_.end(),
+                                   [&](const std::pair<int, int>& q) { return q.first == entry; });
+  if (queued == queue_.end()) return;  // being read already
+  const auto read = *queued;
+  queue_.erase(queued);
+  queue_.push_back(read);
+}
+
 int DiskTier::reserve(int id, std::unique_lock<std::mutex>& lock) {
   stats_.acquires += 1;
   int entry = entry_of_[id];
-  if (entry >= 0 && entries_[entry].state == State::kFailed && entries_[entry].refs == 0) {
+  if (entry < 0) {
+    const int free = free_entry(/*wait=*/true, lock);  // may let go of the lock meanwhile...
+    entry = entry_of_[id];  // ... and another thread may have started reading `id`
+    if (entry < 0) {
+      OMNI_CHECK(free >= 0, options_.label, ": all ", entries_.size(),
+                 " host entries are in use by copies being set up; '", names_[id],
+                 "' cannot be read (raise the host memory budget)");
+      stats_.misses += 1;
+      start_read(free, id, /*ahead=*/false);
+      entry = free;
+    } else {
+      stats_.hits += 1;
+    }
+  } else if (entries_[entry].state == State::kFailed && entries_[entry].refs == 0) {
     start_read(entry, id, /*ahead=*/false);  // a read-ahead failed: try once more, now
     stats_.misses += 1;
-  } else if (entry >= 0) {
-    stats_.hits += 1;
   } else {
-    stats_.misses += 1;
-    entry = free_entry(/*wait=*/true, lock);
-    OMNI_CHECK(entry >= 0, options_.label, ": all ", entries_.size(),
-               " host entries are in use by copies being set up; '", names_[id],
-               "' cannot be read (raise the host memory budget)");
-    start_read(entry, id, /*ahead=*/false);
+    stats_.hits += 1;
   }
   Entry& e = entries_[entry];
   if (e.ahead) {

@@ -145,7 +145,8 @@ class CudaTransferEngine final : public TransferEngine {
     if (driver < runtime) {
       log_warning("the CUDA driver (", driver / 1000, ".", driver % 1000 / 10,
                   ") is older than the runtime (", runtime / 1000, ".", runtime % 1000 / 10,
-                  "): running under minor-version compatibility");
+                  "): running under minor-version compatibility (no PTX JIT: a kernel "
+                  "shipped only as PTX for a newer runtime would fail when launched)");
     }
   }
 

@@ -195,6 +195,9 @@ class DiskTier {
   // entry); await() waits for that read and returns the unit's spans, or drops the
   // reference and throws when the read failed.
   int reserve(int id, std::unique_lock<std::mutex>& lock);
+  // Drops a reference reserve() took, for an acquire that fails: a read it queued that nobody
+  // else waits for becomes a read-ahead. mu_ held.
+  void let_go(int entry);
   AcquiredUnit await(int id, int entry, std::unique_lock<std::mutex>& lock);
   void reader_loop();
   // A reader thread's aligned buffer for direct reads.

@@ -216,6 +216,12 @@ at::Tensor SparseMoe::forward(const at::Tensor& x) {
     std::vector<at::Tensor> outputs;
     {
       const auto rows = flat.index_select(0, routing.tokens);
+      // Where experts may run on the host, the rows go there now, before prepare() makes
+      // compute wait for this layer's missing experts: the copy waits only for the rows (the
+      // routing's host copy has just waited for the router), and the host experts need not
+      // wait for any expert's copy. On the simulated device this is the same tensor.
+      at::Tensor host_rows;
+      if (provider_ && provider_->may_run_on_host()) host_rows = rows.to(at::kCPU);
       // With expert offload, the provider makes each chunk of at most capacity() experts
       // usable before it runs: one chunk (one call per layer) unless the cache is smaller than
       // the hit experts.
@@ -241,7 +247,7 @@ at::Tensor SparseMoe::forward(const at::Tensor& x) {
           on_host = provider_->prepare(layer_, ids, counts);
           if (predict) provider_->prefetch(next_layer_, predicted);
         }
-        run_experts(rows, routing, first, on_host, outputs);
+        run_experts(rows, host_rows, routing, first, on_host, outputs);
       }
     }
     auto sorted_outputs = at::cat(outputs);
@@ -267,54 +273,43 @@ void SparseMoe::set_expert_provider(ExpertProvider* provider, int64_t layer,
   next_layer_ = next_layer;
 }
 
-void SparseMoe::run_experts(const at::Tensor& rows, const MoeRouting& routing, size_t first,
+void SparseMoe::run_experts(const at::Tensor& rows, at::Tensor& host_rows,
+                            const MoeRouting& routing, size_t first,
                             const std::vector<bool>& on_host, std::vector<at::Tensor>& outputs) {
   const size_t last = first + on_host.size();
-  // Host-placed experts (computed where their weights lie, as llama.cpp's --cpu-moe does): on
-  // a device, their rows go to the host in one copy before the device experts are queued, so
-  // that the copy waits only for the work queued so far and the host computes while the
-  // device runs the others; their outputs come back in one copy. (The simulated device takes
-  // the same path, its copies no-ops, so that the tests run it.)
   std::vector<size_t> host;
   for (size_t i = first; i < last; ++i) {
     if (on_host[i - first]) host.push_back(i);
   }
-  const bool copy = !host.empty();
-  at::Tensor host_rows = rows;
-  if (copy) {
-    std::vector<at::Tensor> parts;
-    for (size_t i : host)
-      parts.push_back(rows.slice(0, routing.experts[i].begin, routing.experts[i].end));
-    host_rows = at::cat(parts).to(at::kCPU);
-  }
+  // The device experts first: queued, they run while the host computes the others.
   for (size_t i = first; i < last; ++i) {
     if (on_host[i - first]) continue;
     const auto& e = routing.experts[i];
     outputs[i] = run_expert(e.expert, rows.slice(0, e.begin, e.end));
   }
-  int64_t at = 0;  // where the next host expert's rows start in host_rows (when copied)
+  if (host.empty()) return;
+  // Host-placed experts, computed where their weights lie (as llama.cpp's --cpu-moe does),
+  // from the rows the forward copied to the host before prepare() (a provider that said it
+  // would place none on the host gets them copied now).
+  if (!host_rows.defined()) host_rows = rows.to(at::kCPU);
   for (size_t i : host) {
     const auto& e = routing.experts[i];
-    const int64_t count = e.end - e.begin;
-    const auto expert_rows =
-        copy ? host_rows.slice(0, at, at + count) : host_rows.slice(0, e.begin, e.end);
-    at += count;
     // Timed alone: the auto miss policy compares the host's rate with the link's.
     const auto start = std::chrono::steady_clock::now();
-    outputs[i] = run_expert(e.expert, expert_rows);
+    outputs[i] = run_expert(e.expert, host_rows.slice(0, e.begin, e.end));
     const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
-    provider_->host_computed(layer_, e.expert, count, took.count());
+    provider_->host_computed(layer_, e.expert, e.end - e.begin, took.count());
   }
-  if (copy) {
-    std::vector<at::Tensor> host_outputs;
-    for (size_t i : host) host_outputs.push_back(outputs[i]);
-    const auto back = at::cat(host_outputs).to(rows.device());
-    at = 0;
-    for (size_t i : host) {
-      const int64_t count = routing.experts[i].end - routing.experts[i].begin;
-      outputs[i] = back.slice(0, at, at + count);
-      at += count;
-    }
+  // Their outputs go back in one copy (the simulated device takes this path too, its copy a
+  // no-op, so that the tests run it).
+  std::vector<at::Tensor> host_outputs;
+  for (size_t i : host) host_outputs.push_back(outputs[i]);
+  const auto back = at::cat(host_outputs).to(rows.device());
+  int64_t at = 0;
+  for (size_t i : host) {
+    const int64_t count = routing.experts[i].end - routing.experts[i].begin;
+    outputs[i] = back.slice(0, at, at + count);
+    at += count;
   }
 }
 

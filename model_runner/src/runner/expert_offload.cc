@@ -111,6 +111,10 @@ std::vector<bool> ExpertOffload::prepare(int64_t layer, const std::vector<int64_
   return on_host;
 }
 
+bool ExpertOffload::may_run_on_host() const {
+  return cache_.options().miss_policy != offload::ExpertMissPolicy::kFetch;
+}
+
 bool ExpertOffload::wants_prediction(int64_t layer) {
   return prefetch_ && cache_.prefetch_wanted(key(layer, 0));
 }

@@ -94,6 +94,10 @@ class ExpertProvider {
   // the rows go to the CPU and the output comes back) instead of the compute device.
   virtual std::vector<bool> prepare(int64_t layer, const std::vector<int64_t>& experts,
                                     const std::vector<int64_t>& rows) = 0;
+  // Whether prepare() may place experts on the host (a miss policy other than always fetching):
+  // SparseMoe then copies the layer's rows to the host before prepare(), while nothing waits
+  // for this layer's expert copies yet.
+  virtual bool may_run_on_host() const = 0;
   // Whether SparseMoe should predict the next MoE layer's experts (one extra router product
   // and one small host copy per layer); asked once per forward of MoE layer `layer`, before
   // its prepare(), so that a provider can answer by how well its predictions have done.
@@ -126,9 +130,11 @@ class SparseMoe : public torch::nn::Module {
   // Experts of the next MoE layer predicted from `flat` (most tokens first), to prefetch.
   std::vector<int64_t> predict_next(const at::Tensor& flat);
   // Runs the hit experts routing.experts[first, first + on_host.size()) over their ranges of
-  // the sorted `rows` into outputs[i]: on the compute device, or on the host where on_host.
-  void run_experts(const at::Tensor& rows, const MoeRouting& routing, size_t first,
-                   const std::vector<bool>& on_host, std::vector<at::Tensor>& outputs);
+  // the sorted `rows` into outputs[i]: on the compute device, or where on_host, on the host
+  // from `host_rows` (rows on the host; copied here when undefined).
+  void run_experts(const at::Tensor& rows, at::Tensor& host_rows, const MoeRouting& routing,
+                   size_t first, const std::vector<bool>& on_host,
+                   std::vector<at::Tensor>& outputs);
   // The one place an expert's weights are used: `rows` [n, hidden] routed to `expert` ->
   // [n, hidden]. Expert offload hooks in here (fetch the expert before it runs, or run it on
   // the host).

@@ -34,6 +34,8 @@ class ExpertOffload final : public qwen3_omni::ExpertProvider {
   size_t capacity() const override;
   std::vector<bool> prepare(int64_t layer, const std::vector<int64_t>& experts,
                             const std::vector<int64_t>& rows) override;
+  // With the host or auto miss policy.
+  bool may_run_on_host() const override;
   // With prefetch on, while the cache's prefetch gate is open (ExpertCache::prefetch_wanted).
   bool wants_prediction(int64_t layer) override;
   void prefetch(int64_t layer, const std::vector<int64_t>& experts) override;
