@@ -194,13 +194,9 @@ std::vector<CopyOp> DiskTier::copy_ops(const std::vector<int>& ids, const Device
                                        const std::vector<size_t>& dst_offsets) {
   OMNI_CHECK(ids.size() == dst_offsets.size(), options_.label, ": ", ids.size(), " units but ",
              dst_offsets.size(), " destinations");
-  for (int id : ids) {
-    OMNI_CHECK(id >= 0 && static_cast<size_t>(id) < units_.size(), options_.label, ": no unit ",
-               id);
-  }
   std::vector<CopyOp> ops;
   if (options_.read == DiskRead::kPread) {
-    const std::vector<AcquiredUnit> host = acquire_all(ids);
+    const std::vector<AcquiredUnit> host = acquire_all(ids);  // checks the ids
     for (size_t i = 0; i < ids.size(); ++i) {
       for (const HostSpan& span : host[i].spans) {
         ops.push_back(CopyOp{host[i].buffer, span.host_offset, dst,
@@ -210,6 +206,8 @@ std::vector<CopyOp> DiskTier::copy_ops(const std::vector<int>& ids, const Device
     return ops;
   }
   for (size_t i = 0; i < ids.size(); ++i) {
+    OMNI_CHECK(ids[i] >= 0 && static_cast<size_t>(ids[i]) < units_.size(), options_.label,
+               ": no unit ", ids[i]);
     {
       std::lock_guard<std::mutex> lock(mu_);
       stats_.acquires += 1;
@@ -343,19 +341,29 @@ void DiskTier::start_read(int entry, int unit, bool ahead) {
   }
   e.last_use = ++tick_;
   entry_of_[unit] = entry;
-  // A read someone waits for goes before the read-aheads still queued: a speculative read
-  // must not delay the reads the model is stalled on (it may read a unit nobody asks for).
-  if (ahead) {
-    queue_.emplace_back(entry, unit);
-  } else {
-    queue_.insert(first_queued_read_ahead(), {entry, unit});
-  }
+  enqueue({entry, unit});
   changed_.notify_all();
 }
 
-std::deque<std::pair<int, int>>::iterator DiskTier::first_queued_read_ahead() {
-  return std::find_if(queue_.begin(), queue_.end(),
-                      [&](const std::pair<int, int>& q) { return entries_[q.first].ahead; });
+void DiskTier::enqueue(std::pair<int, int> read) {
+  // A read someone waits for goes before the read-aheads still queued: a speculative read
+  // must not delay the reads the model is stalled on (it may read a unit nobody asks for).
+  if (entries_[read.first].ahead) {
+    queue_.push_back(read);
+    return;
+  }
+  queue_.insert(std::find_if(queue_.begin(), queue_.end(),
+                             [&](const std::pair<int, int>& q) { return entries_[q.first].ahead; }),
+                read);
+}
+
+void DiskTier::requeue(int entry) {
+  const auto queued = std::find_if(queue_.begin(), queue_.end(),
+                                   [&](const std::pair<int, int>& q) { return q.first == entry; });
+  if (queued == queue_.end()) return;  // being read already
+  const auto read = *queued;
+  queue_.erase(queued);
+  enqueue(read);
 }
 
 AcquiredUnit DiskTier::acquire(int id) { return std::move(acquire_all({id}).front()); }
@@ -408,12 +416,7 @@ void DiskTier::let_go(int entry) {
   // A read nobody waits for any more is a read-ahead now: it goes behind the reads someone
   // waits for, and counts against the entries read-aheads may take.
   e.ahead = true;
-  const auto queued = std::find_if(queue_.begin(), queue_.end(),
-                                   [&](const std::pair<int, int>& q) { return q.first == entry; });
-  if (queued == queue_.end()) return;  // being read already
-  const auto read = *queued;
-  queue_.erase(queued);
-  queue_.push_back(read);
+  requeue(entry);
 }
 
 int DiskTier::reserve(int id, std::unique_lock<std::mutex>& lock) {
@@ -441,16 +444,8 @@ int DiskTier::reserve(int id, std::unique_lock<std::mutex>& lock) {
   Entry& e = entries_[entry];
   if (e.ahead) {
     stats_.read_ahead_used += 1;
-    // Still queued: now someone waits for it, it goes before the other read-aheads.
-    const auto queued =
-        std::find_if(queue_.begin(), queue_.end(),
-                     [&](const std::pair<int, int>& q) { return q.first == entry; });
     e.ahead = false;
-    if (queued != queue_.end()) {
-      const auto read = *queued;
-      queue_.erase(queued);
-      queue_.insert(first_queued_read_ahead(), read);
-    }
+    requeue(entry);  // still queued: now someone waits for it, before the read-aheads
   }
   e.refs += 1;  // not refilled while we wait for it
   return entry;

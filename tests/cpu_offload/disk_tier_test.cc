@@ -57,6 +57,12 @@ std::unique_ptr<WeightFile> write_file(const std::vector<std::pair<std::string, 
   return out;
 }
 
+// The bytes of `path` (to write back a file a test cut short).
+std::string file_content(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 // Unit u: "u.w" [8 x 16] float32, "u.b" [40] float32 converted to bfloat16 in the unit.
 std::vector<std::pair<std::string, at::Tensor>> unit_tensors(int u) {
   at::manual_seed(u);
@@ -247,10 +253,7 @@ TEST(DiskTier, AFailedExpertReadLeavesTheCacheConsistent) {
   auto compute = engine->enter_compute();
   constexpr int kUnits = 3;
   Units units = make_units(kUnits, *engine, "expertfail");
-  const std::string content = [&] {
-    std::ifstream in(units.file->path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }();
+  const std::string content = file_content(units.file->path);
   auto tier = std::make_unique<DiskTier>(engine, [&] {
     DiskTierOptions o;
     o.cache_bytes = 2 * units.packed[0]->bytes();
@@ -391,10 +394,7 @@ TEST(DiskTier, AFailedAcquireAllTakesNoEntry) {
   auto compute = engine->enter_compute();
   constexpr int kUnits = 6;
   Units units = make_units(kUnits, *engine, "allornothing");
-  const std::string content = [&] {
-    std::ifstream in(units.file->path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }();
+  const std::string content = file_content(units.file->path);
   DiskTierOptions options;
   options.cache_bytes = 3 * units.packed[0]->bytes();
   DiskTier tier(engine, options);

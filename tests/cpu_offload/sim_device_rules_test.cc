@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "../common/manual_event.h"
 #include "cpu_offload/check.h"
 #include "cpu_offload/offload_backend.h"
 #include "cpu_offload/weight_store.h"
@@ -206,26 +207,13 @@ TEST(SimDeviceRules, WaitingForAnEarlierCopyDoesNotRevealALaterOneIntoTheSameRan
 TEST(SimDeviceRules, ACopyBehindACallersPendingEventDoesNotPoisonWhatThatComputeReads) {
   // A caller's own event stands for compute in flight that may read the destination: the
   // copy thread poisons only once it has waited for it.
-  class ManualEvent final : public Event::Impl {
-   public:
-    ManualEvent() : future_(promise_.get_future().share()) {}
-    bool ready() const override {
-      return future_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-    }
-    void host_wait() const override { future_.wait(); }
-    void fire() { promise_.set_value(); }
-
-   private:
-    std::promise<void> promise_;
-    std::shared_future<void> future_;
-  };
   Recorder recorder;
   auto engine = make_cpu_sim_engine(strict(recorder));
   auto compute_scope = engine->enter_compute();  // compute calls need one
   HostBuffer src = filled_host(*engine, 256, 30);
   DeviceBuffer dst = engine->allocate_device(256);
   dst.bytes_tensor().zero_();
-  auto compute = std::make_shared<ManualEvent>();
+  auto compute = std::make_shared<omni::testing::ManualEvent>();
   const Event done = engine->copy_async({CopyOp{src, 0, dst, 0, 256}}, {Event(compute)});
   // Queued behind it, with nothing to wait for itself: it must not poison ahead either.
   DeviceBuffer other = engine->allocate_device(256);

@@ -8,6 +8,7 @@
 #include <future>
 #include <thread>
 
+#include "../common/manual_event.h"
 #include "../common/test_devices.h"
 #include "cpu_offload/check.h"
 #include "cpu_offload/transfer_engine.h"
@@ -17,20 +18,7 @@ namespace {
 
 class TransferEngineTest : public ::testing::TestWithParam<DeviceKind> {};
 
-// An event completed by the test, standing for compute that has not finished yet.
-class ManualEvent final : public Event::Impl {
- public:
-  ManualEvent() : future_(promise_.get_future().share()) {}
-  bool ready() const override {
-    return future_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-  }
-  void host_wait() const override { future_.wait(); }
-  void fire() { promise_.set_value(); }
-
- private:
-  std::promise<void> promise_;
-  std::shared_future<void> future_;
-};
+using omni::testing::ManualEvent;
 
 void fill(const HostBuffer& buffer, uint8_t seed) {
   for (size_t i = 0; i < buffer.bytes(); ++i) buffer.data()[i] = static_cast<uint8_t>(seed + i * 7);

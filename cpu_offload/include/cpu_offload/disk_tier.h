@@ -188,8 +188,11 @@ class DiskTier {
   // least recently used unacquired entry. Called with mu_ held.
   int free_entry(bool wait, std::unique_lock<std::mutex>& lock);
   void start_read(int entry, int unit, bool ahead);  // mu_ held
-  // Where a read someone waits for joins the queue: before the first read-ahead. mu_ held.
-  std::deque<std::pair<int, int>>::iterator first_queued_read_ahead();
+  // Queues an (entry, unit) read where its kind goes: a read someone waits for before the
+  // first queued read-ahead, a read-ahead (the entry's `ahead`) last. mu_ held.
+  void enqueue(std::pair<int, int> read);
+  // Moves the entry's read, if it has not started, to where its kind goes now. mu_ held.
+  void requeue(int entry);
   // The two halves of acquire(), mu_ held. reserve() takes a reference on the entry of `id`,
   // queuing its read if it has none, without waiting for the read (it may wait for a free
   // entry); await() waits for that read and returns the unit's spans, or drops the
