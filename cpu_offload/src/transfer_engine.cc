@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/option_names.h"
@@ -115,7 +116,7 @@ HostBuffer TransferEngine::make_host_buffer(uint8_t* data, size_t bytes, bool pi
                                             std::function<void(uint8_t*)> free_fn) {
   host_->add(bytes);
   std::shared_ptr<DeviceMemoryCounter> counter = host_;
-  std::shared_ptr<uint8_t> owner(data, [counter, bytes, free_fn](uint8_t* p) {
+  std::shared_ptr<uint8_t> owner(data, [counter, bytes, free_fn = std::move(free_fn)](uint8_t* p) {
     free_fn(p);
     counter->remove(bytes);
   });

@@ -121,13 +121,13 @@ TEST_P(BackendEquality, ImageIsBitwiseEqualToTheResidentModel) {
   EXPECT_LE(static_cast<double>(r.stats.host_bytes), 1.05 * r.stats.param_bytes);
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, BackendEquality,
-                         ::testing::Combine(::testing::ValuesIn(omni::testing::all_devices()),
-                                            ::testing::ValuesIn(cases())),
-                         [](const ::testing::TestParamInfo<std::tuple<DeviceKind, Case>>& info) {
-                           return to_string(std::get<0>(info.param)) + "_" +
-                                  std::get<1>(info.param).name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, BackendEquality,
+    ::testing::Combine(::testing::ValuesIn(omni::testing::all_devices()),
+                       ::testing::ValuesIn(cases())),
+    [](const ::testing::TestParamInfo<std::tuple<DeviceKind, Case>>& param_info) {
+      return to_string(std::get<0>(param_info.param)) + "_" + std::get<1>(param_info.param).name;
+    });
 
 class BackendMemory : public ::testing::TestWithParam<DeviceKind> {};
 

@@ -180,9 +180,10 @@ TEST_P(DiskTierReads, ReadEachUnitAsItsPackedSlabHoldsIt) {
 
 INSTANTIATE_TEST_SUITE_P(DirectAndBuffered, DiskTierReads,
                          ::testing::Combine(::testing::Bool(), ::testing::Bool()),
-                         [](const auto& info) {
-                           return std::string(std::get<0>(info.param) ? "direct" : "buffered") +
-                                  (std::get<1>(info.param) ? "_converted" : "_as_stored");
+                         [](const auto& param_info) {
+                           return std::string(std::get<0>(param_info.param) ? "direct"
+                                                                            : "buffered") +
+                                  (std::get<1>(param_info.param) ? "_converted" : "_as_stored");
                          });
 
 TEST(DiskTier, ReadAheadMakesTheNextAcquireAHit) {
@@ -448,8 +449,8 @@ TEST_P(DiskTierRefill, AnEntryIsRefilledOnlyAfterTheCopyThatReadsIt) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, DiskTierRefill, ::testing::Bool(), [](const auto& info) {
-  return info.param ? "slab_layout" : "file_layout";
+INSTANTIATE_TEST_SUITE_P(Layouts, DiskTierRefill, ::testing::Bool(), [](const auto& param_info) {
+  return param_info.param ? "slab_layout" : "file_layout";
 });
 
 // mmap reads: no entries of our own, one copy per tensor from the file's mapping.

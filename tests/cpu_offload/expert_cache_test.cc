@@ -34,7 +34,7 @@ class Expert : public torch::nn::Module {
 // layers.{l}.attn (a weight) and layers.{l}.mlp.experts.{e}.
 class ToyMoe : public torch::nn::Module {
  public:
-  ToyMoe(int layers, int experts) {
+  ToyMoe(int layers, int experts_per_layer) {
     auto holder = register_module("layers", std::make_shared<torch::nn::Module>());
     for (int l = 0; l < layers; ++l) {
       auto layer =
@@ -42,9 +42,9 @@ class ToyMoe : public torch::nn::Module {
       attn.push_back(layer->register_parameter("attn", at::randn({kHidden, kHidden}), false));
       auto mlp = layer->register_module("mlp", std::make_shared<torch::nn::Module>());
       auto ex = mlp->register_module("experts", std::make_shared<torch::nn::Module>());
-      this->experts.emplace_back();
-      for (int e = 0; e < experts; ++e) {
-        this->experts.back().push_back(
+      experts.emplace_back();
+      for (int e = 0; e < experts_per_layer; ++e) {
+        experts.back().push_back(
             ex->register_module(std::to_string(e), std::make_shared<Expert>()));
       }
     }
@@ -130,7 +130,7 @@ Setup make(DeviceKind kind, int experts, size_t slots, size_t extra = 0,
   return s;
 }
 
-std::vector<int> keys(const Setup& s, std::vector<int> experts) {
+std::vector<int> keys(const Setup& s, const std::vector<int>& experts) {
   std::vector<int> out;
   for (int e : experts) out.push_back(s.cache->key_of(ToyMoe::path(0, e)));
   return out;

@@ -490,7 +490,7 @@ TEST_P(StrictBackends, HandOffsAndReleasesBetweenRunsBreakNoRule) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, StrictBackends, ::testing::ValuesIn(strict_cases()),
-                         [](const auto& info) { return info.param.name; });
+                         [](const auto& param_info) { return param_info.param.name; });
 
 // ---- The compute scope: compute calls from inside OffloadBackend::forward_scope() ----------
 

@@ -42,7 +42,9 @@ TEST_P(TransferEngineTest, CopyMovesBytesAndCountsMemoryExactly) {
     HostBuffer src = engine->allocate_host(1000, /*pin=*/true);
     EXPECT_EQ(src.bytes(), 1000u);  // exact size, no rounding
     EXPECT_EQ(engine->host_counter()->current(), 1000u);
-    if (GetParam() == DeviceKind::kCuda) EXPECT_TRUE(src.pinned());
+    if (GetParam() == DeviceKind::kCuda) {
+      EXPECT_TRUE(src.pinned());
+    }
     fill(src, 3);
     DeviceBuffer dst = engine->allocate_device(1536);
     EXPECT_EQ(engine->memory_counter()->current(), 1536u);

@@ -131,7 +131,9 @@ TEST_P(ExpertOffload, TokensEqualResidentForEveryBudgetPrefetchAndStrategy) {
     EXPECT_EQ(s.bytes_h2d, s.loads * expert);
     EXPECT_LE(s.prefetch_hits, s.prefetched);
     EXPECT_LE(s.device_bytes, s.budget_bytes);
-    if (!c.prefetch) EXPECT_EQ(s.prefetched, 0u);
+    if (!c.prefetch) {
+      EXPECT_EQ(s.prefetched, 0u);
+    }
     if (c.miss_policy == "host") {
       EXPECT_EQ(s.host_computed, s.misses);
       EXPECT_EQ(s.bytes_h2d, 0u);

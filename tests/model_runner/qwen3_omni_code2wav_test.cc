@@ -342,7 +342,7 @@ TEST_P(Code2WavStream, EqualsTheReferenceStreamWhateverThePieces) {
 
 INSTANTIATE_TEST_SUITE_P(Schedules, Code2WavStream,
                          ::testing::Values(Schedule{4, 25, 25}, Schedule{2, 5, 3}),
-                         [](const auto& info) { return info.param.name(); });
+                         [](const auto& param_info) { return param_info.param.name(); });
 
 TEST(Qwen3OmniCode2Wav, StreamReturnsEachChunkWhenItCompletes) {
   auto model = load_code2wav();

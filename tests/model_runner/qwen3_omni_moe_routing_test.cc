@@ -108,17 +108,19 @@ TEST_P(MoeRoutingTest, EqualsThePerExpertLoop) {
   EXPECT_EQ(stats.prefill_forwards, decode ? 0 : 1);
   EXPECT_EQ(stats.host_copies, 1);
   EXPECT_EQ(stats.expert_calls, static_cast<int64_t>(ran.size()));
-  if (rows == 1) EXPECT_LT(stats.expert_calls, kExperts);  // some experts get no token
+  if (rows == 1) {  // some experts get no token
+    EXPECT_LT(stats.expert_calls, kExperts);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(TopKSharedRows, MoeRoutingTest,
                          ::testing::Combine(::testing::Values(int64_t{1}, int64_t{2}, int64_t{4}),
                                             ::testing::Bool(),
                                             ::testing::Values(int64_t{1}, int64_t{3}, int64_t{64})),
-                         [](const auto& info) {
-                           return "top" + std::to_string(std::get<0>(info.param)) +
-                                  (std::get<1>(info.param) ? "_shared" : "") + "_rows" +
-                                  std::to_string(std::get<2>(info.param));
+                         [](const auto& param_info) {
+                           return "top" + std::to_string(std::get<0>(param_info.param)) +
+                                  (std::get<1>(param_info.param) ? "_shared" : "") + "_rows" +
+                                  std::to_string(std::get<2>(param_info.param));
                          });
 
 // A router that sends every token to expert 5 first: one expert takes all 64 rows.
@@ -136,7 +138,9 @@ TEST(MoeRouting, EveryTokenPicksTheSameExpert) {
     const auto [expected, ran] = reference_forward(*moe, cfg, x);
     EXPECT_LE((out - expected).abs().max().item<double>(), 1e-5);
     EXPECT_TRUE(ran.count(5));
-    if (top_k == 1) EXPECT_EQ(ran.size(), 1u);
+    if (top_k == 1) {
+      EXPECT_EQ(ran.size(), 1u);
+    }
     EXPECT_EQ(moe->stats().expert_calls, static_cast<int64_t>(ran.size()));
     EXPECT_EQ(moe->stats().prefill_forwards, 1);
   }

@@ -290,7 +290,7 @@ INSTANTIATE_TEST_SUITE_P(
                 0,
                 -1,
                 {"'__metadata__' must be an object of strings, got string"}}),
-    [](const ::testing::TestParamInfo<Corrupt>& info) { return info.param.name; });
+    [](const ::testing::TestParamInfo<Corrupt>& param_info) { return param_info.param.name; });
 
 }  // namespace
 }  // namespace omni::models

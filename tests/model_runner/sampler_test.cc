@@ -328,7 +328,7 @@ SamplingParams greedy_params(int64_t max_new_tokens, std::vector<int64_t> stops 
 }
 
 TEST(GenerateTest, StopsAfterAStopTokenIncludingIt) {
-  ScriptedModel model{{3, 4, 9, 5, 6}};
+  ScriptedModel model{{3, 4, 9, 5, 6}, {}};
   const GenerationResult r = generate_tokens(std::ref(model), greedy_params(10, {8, 9}));
   EXPECT_EQ(r.tokens, (std::vector<int64_t>{3, 4, 9}));
   EXPECT_EQ(r.finish_reason, "stop");
@@ -337,7 +337,7 @@ TEST(GenerateTest, StopsAfterAStopTokenIncludingIt) {
 }
 
 TEST(GenerateTest, StopsAtMaxNewTokens) {
-  ScriptedModel model{{1, 2, 3, 4, 5}};
+  ScriptedModel model{{1, 2, 3, 4, 5}, {}};
   const GenerationResult r = generate_tokens(std::ref(model), greedy_params(3, {9}));
   EXPECT_EQ(r.tokens, (std::vector<int64_t>{1, 2, 3}));
   EXPECT_EQ(r.finish_reason, "length");
@@ -347,7 +347,7 @@ TEST(GenerateTest, StopsAtMaxNewTokens) {
 }
 
 TEST(GenerateTest, StreamsTokensInOrder) {
-  ScriptedModel model{{7, 1, 7, 2}};
+  ScriptedModel model{{7, 1, 7, 2}, {}};
   std::vector<int64_t> streamed;
   const GenerationResult r = generate_tokens(std::ref(model), greedy_params(4), [&](int64_t t) {
     // Each token arrives before the next step's logits are asked for.
@@ -360,7 +360,7 @@ TEST(GenerateTest, StreamsTokensInOrder) {
 }
 
 TEST(GenerateTest, OnTokenFalseCancels) {
-  ScriptedModel model{{1, 2, 3, 4}};
+  ScriptedModel model{{1, 2, 3, 4}, {}};
   int calls = 0;
   const GenerationResult r =
       generate_tokens(std::ref(model), greedy_params(10), [&](int64_t) { return ++calls < 2; });

@@ -1,6 +1,7 @@
 // Image decoding and Qwen vision patches against Hugging Face's chat-template path
 // (transformers' load_image, then Qwen2VLImageProcessorPil): tests/fixtures/qwen3_omni_tiny
 // (make_qwen3_omni_fixture.py) and tests/fixtures/vision (make_vision_fixture.py).
+#include <ATen/ATen.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/from_blob.h>
 #include <gtest/gtest.h>
@@ -222,8 +223,12 @@ TEST_F(ImageFileTest, TruncatedPng) {
     write_bytes(path, bytes.substr(0, keep));
     const std::string error = error_of([&] { read_image_file(path); });
     EXPECT_CONTAINS(error, path);
-    if (keep >= 8) EXPECT_CONTAINS(error, "PNG");
-    if (keep >= 60) EXPECT_CONTAINS(error, "truncated");
+    if (keep >= 8) {
+      EXPECT_CONTAINS(error, "PNG");
+    }
+    if (keep >= 60) {
+      EXPECT_CONTAINS(error, "truncated");
+    }
   }
 }
 

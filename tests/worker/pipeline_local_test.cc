@@ -188,7 +188,9 @@ TEST(PipelineLocal, AStopStringEndsTheAnswerBeforeIt) {
   EXPECT_EQ(cut.text, whole.text.substr(0, whole.text.find(stop)));
   EXPECT_EQ(cut.omni.finish_reason, "stop");
   EXPECT_LT(cut.omni.tokens.size(), whole.omni.tokens.size());
-  if (cut.omni.tokens.size() >= 2) EXPECT_GT(cut.omni.codes.size(1), 0);
+  if (cut.omni.tokens.size() >= 2) {
+    EXPECT_GT(cut.omni.codes.size(1), 0);
+  }
 }
 
 TEST(PipelineLocal, TextOnlyRunsTheThinkerAlone) {

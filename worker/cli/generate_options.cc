@@ -202,14 +202,13 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
       ->type_name("N")
       ->check(integer_at_least(0));
 
-  auto* components =
-      app.add_option("--cpu-offload-components", o.cpu_offload_components,
-                     "enable component offload of these parts (comma-separated; thinker, talker, "
-                     "code2wav, thinker.*, visual, audio_tower, language_model, lm_head, "
-                     "code_predictor, talker.model.layers.*, ...) (default: none)")
-          ->type_name("PATTERNS")
-          ->delimiter(',')
-          ->allow_extra_args(false);
+  app.add_option("--cpu-offload-components", o.cpu_offload_components,
+                 "enable component offload of these parts (comma-separated; thinker, talker, "
+                 "code2wav, thinker.*, visual, audio_tower, language_model, lm_head, "
+                 "code_predictor, talker.model.layers.*, ...) (default: none)")
+      ->type_name("PATTERNS")
+      ->delimiter(',')
+      ->allow_extra_args(false);
   app.add_option("--cpu-offload-strategy", o.cpu_offload_strategy,
                  "alternating: a component leaves when another needs the room; sequential: "
                  "right after its forward")

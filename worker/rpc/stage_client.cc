@@ -226,9 +226,9 @@ void RemoteStage::run(const pipeline::StageCall& call, pipeline::PacketQueue& in
         });
       }
       if (ok) {
-        proto::RunRequest done;
-        done.set_upstream_done(true);
-        stream->Write(done);
+        proto::RunRequest last;
+        last.set_upstream_done(true);
+        stream->Write(last);
       }
     } catch (...) {
       if (!stop.cancelled()) {  // the upstream failed: this request is over

@@ -618,8 +618,8 @@ TEST_P(ShutdownHandler, StopsEveryWorkerAndExitsWith128PlusTheSignal) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Signals, ShutdownHandler, ::testing::Values(SIGTERM, SIGINT),
-                         [](const auto& info) {
-                           return info.param == SIGTERM ? "SIGTERM" : "SIGINT";
+                         [](const auto& param_info) {
+                           return param_info.param == SIGTERM ? "SIGTERM" : "SIGINT";
                          });
 
 }  // namespace
