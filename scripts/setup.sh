@@ -58,6 +58,39 @@ if ldd "$TORCH_DIR/lib/libtorch_cpu.so" | grep -q "not found"; then
     exit 1
   fi
 fi
+# libtorch_cuda.so needs three CUDA libraries that the cuda-toolkit[cudart,cupti] runtime above
+# does not bring: cuFile, cuSPARSELt and NVSHMEM. Without them CMake cannot link the CUDA engine
+# and prints "CUDA transfer engine: off". Install each missing one at the version the torch
+# wheel itself pins (its METADATA), and no more of the ~3 GB of nvidia-* wheels.
+torch_pin() {  # torch_pin NAME: the version torch's METADATA pins NAME to (empty if none)
+  "$PYTHON" - "$1" <<'PY'
+import importlib.metadata as m, re, sys
+for r in m.requires("torch") or []:
+    found = re.match(re.escape(sys.argv[1]) + r"(\[[^\]]*\])?==([\w.]+)", r)
+    if found:
+        print(found.group(2))
+        break
+PY
+}
+cuda_requirements=()
+missing_cuda=$(ldd "$TORCH_DIR/lib/libtorch_cuda.so" 2>/dev/null | grep "not found" || true)
+for entry in libcufile:cuda-toolkit:cufile libcusparseLt:nvidia-cusparselt-cu13: \
+             libnvshmem_host:nvidia-nvshmem-cu13:; do
+  IFS=: read -r lib package extra <<<"$entry"
+  grep -q "$lib\.so" <<<"$missing_cuda" || continue
+  version=$(torch_pin "$package")
+  [ -n "$version" ] || { echo "[setup] the torch wheel pins no version of $package" >&2; exit 1; }
+  cuda_requirements+=("$package${extra:+[$extra]}==$version")
+done
+if [ ${#cuda_requirements[@]} -gt 0 ]; then
+  log "libraries libtorch_cuda.so needs; installing from PyPI: ${cuda_requirements[*]}"
+  "$PYTHON" -m pip install -q "${cuda_requirements[@]}"
+fi
+if ldd "$TORCH_DIR/lib/libtorch_cuda.so" | grep "not found"; then
+  echo "[setup] libtorch_cuda.so still misses the libraries above" >&2
+  exit 1
+fi
+
 # Test-time only: the openai client and selenium the serving tests drive `vllm-omni serve` with.
 API_REQUIREMENTS="$(dirname "$0")/../tests/requirements-api.txt"
 api_missing=0
