@@ -155,14 +155,13 @@ void Talker::check_prompt(const TalkerPrompt& prompt) const {
                  static_cast<int64_t>(prompt.input_ids.size()) == n,
              "Talker: the prompt's rows, multimodal flags, codec ids and input ids must have one "
              "entry per position");
-  OMNI_CHECK(prompt.rows.dim() == 2 && prompt.rows.size(1) == cfg_.thinker_hidden_size &&
-                 (!prompt.trailing.defined() ||
-                  (prompt.trailing.dim() == 2 &&
-                   prompt.trailing.size(1) == cfg_.thinker_hidden_size)) &&
-                 prompt.tts_pad.defined() &&
-                 prompt.tts_pad.numel() == cfg_.thinker_hidden_size,
-             "Talker: the prompt's rows, trailing rows and tts_pad must have ",
-             cfg_.thinker_hidden_size, " columns (thinker_hidden_size)");
+  OMNI_CHECK(
+      prompt.rows.dim() == 2 && prompt.rows.size(1) == cfg_.thinker_hidden_size &&
+          (!prompt.trailing.defined() ||
+           (prompt.trailing.dim() == 2 && prompt.trailing.size(1) == cfg_.thinker_hidden_size)) &&
+          prompt.tts_pad.defined() && prompt.tts_pad.numel() == cfg_.thinker_hidden_size,
+      "Talker: the prompt's rows, trailing rows and tts_pad must have ", cfg_.thinker_hidden_size,
+      " columns (thinker_hidden_size)");
   for (int64_t id : prompt.codec_ids) {
     OMNI_CHECK(id >= -1 && id < cfg_.text.vocab_size, "Talker: codec id ", id, " outside [0, ",
                cfg_.text.vocab_size, ")");
@@ -204,9 +203,8 @@ Talker::ProjectedPrompt Talker::project_impl(const TalkerPrompt& prompt) {
     const auto codec = model_->embed(at::tensor(codec_ids, at::kLong).to(device_));
     out.embeds.index_copy_(0, where, out.embeds.index_select(0, where) + codec);
   }
-  out.trailing = project_text_rows(prompt.trailing.defined()
-                                       ? prompt.trailing
-                                       : at::empty({0, cfg_.thinker_hidden_size}));
+  out.trailing = project_text_rows(
+      prompt.trailing.defined() ? prompt.trailing : at::empty({0, cfg_.thinker_hidden_size}));
   out.tts_pad = text_projection_->forward(prompt.tts_pad.reshape({1, -1}).to(device_, dtype_))[0];
   return out;
 }

@@ -13,7 +13,8 @@ namespace {
 int64_t assistant_turn_start(const std::vector<int64_t>& prompt, const HandoffIds& ids) {
   int64_t start = -1;
   for (size_t p = 0; p + 1 < prompt.size(); ++p) {
-    if (prompt[p] == ids.im_start && prompt[p + 1] == ids.assistant) start = static_cast<int64_t>(p);
+    if (prompt[p] == ids.im_start && prompt[p + 1] == ids.assistant)
+      start = static_cast<int64_t>(p);
   }
   OMNI_CHECK(start >= 0,
              "thinker -> talker hand-off: the prompt has no \"<|im_start|>assistant\" turn "
@@ -151,10 +152,14 @@ bool TrailingText::prefill_ready(const ThinkerHandoff& t) const {
 
 at::Tensor TrailingText::row_of(const Entry& e, const ThinkerHandoff& t) const {
   switch (e.kind) {
-    case Entry::kRow: return t.embeds[e.row];
-    case Entry::kEos: return t.tts_embeds[1];
-    case Entry::kPad: return t.tts_embeds[2];
-    default: OMNI_THROW("TrailingText::row_of: entry has no row");
+    case Entry::kRow:
+      return t.embeds[e.row];
+    case Entry::kEos:
+      return t.tts_embeds[1];
+    case Entry::kPad:
+      return t.tts_embeds[2];
+    default:
+      OMNI_THROW("TrailingText::row_of: entry has no row");
   }
 }
 
@@ -167,8 +172,8 @@ TalkerPrompt build_talker_prompt(const ThinkerHandoff& t, const HandoffIds& ids)
     if (e.kind == TrailingText::Entry::kEnd) break;
     rows.push_back(text.row_of(e, t));
   }
-  out.trailing = rows.empty() ? at::empty({0, t.embeds.size(1)}, t.embeds.options())
-                              : at::stack(rows, 0);
+  out.trailing =
+      rows.empty() ? at::empty({0, t.embeds.size(1)}, t.embeds.options()) : at::stack(rows, 0);
   return out;
 }
 

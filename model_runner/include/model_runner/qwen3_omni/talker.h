@@ -79,7 +79,7 @@ struct TalkerState {
   explicit TalkerState(int64_t num_layers) : cache(num_layers) {}
   KvCache cache;
   int64_t rope_delta = 0;
-  at::Tensor last_hidden;        // [hidden]: normalized output at the last position
+  at::Tensor last_hidden;  // [hidden]: normalized output at the last position
   // Projected text rows, one per step ([hidden] each). While the thinker still streams its
   // answer (trailing_complete false) rows are appended as they become known (add_trailing);
   // a step that needs a row not yet there is an error.
