@@ -87,8 +87,10 @@ ThinkerOffloadOptions experts(bool with_layerwise) {
 
 // The largest unit of the layerwise plan (the disk tier needs room for three).
 size_t layerwise_max_unit() {
+  // Held in a local: a range-for over a member of a temporary runs after the runner is freed.
+  const Loaded loaded = load(layerwise());
   size_t max_unit = 0;
-  for (const auto& u : load(layerwise()).runner->offload().plan().units) {
+  for (const auto& u : loaded.runner->offload().plan().units) {
     max_unit = std::max(max_unit, planned_bytes(u));
   }
   return max_unit;
@@ -166,10 +168,7 @@ TEST(DiskTier, AFailedLayerReadFailsTheRequestAndTheNextOnesWork) {
     std::ifstream in(file, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
   }();
-  size_t max_unit = 0;
-  for (const auto& u : load(layerwise()).runner->offload().plan().units) {
-    max_unit = std::max(max_unit, planned_bytes(u));
-  }
+  const size_t max_unit = layerwise_max_unit();
   auto o = layerwise();
   o.disk_read_ahead = 1;
   o.host_memory_budget_bytes = 3 * max_unit;
