@@ -9,7 +9,12 @@ function(add_omni_test name)
   get_filename_component(component "${CMAKE_CURRENT_SOURCE_DIR}" NAME)
   # Every suite runs the simulated device in strict mode (CUDA's ordering rules enforced, a
   # breach aborts: cpu_offload/src/sim_device_rules.h), and so do the processes it starts.
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 PROPERTIES TIMEOUT 300 LABELS ${component}
+  # Sanitized builds run two to four times slower: their tests get three times the time.
+  set(timeout 300)
+  if(OMNI_SANITIZE)
+    set(timeout 900)
+  endif()
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 PROPERTIES TIMEOUT ${timeout} LABELS ${component}
                        ENVIRONMENT "OMNI_SIM_STRICT=1")
   if(NOT TARGET ${component}_tests)
     add_custom_target(${component}_tests)

@@ -1,12 +1,24 @@
 #!/usr/bin/env bash
-# The engine's test suites built with -fsanitize=thread and run. LibTorch itself is not
-# instrumented, so intra-op parallelism (OpenMP threads TSan cannot see) is turned off:
-# the threads under test are ours (the simulated copy stream and its callers).
+# The suites whose code runs threads of ours, built with -fsanitize=thread and run: the engine
+# (the simulated copy stream, the disk tier's readers), the worker-process supervisor, the
+# in-process pipeline, and the HTTP server (worker_openai_api drives a TSan-built `serve`).
+# LibTorch is not instrumented, so its OpenMP threads are turned off: TSan cannot see their
+# synchronisation.
+# Left out: the gRPC suites (worker_rpc_test, PipelineWorkers). Debian's gRPC and Abseil are
+# not instrumented either, and TSan reports races inside them (the poller's epoll fd, channel
+# arguments, string copies, Status refcounts) on every call; suppressing them library by
+# library hid nothing of ours but never converged. They need a gRPC built with TSan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OMNI_BUILD_TARGETS=cpu_offload_tests \
-  CMAKE_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-tsan \
-  -DOMNI_SANITIZE=thread -DOMNI_BUILD_BENCH=OFF -DOMNI_BUILD_SERVER=OFF -DOMNI_CUDA_COMPILE_CHECK=OFF
+# -O1 -g1: line tables are all a report needs.
+OMNI_BUILD_TARGETS="cpu_offload_tests pipeline_tests http_tests vllm-omni \
+worker_pipeline_local_test worker_server_metrics_test" \
+  CMAKE_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-tsan -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
+  -DOMNI_SANITIZE=thread -DOMNI_BUILD_BENCH=OFF -DOMNI_WITH_CUDA=OFF -DOMNI_CUDA_COMPILE_CHECK=OFF
+jobs=$(nproc)  # before OMP_NUM_THREADS, which nproc obeys
 export OMP_NUM_THREADS=1
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
-(cd build-tsan && ctest --output-on-failure --parallel "$(nproc)" -L cpu_offload)
+# Suites not built here register a failing <target>_NOT_BUILT test: left out, as are the
+# long API load/browser/TLS tests (their server code is the one worker_openai_api drives).
+(cd build-tsan && ctest --output-on-failure --parallel "$jobs" -L 'cpu_offload|pipeline|http|worker' \
+  -E '_NOT_BUILT$|^PipelineWorkers[.]|^worker_(serve_load|playground|serve_tls|netns_pipeline)$')

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU machine's build recipe (README, "Building on the GPU machine") configures: no
+# The GPU machine's build recipe (README, "GPU machine") configures: no
 # GoogleTest or CLI11 package there, so both come from copies (OMNI_GTEST_SOURCE_DIR,
 # OMNI_CLI11_INCLUDE_DIR), and no server parts. Here the packages exist, so they are hidden
 # from find_package. Configure only: a GPU session's device time should not go to a CMake
