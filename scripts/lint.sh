@@ -3,7 +3,7 @@
 #   scripts/lint.sh [BUILD_DIR]      BUILD_DIR (default: build) holds compile_commands.json
 # Environment:
 #   OMNI_LINT_BASE   clang-tidy checks the C++ files that differ from this commit (default:
-#                    HEAD~10, i.e. about one submission; the working tree's changes count too)
+#                    HEAD~5, about one submission; the working tree's changes count too)
 #   OMNI_LINT_ALL=1  clang-tidy checks every C++ source of the tree (about 15 min on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,7 +46,7 @@ PY
 if [ "${OMNI_LINT_ALL:-0}" = 1 ]; then
   mapfile -t changed < <(cxx_files | grep '\.cc$')
 else
-  base=${OMNI_LINT_BASE:-HEAD~10}
+  base=${OMNI_LINT_BASE:-HEAD~5}
   git rev-parse -q --verify "$base^{commit}" >/dev/null || base=$(git rev-list --max-parents=0 HEAD)
   mapfile -t changed < <({ git diff --name-only "$base" -- '*.cc'; git ls-files -o \
     --exclude-standard -- '*.cc'; } | sort -u)
