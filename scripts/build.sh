@@ -7,11 +7,8 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${1:-build}
 shift || true
 
-# ccache: one cache for every build directory of this checkout (paths relative to it), and
-# the settings that let it cache precompiled-header builds.
-export CCACHE_BASEDIR="$PWD"
-export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
-export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
+# shellcheck source=scripts/ccache_env.sh
+. scripts/ccache_env.sh
 
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-Release}" "$@"
 # shellcheck disable=SC2086

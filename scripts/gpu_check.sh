@@ -43,10 +43,8 @@ cores=$(nproc)
 # OUT_DIR: a device call copies OUT_DIR back.
 work=$(mktemp -d "${TMPDIR:-/tmp}/omni_gpu_check.XXXXXX") || exit 2
 trap 'rm -rf "$work"' EXIT
-# The same ccache settings as scripts/build.sh (paths relative to the checkout, PCH-friendly).
-export CCACHE_BASEDIR=$root
-export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
-export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
+# shellcheck source=scripts/ccache_env.sh
+. "$root/scripts/ccache_env.sh"
 
 # The test sources with device-parameterised cases (testing::all_devices()) or CUDA-only cases
 # (at::hasCUDA()); the build step maps them to their test targets through build.ninja.
