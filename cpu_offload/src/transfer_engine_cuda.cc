@@ -362,7 +362,13 @@ class CudaTransferEngine final : public TransferEngine {
     copy_stream_.synchronize();
     compute_stream_.synchronize();
     c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
-    release_copied_sources();
+    release_finished_copies();
+  }
+
+  void release_finished_copies() override {
+    std::vector<InFlightCopy> done;  // freed after the lock is let go: unpinning takes a while
+    std::lock_guard<std::mutex> lock(mutex_);
+    take_copied_locked(done);
   }
 
   size_t release_allocator_cache() override {
@@ -426,12 +432,6 @@ class CudaTransferEngine final : public TransferEngine {
       done.push_back(std::move(in_flight_.front()));
       in_flight_.pop_front();
     }
-  }
-
-  void release_copied_sources() {
-    std::vector<InFlightCopy> done;
-    std::lock_guard<std::mutex> lock(mutex_);
-    take_copied_locked(done);
   }
 
   enum class Kind { kCopy, kStall, kCompute };

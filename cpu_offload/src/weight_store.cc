@@ -154,7 +154,8 @@ void OffloadUnit::stream_to_device(TransferEngine& engine, const DeviceBuffer& d
     in_flight[j].host_wait();
     release(finished[j]);
   }
-  release(filling);  // empty tensors after the last copy
+  release(filling);                  // empty tensors after the last copy
+  engine.release_finished_copies();  // the staging halves go with this function's return
   bind(dst, dst_offset);
 }
 

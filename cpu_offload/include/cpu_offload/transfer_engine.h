@@ -300,6 +300,10 @@ class TransferEngine {
 
   // Waits for every copy and every compute submitted so far.
   virtual void synchronize() = 0;
+  // The engine keeps a copy's host sources until it sees the copy finish (at its next copy or
+  // synchronize). A caller that waited for its copies and drops their buffers calls this to
+  // have them freed now rather than at the next copy.
+  virtual void release_finished_copies() {}
   // Synchronizes, then resolves pending timings into their accumulators (CUDA resolves those
   // whose events are complete along the way too, without waiting).
   virtual void collect_timings() = 0;
