@@ -28,6 +28,9 @@ if ((free_kb < 10 * gib || avail_kb < need_kb)); then
   skip "needs 10 GiB free in $tmp (has $((free_kb / gib))) and $((need_kb / gib)) GiB of" \
     "available memory (has $((avail_kb / gib)))"
 fi
+# ctest runs this test alone (RUN_SERIAL): LibTorch may take every core, not the one thread a
+# test gets when tests run side by side (scripts/test.sh exports OMP_NUM_THREADS=1).
+unset OMP_NUM_THREADS
 common=(--expert-cache-budgets 10% --tokens 6 --no-warmup --no-media --raw-read-bytes 0)
 "$bench" --synthetic real --synthetic-layers 3 --work-dir "$tmp/ckpt" \
   --strategies none,layerwise-decoder,experts "${common[@]}" | tee "$tmp/device.jsonl"
