@@ -204,6 +204,17 @@ TEST(PipelineLocal, TextOnlyRunsTheThinkerAlone) {
   EXPECT_FALSE(got.omni.codes.defined());
 }
 
+// A stage with every weight resident can offload nothing: 0, not param_bytes less the padded
+// resident bytes wrapped around (it reported 18446744073709543040).
+TEST(PipelineLocal, AResidentStageReportsNoOffloadableBytes) {
+  for (const char* model_stage : {"thinker", "talker", "code2wav"}) {
+    SCOPED_TRACE(model_stage);
+    const auto info = nlohmann::json::parse(local(model_stage, 0)->info_json());
+    EXPECT_GT(info.at("param_bytes").get<uint64_t>(), 0u);
+    EXPECT_EQ(info.at("offloadable_bytes").get<uint64_t>(), 0u);
+  }
+}
+
 // cpu_offload_experts on the thinker stage: the same tokens, codes and waveform as the plain
 // single-process runner, and the stage's stats carry the expert cache's figures.
 TEST(PipelineLocal, ExpertOffloadChangesNothingAndTheStatsReportTheCache) {

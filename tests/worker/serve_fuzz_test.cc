@@ -289,8 +289,9 @@ class ServeFuzz : public ::testing::Test {
     return client.Post("/v1/chat/completions", body, "application/json");
   }
   // Sends raw bytes on a fresh connection and reads whatever comes back until the server
-  // closes or 2 s pass.
-  std::string raw_http(const std::string& bytes) {
+  // closes or 2 s pass. With `close_write`, the client ends its side after the bytes (httplib
+  // then answers nothing more: a request waiting on its body ends at once).
+  std::string raw_http(const std::string& bytes, bool close_write = true) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -300,7 +301,7 @@ class ServeFuzz : public ::testing::Test {
     timeval tv{2, 0};
     ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-    ::shutdown(fd, SHUT_WR);
+    if (close_write) ::shutdown(fd, SHUT_WR);
     std::string got;
     char buf[4096];
     for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, n);
@@ -397,6 +398,105 @@ TEST_F(ServeFuzz, HostileBodiesGetClientErrorsAndTheServerKeepsServing) {
   // Nothing the requests allocated is unreachable now (LeakSanitizer; it checks the whole
   // process again at exit).
   EXPECT_EQ(__lsan_do_recoverable_leak_check(), 0);
+}
+
+// What the body limit cannot bound (chunked, compressed) and what a web page could send (a
+// text/plain post, a rebound Host name) is refused from the head: the answer comes although the
+// 1000-byte body it announces never does (a server that read the body would wait for it).
+TEST_F(ServeFuzz, RequestsRefusedFromTheirHeadBeforeTheBodyIsRead) {
+  const std::string start = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+  const std::string json = "Content-Type: application/json\r\n";
+  struct Case {
+    std::string head;
+    std::string status, code;
+  };
+  for (const auto& c : std::vector<Case>{
+           {start + json + "Content-Encoding: gzip\r\nContent-Length: 1000\r\n\r\n", "415",
+            "unsupported_content_encoding"},
+           {start + json + "Transfer-Encoding: chunked\r\n\r\n", "411", "length_required"},
+           {start + json + "Transfer-Encoding: chunked\r\nContent-Length: 1000\r\n\r\n", "400",
+            "invalid_framing"},
+           {start + "Content-Type: text/plain\r\nContent-Length: 1000\r\n\r\n", "415",
+            "unsupported_media_type"},
+           {"POST /v1/chat/completions HTTP/1.1\r\nHost: attacker.example:8091\r\n" + json +
+                "Content-Length: 1000\r\n\r\n",
+            "403", "host_not_allowed"}}) {
+    SCOPED_TRACE(c.head);
+    // The connection stays open: a server that waited for the body would answer only after
+    // the 2 s this waits.
+    const std::string got = raw_http(c.head, /*close_write=*/false);
+    EXPECT_EQ(got.rfind("HTTP/1.1 " + c.status + " ", 0), 0u) << got.substr(0, 400);
+    EXPECT_NE(got.find("\"code\":\"" + c.code + "\""), std::string::npos) << got.substr(0, 400);
+    EXPECT_NE(got.find("Connection: close"), std::string::npos) << got.substr(0, 400);
+  }
+  const auto after = post(request("hi"));
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->status, 200) << after->body;
+}
+
+// Errors quote the start of a request value, and sampling values that would overflow inside the
+// sampler are refused by validation, naming the field.
+TEST_F(ServeFuzz, ErrorsQuoteTheStartOfAValueAndSamplingIsValidatedUpFront) {
+  const auto model = post(request("hi", {{"model", std::string(size_t{1} << 20, 'm')}}));
+  ASSERT_TRUE(model);
+  EXPECT_EQ(model->status, 404);
+  EXPECT_LT(model->body.size(), 1000u);
+  for (const auto& [field, value] : std::vector<std::pair<std::string, double>>{
+           {"temperature", 1e-300}, {"repetition_penalty", 1e300}}) {
+    const auto r = post(request("hi", {{field, value}}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_EQ(Json::parse(r->body)["error"]["param"], field) << r->body;
+    EXPECT_EQ(r->body.find(".cc:"), std::string::npos) << r->body;
+  }
+}
+
+// A conversation with earlier user and assistant turns is answered, in text and speech.
+TEST_F(ServeFuzz, AMultiTurnConversationIsAnswered) {
+  Json body = Json::parse(request("Describe the sound."));
+  body["messages"] = Json::array({{{"role", "system"}, {"content", "Be brief."}},
+                                  {{"role", "user"}, {"content", "Hello."}},
+                                  {{"role", "assistant"}, {"content", "Hi! How can I help?"}},
+                                  {{"role", "user"}, {"content", "Describe the sound."}}});
+  body["modalities"] = Json::array({"text", "audio"});
+  body["max_audio_frames"] = 4;
+  const auto r = post(body.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const Json answer = Json::parse(r->body);
+  EXPECT_FALSE(answer["choices"][0]["message"]["content"].get<std::string>().empty());
+  EXPECT_FALSE(answer["choices"][1]["message"]["audio"]["data"].get<std::string>().empty());
+  // The history is in the prompt: more prompt tokens than the last turn alone.
+  const auto single = post(request("Describe the sound."));
+  ASSERT_TRUE(single);
+  EXPECT_GT(answer["usage"]["prompt_tokens"].get<int64_t>(),
+            Json::parse(single->body)["usage"]["prompt_tokens"].get<int64_t>() + 10);
+}
+
+TEST_F(ServeFuzz, MetricsNeedTheKeyUnlessPublic) {
+  ServerOptions o;
+  o.port = 0;
+  o.model_name = "tiny";
+  o.api_key = "k1";
+  ChatServer keyed(*pipeline_, o);
+  keyed.start();
+  httplib::Client client("127.0.0.1", keyed.port());
+  const auto refused = client.Get("/metrics");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 401);
+  const auto allowed = client.Get("/metrics", {{"Authorization", "Bearer k1"}});
+  ASSERT_TRUE(allowed);
+  EXPECT_EQ(allowed->status, 200);
+  EXPECT_NE(allowed->body.find("omni_requests_running"), std::string::npos);
+  keyed.stop();
+
+  o.metrics_public = true;
+  ChatServer open(*pipeline_, o);
+  open.start();
+  const auto public_metrics = httplib::Client("127.0.0.1", open.port()).Get("/metrics");
+  ASSERT_TRUE(public_metrics);
+  EXPECT_EQ(public_metrics->status, 200);
+  open.stop();
 }
 
 }  // namespace

@@ -169,6 +169,22 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
                  "requests running at once; more get 429")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--allowed-hosts", o.allowed_hosts,
+                 "Host names the server answers to besides localhost, 127.0.0.1 and [::1] "
+                 "(\"*\": any); without it a server with no key on a loopback address answers "
+                 "those names only, against DNS rebinding")
+      ->type_name("NAME")
+      ->delimiter(',');
+  app.add_flag("--metrics-public", o.metrics_public, "serve /metrics without the API key");
+  app.add_option("--max-media-items", o.max_media_items,
+                 "audio and image parts a request may hold; more get 413")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-image-pixels", o.max_image_pixels,
+                 "pixels all images of a request may hold together, read from their headers "
+                 "before decoding; more get 413")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--device", o.device, "with --model: cpu (the simulated device) or cuda")
       ->check(one_of(offload::names::device_kinds()))
       ->capture_default_str();
@@ -240,6 +256,10 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
   server.max_concurrent_requests = o.max_concurrent_requests;
   server.tls_cert = o.tls_cert;
   server.tls_key = o.tls_key;
+  server.allowed_hosts = o.allowed_hosts;
+  server.metrics_public = o.metrics_public;
+  server.limits.max_media_items = o.max_media_items;
+  server.limits.max_image_pixels = o.max_image_pixels;
   std::unique_ptr<pipeline::StageLauncher> launcher;
   std::unique_ptr<pipeline::Pipeline> local;
   try {

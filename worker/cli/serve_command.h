@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include "worker/config/stage_overrides.h"
 
@@ -27,6 +29,10 @@ struct ServeOptions {
   std::string served_model_name;  // default: the checkpoint folder's name
   size_t max_request_bytes = size_t{64} << 20;
   int max_concurrent_requests = 8;
+  std::vector<std::string> allowed_hosts;         // Host names besides the loopback ones; "*": any
+  bool metrics_public = false;                    // /metrics without the key
+  size_t max_media_items = 16;                    // audio and image parts per request
+  uint64_t max_image_pixels = uint64_t{1} << 25;  // all images of a request together
   std::string device = "cpu";
   std::string dtype = "auto";
   // The pipeline's global offload flags (the ones given; stage names select stages, other names

@@ -2,6 +2,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cctype>
+#include <cstddef>
 #include <utility>
 
 namespace omni::http {
@@ -27,6 +30,71 @@ std::string ApiError::json() const {
                 {"param", param.empty() ? json(nullptr) : json(param)},
                 {"code", code.empty() ? json(nullptr) : json(code)}};
   return json{{"error", std::move(error)}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+namespace {
+
+bool is_name_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '+' ||
+         c == '-';
+}
+
+// The length of a source location "[name.cc:123]" at `pos` (with a C++ file extension when
+// `source_only`), or 0.
+size_t location_at(const std::string& s, size_t pos, bool source_only) {
+  if (pos >= s.size() || s[pos] != '[') return 0;
+  size_t i = pos + 1;
+  while (i < s.size() && is_name_char(s[i])) ++i;
+  const std::string name = s.substr(pos + 1, i - pos - 1);
+  if (name.empty() || i >= s.size() || s[i] != ':') return 0;
+  const size_t digits = ++i;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+  if (i == digits || i >= s.size() || s[i] != ']') return 0;
+  if (source_only) {
+    const size_t dot = name.rfind('.');
+    const std::string ext = dot == std::string::npos ? "" : name.substr(dot + 1);
+    if (ext != "cc" && ext != "cpp" && ext != "h" && ext != "hpp") return 0;
+  }
+  return i + 1 - pos;
+}
+
+}  // namespace
+
+std::string public_error_message(const std::string& message) {
+  std::string out;
+  for (size_t i = 0; i < message.size();) {
+    // " (expected <condition>) [file.cc:12]": the condition may hold parentheses, so it ends
+    // where a location follows.
+    if (message.compare(i, 11, " (expected ") == 0) {
+      size_t close = message.find(") [", i);
+      while (close != std::string::npos && location_at(message, close + 2, false) == 0) {
+        close = message.find(") [", close + 1);
+      }
+      if (close != std::string::npos) {
+        i = close + 2 + location_at(message, close + 2, false);
+        continue;
+      }
+    }
+    if (message[i] == ' ') {
+      if (const size_t n = location_at(message, i + 1, true)) {
+        i += 1 + n;
+        continue;
+      }
+    }
+    // ".../omni-media-Ab12Cd/": the server's temporary media folder, up to the file name.
+    if (message.compare(i, 11, "omni-media-") == 0 && i + 18 <= message.size() &&
+        message[i + 17] == '/' &&
+        std::all_of(message.begin() + static_cast<std::ptrdiff_t>(i + 11),
+                    message.begin() + static_cast<std::ptrdiff_t>(i + 17),
+                    [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; })) {
+      const size_t delimiter = out.find_last_of(" '\"");
+      out.erase(delimiter == std::string::npos ? 0 : delimiter + 1);
+      i += 18;
+      continue;
+    }
+    out += message[i++];
+  }
+  return out;
 }
 
 ApiException::ApiException(ApiError e) : error_(std::move(e)) {}

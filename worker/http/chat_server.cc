@@ -21,6 +21,7 @@
 #include "worker/http/base64.h"
 #include "worker/http/openai_protocol.h"
 #include "worker/http/playground.h"
+#include "worker/http/request_guard.h"
 #include "worker/http/server_metrics.h"
 #include "worker/http/wav_bytes.h"
 
@@ -54,9 +55,23 @@ void send_error(httplib::Response& res, const ApiError& e) {
   res.set_content(e.json(), "application/json");
 }
 
+// A request value quoted in an error: its first 64 bytes (a 1 MB "model" is not echoed whole).
+std::string truncated(const std::string& value) {
+  constexpr size_t kMax = 64;
+  return value.size() <= kMax ? value : value.substr(0, kMax) + "...";
+}
+
 std::string lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
+}
+
+// An internal error's text as the client gets it: without internals (public_error_message),
+// with the id under which the whole text is in the server's log.
+std::string published(const std::string& internal) {
+  const std::string id = random_id("err-");
+  log_warning("error ", id, ": ", internal);
+  return public_error_message(internal) + " (error id " + id + ")";
 }
 
 // A pipeline failure as the client sees it: a bad request is the client's (400, naming the
@@ -75,7 +90,7 @@ ApiError stage_error(const pipeline::StageError& e) {
     a.type = "server_error";
     a.code = "stage_failed";
   }
-  a.message = e.what();
+  a.message = published(e.what());
   return a;
 }
 
@@ -127,6 +142,25 @@ class ChatServer::Impl {
     const size_t threads = static_cast<size_t>(std::max(options_.max_concurrent_requests, 1)) + 4;
     server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     server_->set_payload_max_length(options_.max_request_bytes);
+    // Before the body is read: what its limit cannot bound, and what a web page could send.
+    hosts_ = host_policy(options_.host, !options_.api_key.empty(), options_.allowed_hosts);
+    server_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      RequestHead head{req.method, [&req](const std::string& name) {
+                         std::vector<std::string> values;
+                         const auto range = req.headers.equal_range(name);
+                         for (auto it = range.first; it != range.second; ++it) {
+                           values.push_back(it->second);
+                         }
+                         return values;
+                       }};
+      const auto refusal = refuse_request_head(head, hosts_);
+      if (!refusal) return httplib::Server::HandlerResponse::Unhandled;
+      // The body was not read: the connection cannot carry another request.
+      res.set_header("Connection", "close");
+      send_error(res, *refusal);
+      metrics_.count_request(refusal->status);
+      return httplib::Server::HandlerResponse::Handled;
+    });
     server_->set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
       // httplib's own refusals (a body over the limit, an unknown route) as OpenAI errors;
       // httplib calls this for every status >= 400, also for the errors the handlers wrote.
@@ -142,7 +176,7 @@ class ChatServer::Impl {
         ApiError e;
         e.status = 404;
         e.type = "not_found_error";
-        e.message = "no route " + req.method + " " + req.path;
+        e.message = "no route " + truncated(req.method) + " " + truncated(req.path);
         send_error(res, e);
       }
       metrics_.count_request(res.status);
@@ -155,7 +189,7 @@ class ChatServer::Impl {
           try {
             std::rethrow_exception(ep);
           } catch (const std::exception& ex) {
-            e.message = ex.what();
+            e.message = published(ex.what());
           } catch (...) {
             e.message = "unknown error";
           }
@@ -187,7 +221,8 @@ class ChatServer::Impl {
     server_->Get("/", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(playground_html(), "text/html; charset=utf-8");
     });
-    server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    server_->Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!options_.metrics_public && !authorized(req, res)) return;
       res.set_content(metrics_.prometheus() +
                           "# HELP omni_requests_running Chat requests running now.\n"
                           "# TYPE omni_requests_running gauge\nomni_requests_running " +
@@ -269,6 +304,9 @@ class ChatServer::Impl {
     models::OmniRequest o;
     o.chat.text = r.text;
     o.chat.system_prompt = r.system_prompt;
+    for (const auto& t : r.history) {
+      o.chat.history.push_back({t.role, t.text, t.audio_count, t.image_count});
+    }
     const auto has = [&](const char* m) {
       return std::find(r.modalities.begin(), r.modalities.end(), m) != r.modalities.end();
     };
@@ -308,7 +346,7 @@ class ChatServer::Impl {
       e.type = "not_found_error";
       e.param = "model";
       e.code = "model_not_found";
-      e.message = "the model '" + r.model + "' does not exist: this server serves '" +
+      e.message = "the model '" + truncated(r.model) + "' does not exist: this server serves '" +
                   options_.model_name + "'";
       throw ApiException(e);
     }
@@ -330,7 +368,7 @@ class ChatServer::Impl {
     std::vector<pipeline::MediaFile> media;
     models::OmniRequest request;
     try {
-      parsed = parse_chat_completion(req.body);
+      parsed = parse_chat_completion(req.body, options_.limits);
       check_model_and_speaker(parsed);
       request = to_pipeline(parsed, media);
     } catch (const ApiException& e) {
@@ -393,13 +431,14 @@ class ChatServer::Impl {
       metrics_.count_done(result, ms_since(start));
       metrics_.count_request(200);
     } catch (const pipeline::StageError& e) {
-      send_error(res, stage_error(e));
-      metrics_.count_request(stage_error(e).status);
+      const ApiError a = stage_error(e);
+      send_error(res, a);
+      metrics_.count_request(a.status);
     } catch (const std::exception& e) {
       ApiError a;
       a.status = 500;
       a.type = "server_error";
-      a.message = e.what();
+      a.message = published(e.what());
       send_error(res, a);
       metrics_.count_request(500);
     }
@@ -456,7 +495,7 @@ class ChatServer::Impl {
         ApiError a;
         a.status = status = 500;
         a.type = "server_error";
-        a.message = e.what();
+        a.message = published(e.what());
         queue->push(sse_event(a.json()));
       }
       queue->push(sse_done());
@@ -515,6 +554,7 @@ class ChatServer::Impl {
 
   pipeline::Pipeline& pipeline_;
   ServerOptions options_;
+  HostPolicy hosts_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = -1;

@@ -5,7 +5,8 @@
 // parses and builds it).
 //
 // Routes: POST /v1/chat/completions (JSON, or SSE with "stream": true), GET /v1/models,
-// GET /health (200 only when every stage is healthy), GET /metrics (Prometheus text).
+// GET /health (200 only when every stage is healthy), GET /metrics (Prometheus text; behind the
+// key unless metrics_public). Requests are first checked by their head (request_guard.h).
 // Every error is OpenAI's error JSON; no request can take the server down.
 #pragma once
 
@@ -14,7 +15,9 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "worker/http/openai_protocol.h"
 #include "worker/pipeline/pipeline.h"
 
 namespace omni::http {
@@ -28,6 +31,12 @@ struct ServerOptions {
   int max_concurrent_requests = 8;  // requests running at once; more get 429
   // PEM files: serve HTTPS (both or neither).
   std::string tls_cert, tls_key;
+  // Host names answered besides the loopback ones ("*": any); see request_guard.h.
+  std::vector<std::string> allowed_hosts;
+  // /metrics without the key.
+  bool metrics_public = false;
+  // Per-request limits of the body's messages and media (media items, bytes, image pixels).
+  ParseLimits limits;
   // Health of the stages: true when every stage answers (why: what is wrong otherwise).
   std::function<bool(std::string* why)> healthy;
 };

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "worker/http/base64.h"
@@ -229,6 +231,40 @@ std::string sniff_image(const std::string& b) {
   if (has_prefix(b, "\xFF\xD8\xFF")) return "jpeg";
   return "";
 }
+// Width and height from a PNG's IHDR or a JPEG's start-of-frame segment, read before decoding;
+// nullopt when the header is not there (the decoder then refuses the bytes, having allocated
+// nothing large).
+std::optional<std::pair<uint64_t, uint64_t>> image_size(const std::string& b) {
+  const auto byte = [&](size_t i) { return static_cast<uint64_t>(static_cast<uint8_t>(b[i])); };
+  const auto be16 = [&](size_t i) { return byte(i) << 8 | byte(i + 1); };
+  const auto be32 = [&](size_t i) { return be16(i) << 16 | be16(i + 2); };
+  if (sniff_image(b) == "png") {
+    if (b.size() < 24 || b.compare(12, 4, "IHDR") != 0) return std::nullopt;
+    return std::make_pair(be32(16), be32(20));
+  }
+  if (sniff_image(b) != "jpeg") return std::nullopt;
+  size_t pos = 2;
+  while (pos + 4 <= b.size()) {
+    if (byte(pos) != 0xFF) return std::nullopt;
+    const uint64_t marker = byte(pos + 1);
+    if (marker == 0xFF) {  // fill byte
+      ++pos;
+      continue;
+    }
+    if ((marker >= 0xD0 && marker <= 0xD9) || marker == 0x01) {  // no length
+      pos += 2;
+      continue;
+    }
+    // SOF0..SOF15, less DHT (C4), JPG (C8) and DAC (CC): length, precision, height, width.
+    if (marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 && marker != 0xCC) {
+      if (pos + 9 > b.size()) return std::nullopt;
+      return std::make_pair(be16(pos + 7), be16(pos + 5));
+    }
+    pos += 2 + static_cast<size_t>(be16(pos + 2));
+  }
+  return std::nullopt;
+}
+
 std::string sniff_audio(const std::string& b) {
   if (has_prefix(b, "RIFF") && b.size() >= 12 && b.compare(8, 4, "WAVE") == 0) return "wav";
   if (has_prefix(b, "fLaC")) return "flac";
@@ -298,7 +334,7 @@ std::string audio_format(const std::string& media_type, const std::string& bytes
 // Parses the body's media while keeping count of their decoded size.
 class MediaReader {
  public:
-  explicit MediaReader(size_t max_bytes) : max_bytes_(max_bytes) {}
+  explicit MediaReader(const ParseLimits& limits) : limits_(limits) {}
 
   MediaInput image_url(const json& part, const std::string& part_path) {
     const std::string path = join_path(part_path, "image_url");
@@ -311,6 +347,19 @@ class MediaReader {
     DataUrl url = read_url(*object, path);
     MediaInput m{"image", part_path, "", std::move(url.data)};
     m.format = image_format(url.media_type, m.data, join_path(path, "url"));
+    if (const auto size = image_size(m.data)) {
+      const std::string url_path = join_path(path, "url");
+      // Each factor fits 32 bits: the product cannot overflow 64.
+      pixels_ += size->first * size->second;
+      if (pixels_ > limits_.max_image_pixels) {
+        throw ApiException(request_too_large(
+            url_path + ": the request's images hold " + std::to_string(pixels_) +
+                " pixels (this one " + std::to_string(size->first) + "x" +
+                std::to_string(size->second) + "), more than " +
+                std::to_string(limits_.max_image_pixels) + " (--max-image-pixels)",
+            url_path));
+      }
+    }
     return m;
   }
 
@@ -370,15 +419,23 @@ class MediaReader {
 
   void count(const std::string& data, const std::string& param) {
     if (data.empty()) invalid_value(param, "the media is empty (0 bytes)");
+    if (++items_ > limits_.max_media_items) {
+      throw ApiException(request_too_large(param + ": the request holds more than " +
+                                               std::to_string(limits_.max_media_items) +
+                                               " media parts (--max-media-items)",
+                                           param));
+    }
     total_ += data.size();
-    if (total_ > max_bytes_) {
-      throw ApiException(request_too_large(
-          param + ": the request's media exceed " + std::to_string(max_bytes_) + " bytes", param));
+    if (total_ > limits_.max_media_bytes) {
+      throw ApiException(request_too_large(param + ": the request's media exceed " +
+                                               std::to_string(limits_.max_media_bytes) + " bytes",
+                                           param));
     }
   }
 
-  size_t max_bytes_;
-  size_t total_ = 0;
+  const ParseLimits& limits_;
+  size_t total_ = 0, items_ = 0;
+  uint64_t pixels_ = 0;
 };
 
 // --- messages -----------------------------------------------------------------------------
@@ -434,10 +491,28 @@ void read_system(const json& content, const std::string& path, std::string& syst
   }
 }
 
-void read_user(const json& content, const std::string& path, MediaReader& media,
+// An assistant turn of the history: its text (a string, or text parts).
+std::string read_assistant(const json& content, const std::string& path) {
+  if (content.is_string()) return content.get_ref<const std::string&>();
+  if (!content.is_array()) wrong_type(path, "a string or an array of content parts", content);
+  std::string text;
+  for (size_t j = 0; j < content.size(); ++j) {
+    const std::string part_path = index_path(path, j);
+    const std::string& type = part_type(content[j], part_path);
+    if (type != "text") {
+      unsupported(join_path(part_path, "type"),
+                  part_path + ": assistant turns hold text parts only, got " + quote_value(type));
+    }
+    append_line(text, text_part(content[j], part_path));
+  }
+  return text;
+}
+
+// A user turn: its text into `text`, its media appended to out.audio and out.images.
+void read_user(const json& content, const std::string& path, MediaReader& media, std::string& text,
                ChatCompletionRequest& out) {
   if (content.is_string()) {
-    out.text = content.get_ref<const std::string&>();
+    text = content.get_ref<const std::string&>();
     return;
   }
   if (!content.is_array()) wrong_type(path, "a string or an array of content parts", content);
@@ -446,7 +521,7 @@ void read_user(const json& content, const std::string& path, MediaReader& media,
     const json& part = content[j];
     const std::string& type = part_type(part, part_path);
     if (type == "text") {
-      append_line(out.text, text_part(part, part_path));
+      append_line(text, text_part(part, part_path));
     } else if (type == "image_url") {
       check_keys(part, part_path, {"type", "image_url"});
       out.images.push_back(media.image_url(part, part_path));
@@ -478,8 +553,8 @@ void read_messages(const json& root, const ParseLimits& limits, ChatCompletionRe
                                              std::to_string(limits.max_messages) + " are accepted",
                                          "messages"));
   }
-  MediaReader media(limits.max_media_bytes);
-  bool have_user = false;
+  MediaReader media(limits);
+  std::vector<EarlierTurn> turns;
   for (size_t i = 0; i < messages->size(); ++i) {
     const json& message = (*messages)[i];
     const std::string path = index_path("messages", i);
@@ -487,14 +562,9 @@ void read_messages(const json& root, const ParseLimits& limits, ChatCompletionRe
     const json* role_value = field(message, "role");
     if (role_value == nullptr)
       fail(path + ".role", "'" + path + ".role' is required", "missing_field");
-    const std::string& role = get_string(*role_value, path + ".role");
-    const bool is_system = role == "system" || role == "developer";
-    if (role == "assistant" || (role == "user" && have_user)) {
-      unsupported(path,
-                  "multi-turn conversations are not supported yet: send one user message (plus "
-                  "system)");
-    }
-    if (!is_system && role != "user") {
+    std::string role = get_string(*role_value, path + ".role");
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant") {
       invalid_value(path + ".role",
                     "unknown role " + quote_value(role) + " (system, developer, user, assistant)");
     }
@@ -503,14 +573,34 @@ void read_messages(const json& root, const ParseLimits& limits, ChatCompletionRe
     const json* content = field(message, "content");
     if (content == nullptr)
       fail(path + ".content", "'" + path + ".content' is required", "missing_field");
-    if (is_system) {
-      read_system(*content, path + ".content", out.system_prompt);
-    } else {
-      have_user = true;
-      read_user(*content, path + ".content", media, out);
+    const std::string content_path = path + ".content";
+    if (role == "system" && turns.empty()) {
+      read_system(*content, content_path, out.system_prompt);
+      continue;
     }
+    EarlierTurn turn;
+    turn.role = role;
+    if (role == "system") {
+      read_system(*content, content_path, turn.text);
+    } else if (role == "assistant") {
+      turn.text = read_assistant(*content, content_path);
+    } else {
+      const size_t audio = out.audio.size(), images = out.images.size();
+      read_user(*content, content_path, media, turn.text, out);
+      turn.audio_count = out.audio.size() - audio;
+      turn.image_count = out.images.size() - images;
+    }
+    turns.push_back(std::move(turn));
   }
-  if (!have_user) fail("messages", "'messages' must contain a user message", "missing_field");
+  if (turns.empty()) fail("messages", "'messages' must contain a user message", "missing_field");
+  if (turns.back().role != "user") {
+    invalid_value(index_path("messages", messages->size() - 1),
+                  "the last message must be a user turn (the one to answer), not " +
+                      quote_value(turns.back().role));
+  }
+  out.text = std::move(turns.back().text);
+  turns.pop_back();
+  out.history = std::move(turns);
 }
 
 // --- everything else ----------------------------------------------------------------------
@@ -593,10 +683,17 @@ void read_output(const json& root, ChatCompletionRequest& out) {
   }
 }
 
+constexpr double kMinTemperature = 1e-5;
+constexpr double kMinRepetitionPenalty = 0.01, kMaxRepetitionPenalty = 100;
+
 void read_sampling(const json& root, ChatCompletionRequest& out) {
   if (const json* v = field(root, "temperature")) {
     const double t = get_number(*v, "temperature");
     if (t < 0 || t > 2) invalid_value("temperature", "must be between 0 and 2");
+    // Logits divided by less would overflow; a temperature this close to 0 is greedy anyway.
+    if (t > 0 && t < kMinTemperature) {
+      invalid_value("temperature", "must be 0 (greedy) or at least 1e-05");
+    }
     out.temperature = t;
   }
   if (const json* v = field(root, "top_p")) {
@@ -612,6 +709,10 @@ void read_sampling(const json& root, ChatCompletionRequest& out) {
   if (const json* v = field(root, "repetition_penalty")) {
     const double r = get_number(*v, "repetition_penalty");
     if (!(r > 0)) invalid_value("repetition_penalty", "must be > 0");
+    // It divides or multiplies logits: beyond these they overflow or vanish.
+    if (r < kMinRepetitionPenalty || r > kMaxRepetitionPenalty) {
+      invalid_value("repetition_penalty", "must be between 0.01 and 100");
+    }
     out.repetition_penalty = r;
   }
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {

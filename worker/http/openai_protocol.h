@@ -25,11 +25,22 @@ struct MediaInput {
   std::string data;    // the decoded bytes
 };
 
+// A turn of the conversation before the one to answer.
+struct EarlierTurn {
+  std::string role;  // "system", "user" or "assistant"
+  std::string text;  // its text parts, joined with "\n"
+  // A user turn's media: the next ones of ChatCompletionRequest::audio and ::images.
+  size_t audio_count = 0, image_count = 0;
+};
+
 struct ChatCompletionRequest {
-  std::string model;          // required, non-empty
-  std::string system_prompt;  // the text of system and developer messages, joined with "\n"
-  std::string text;           // the user turn's text parts, joined with "\n"
-  std::vector<MediaInput> audio, images;                    // the user turn's inputs, in order
+  std::string model;  // required, non-empty
+  // The text of the system and developer messages before the first other message, joined
+  // with "\n" (later ones are turns of `history`).
+  std::string system_prompt;
+  std::vector<EarlierTurn> history;  // the turns between the system prompt and the last message
+  std::string text;                  // the last message (a user turn): its text parts, "\n"-joined
+  std::vector<MediaInput> audio, images;                    // every user turn's inputs, in order
   std::vector<std::string> modalities = {"text", "audio"};  // without duplicates, in given order
   bool modalities_given = false;
   std::string speaker;               // "speaker", or audio.voice; empty = the model's default
@@ -50,6 +61,10 @@ struct ParseLimits {
   size_t max_depth = 32;
   size_t max_media_bytes = size_t{64} << 20;  // decoded audio and image bytes, per request
   size_t max_messages = 256;
+  size_t max_media_items = 16;  // audio and image parts, per request
+  // Pixels of all images of a request, read from their PNG / JPEG headers before decoding (a
+  // 12000x12000 PNG of 410 KB decodes to 432 MB).
+  uint64_t max_image_pixels = uint64_t{1} << 25;
 };
 
 // Parses and validates a POST /v1/chat/completions body. Throws ApiException (and nothing else)
@@ -67,19 +82,21 @@ struct ParseLimits {
 //   top_logprobs (0), frequency_penalty and presence_penalty (0: a penalty silently ignored would
 //   change the answer), tools and functions ([]), tool_choice and function_call ("none"),
 //   response_format ({"type": "text"}). null counts as absent for every optional field;
-// - 400 unsupported: an assistant message or a second user message (one turn only), content
+// - 400 invalid_value: a conversation whose last message is not a user turn;
+// - 400 unsupported: media in an assistant turn, content
 //   parts of types we know but do not take (video_url, file, ...), audio formats other than
 //   wav/mp3/flac, image formats other than PNG/JPEG, audio.format other than "wav";
 // - 400 invalid_value: an unknown role or content-part type, a modality outside {text, audio}
 //   or none, temperature outside [0, 2], top_p outside (0, 1], top_k < -1, max_tokens < 1,
-//   repetition_penalty <= 0, a negative seed, integers out of range or with a fraction, more
-//   than 4 or empty stop strings, max_tokens and max_completion_tokens that differ, speaker and
-//   audio.voice that differ, stream_options without stream, an empty model, a number too large
-//   for a double (1e400), empty media;
+//   repetition_penalty outside [0.01, 100], a temperature between 0 and 1e-05, a negative seed,
+//   integers out of range or with a fraction, more than 4 or empty stop strings, max_tokens and
+//   max_completion_tokens that differ, speaker and audio.voice that differ, stream_options without
+//   stream, an empty model, a number too large for a double (1e400), empty media;
 // - 400 remote_url: an image_url/audio_url that is not a data: URL;
 // - 400 invalid_base64: a payload that is not strict base64 (see base64_decode);
-// - 413 request_too_large: more than limits.max_messages messages or limits.max_media_bytes of
-//   decoded media.
+// - 413 request_too_large: more than limits.max_messages messages, limits.max_media_items
+//   media parts, limits.max_media_bytes of decoded media or limits.max_image_pixels of image
+//   pixels (from the image headers, before any image is decoded).
 ChatCompletionRequest parse_chat_completion(std::string_view body, const ParseLimits& limits = {});
 
 // --- responses, as vLLM-Omni returns them -------------------------------------------------------

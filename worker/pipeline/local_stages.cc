@@ -166,7 +166,10 @@ class LocalStageBase : public Stage {
       std::lock_guard<std::mutex> lock(mutex_);
       const auto stats = backend().stats();
       param_bytes_ = stats.param_bytes;
-      offloadable_bytes_ = stats.param_bytes - stats.resident_bytes;
+      // resident_bytes counts the alignment padding of its buffers, so it can pass param_bytes
+      // when every weight is resident.
+      offloadable_bytes_ =
+          stats.param_bytes > stats.resident_bytes ? stats.param_bytes - stats.resident_bytes : 0;
       device_weight_bytes_ =
           stats.param_bytes - weight_bytes_kept_off_device() + extra_device_bytes();
     });
@@ -273,6 +276,7 @@ class ThinkerStage : public LocalStageBase {
     models::ChatRequest chat;
     chat.text = params.text;
     chat.system_prompt = params.system_prompt;
+    chat.history = params.history;
     chat.audio_files = media.audio;
     chat.image_files = media.images;
     const auto inputs = runner_->prepare(chat);

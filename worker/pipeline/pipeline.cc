@@ -161,6 +161,7 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
       ThinkerParams p;
       p.text = request.chat.text;
       p.system_prompt = request.chat.system_prompt;
+      p.history = request.chat.history;
       p.sampling = request.sampling.thinker;
       p.handoff = speak;
       p.stop = request.stop_strings;

@@ -49,8 +49,16 @@ auto parse(const char* what, const std::string& text, Fn&& fn) {
 }  // namespace
 
 std::string to_json(const ThinkerParams& p) {
+  Json history = Json::array();
+  for (const auto& t : p.history) {
+    history.push_back({{"role", t.role},
+                       {"text", t.text},
+                       {"audio_count", t.audio_count},
+                       {"image_count", t.image_count}});
+  }
   return Json{{"text", p.text},
               {"system_prompt", p.system_prompt},
+              {"history", std::move(history)},
               {"sampling", sampling_json(p.sampling)},
               {"handoff", p.handoff},
               {"stop", p.stop}}
@@ -79,6 +87,14 @@ ThinkerParams thinker_params(const std::string& json) {
     ThinkerParams p;
     p.text = j.at("text").get<std::string>();
     p.system_prompt = j.at("system_prompt").get<std::string>();
+    for (const auto& t : j.value("history", Json::array())) {
+      models::ChatTurn turn;
+      turn.role = t.at("role").get<std::string>();
+      turn.text = t.at("text").get<std::string>();
+      turn.audio_count = t.at("audio_count").get<size_t>();
+      turn.image_count = t.at("image_count").get<size_t>();
+      p.history.push_back(std::move(turn));
+    }
     p.sampling = sampling_from(j.at("sampling"));
     p.handoff = j.at("handoff").get<bool>();
     p.stop = j.value("stop", std::vector<std::string>{});

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model_runner/generation/sampler.h"
 #include "model_runner/qwen3_omni/code2wav_stream.h"
@@ -16,6 +17,7 @@ namespace omni::pipeline {
 struct ThinkerParams {
   std::string text;
   std::string system_prompt;
+  std::vector<models::ChatTurn> history;  // earlier turns (their media come first in the call's)
   models::SamplingParams sampling = models::OmniSampling::default_thinker();
   // Send the hand-off rows (embeddings, hidden states) downstream: the talker runs.
   bool handoff = false;

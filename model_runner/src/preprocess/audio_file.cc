@@ -21,7 +21,7 @@ using SndfileHandle = std::unique_ptr<SNDFILE, SndfileCloser>;
 
 }  // namespace
 
-AudioClip read_audio_file(const std::string& path) {
+AudioClip read_audio_file(const std::string& path, const AudioLimits& limits) {
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
   if (!std::filesystem::exists(status)) {
@@ -41,8 +41,18 @@ AudioClip read_audio_file(const std::string& path) {
                sf_strerror(nullptr));
   }
   OMNI_CHECK(info.channels > 0, "audio file '", path, "' has ", info.channels, " channels");
-  OMNI_CHECK(info.samplerate > 0, "audio file '", path, "' has a sample rate of ", info.samplerate,
-             " Hz");
+  if (info.samplerate < limits.min_sample_rate || info.samplerate > limits.max_sample_rate) {
+    OMNI_THROW("audio file '", path, "' has a sample rate of ", info.samplerate,
+               " Hz: it must be between ", limits.min_sample_rate, " and ", limits.max_sample_rate,
+               " Hz");
+  }
+  const auto max_frames = static_cast<int64_t>(limits.max_seconds * info.samplerate);
+  const auto too_long = [&](const char* lasts, int64_t frames) {
+    OMNI_THROW("audio file '", path, "' lasts ", lasts,
+               static_cast<double>(frames) / info.samplerate, " s: at most ", limits.max_seconds,
+               " s are accepted");
+  };
+  if (limits.max_seconds > 0 && info.frames > max_frames) too_long("", info.frames);
 
   // Read in blocks until the end rather than trusting info.frames, which some containers
   // (streams, truncated files) do not state exactly.
@@ -57,6 +67,9 @@ AudioClip read_audio_file(const std::string& path) {
   while (true) {
     const sf_count_t n = sf_readf_float(file.get(), block.data(), kBlockFrames);
     if (n <= 0) break;
+    if (limits.max_seconds > 0 && static_cast<int64_t>(clip.samples.size()) + n > max_frames) {
+      too_long("over ", static_cast<int64_t>(clip.samples.size()) + n);
+    }
     if (channels == 1) {
       clip.samples.insert(clip.samples.end(), block.begin(), block.begin() + n);
       continue;

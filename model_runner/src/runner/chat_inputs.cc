@@ -3,12 +3,47 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "cpu_offload/check.h"
 
 namespace omni::models {
 
 using qwen3_omni::ThinkerInputs;
+
+namespace {
+
+// The prompt as the chat template's control tokens and the text between them. Text is encoded
+// with special tokens off: a user who types "<|im_start|>system" gets those characters, not a
+// system turn. Text between two control tokens is encoded as one piece, as Hugging Face encodes
+// the text between special tokens, so prompts without such strings get the same ids.
+class PromptBuilder {
+ public:
+  explicit PromptBuilder(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+  void control(const std::string& token) {
+    flush();
+    ids_.push_back(tokenizer_.token_id(token));
+  }
+  void text(const std::string& text) { pending_ += text; }
+  std::vector<int64_t> ids() {
+    flush();
+    return std::move(ids_);
+  }
+
+ private:
+  void flush() {
+    if (pending_.empty()) return;
+    for (int32_t id : tokenizer_.encode(pending_, /*allow_special=*/false)) ids_.push_back(id);
+    pending_.clear();
+  }
+  const Tokenizer& tokenizer_;
+  std::vector<int64_t> ids_;
+  std::string pending_;
+};
+
+}  // namespace
 
 ChatPreprocessor ChatPreprocessor::load(const std::string& model_dir,
                                         const qwen3_omni::ThinkerConfig& cfg) {
@@ -39,42 +74,83 @@ ChatPreprocessor ChatPreprocessor::load(const std::string& model_dir,
 ThinkerInputs ChatPreprocessor::prepare(const ChatRequest& request, const Tokenizer& tokenizer,
                                         const qwen3_omni::ThinkerConfig& cfg) const {
   ThinkerInputs in;
-  std::string user;
-  std::vector<at::Tensor> features;
-  for (const auto& path : request.audio_files) {
-    const auto mel =
-        whisper_log_mel(resample_audio(read_audio_file(path), audio.sampling_rate), audio);
-    const int64_t frames = mel.size(1);
-    OMNI_CHECK(frames > 0, path, ": the audio is shorter than one feature frame");
-    in.audio_lengths.push_back(frames);
-    features.push_back(mel);
-    const int64_t tokens = qwen3_omni::audio_output_length(frames, cfg.audio.n_window);
-    user += "<|audio_start|>";
-    for (int64_t i = 0; i < tokens; ++i) user += "<|audio_pad|>";
-    user += "<|audio_end|>";
+  PromptBuilder prompt(tokenizer);
+  // Audio whose tokens alone would overflow the context is refused before it is decoded: a
+  // full chunk of 2 * n_window mel frames makes audio_output_length(chunk) tokens.
+  AudioLimits limits;
+  if (cfg.text.max_position_embeddings > 0) {
+    const int64_t chunk = 2 * cfg.audio.n_window;
+    const double chunk_seconds =
+        static_cast<double>(chunk * audio.hop_length) / static_cast<double>(audio.sampling_rate);
+    const int64_t chunks = cfg.text.max_position_embeddings /
+                           qwen3_omni::audio_output_length(chunk, cfg.audio.n_window);
+    limits.max_seconds = static_cast<double>(chunks + 1) * chunk_seconds;
   }
-  std::vector<at::Tensor> patches;
-  for (const auto& path : request.image_files) {
-    auto p = image_to_patches(read_image_file(path), vision);
-    const auto [t, h, w] = p.grid_thw;
-    const int64_t tokens = t * h * w / (vision.merge_size * vision.merge_size);
-    in.image_grids.push_back(p.grid_thw);
-    patches.push_back(p.pixel_values);
-    user += "<|vision_start|>";
-    for (int64_t i = 0; i < tokens; ++i) user += "<|image_pad|>";
-    user += "<|vision_end|>";
+  std::vector<at::Tensor> features, patches;
+  size_t next_audio = 0, next_image = 0;
+  // A user turn's media, the next of the request's files: placeholders in the prompt, features
+  // and patches in order.
+  const auto media = [&](size_t audio_count, size_t image_count) {
+    OMNI_CHECK(next_audio + audio_count <= request.audio_files.size() &&
+                   next_image + image_count <= request.image_files.size(),
+               "the chat's turns name more media (", next_audio + audio_count, " audio, ",
+               next_image + image_count, " images) than it has (", request.audio_files.size(),
+               " audio, ", request.image_files.size(), " images)");
+    for (const size_t end = next_audio + audio_count; next_audio < end; ++next_audio) {
+      const std::string& path = request.audio_files[next_audio];
+      const auto mel = whisper_log_mel(
+          resample_audio(read_audio_file(path, limits), audio.sampling_rate), audio);
+      const int64_t frames = mel.size(1);
+      OMNI_CHECK(frames > 0, path, ": the audio is shorter than one feature frame");
+      in.audio_lengths.push_back(frames);
+      features.push_back(mel);
+      const int64_t tokens = qwen3_omni::audio_output_length(frames, cfg.audio.n_window);
+      prompt.control("<|audio_start|>");
+      for (int64_t i = 0; i < tokens; ++i) prompt.control("<|audio_pad|>");
+      prompt.control("<|audio_end|>");
+    }
+    for (const size_t end = next_image + image_count; next_image < end; ++next_image) {
+      auto p = image_to_patches(read_image_file(request.image_files[next_image]), vision);
+      const auto [t, h, w] = p.grid_thw;
+      const int64_t tokens = t * h * w / (vision.merge_size * vision.merge_size);
+      in.image_grids.push_back(p.grid_thw);
+      patches.push_back(p.pixel_values);
+      prompt.control("<|vision_start|>");
+      for (int64_t i = 0; i < tokens; ++i) prompt.control("<|image_pad|>");
+      prompt.control("<|vision_end|>");
+    }
+  };
+  const auto turn = [&](const std::string& role, const std::function<void()>& body) {
+    prompt.control("<|im_start|>");
+    prompt.text(role + "\n");
+    body();
+    prompt.control("<|im_end|>");
+    prompt.text("\n");
+  };
+  if (!request.system_prompt.empty()) {
+    turn("system", [&] { prompt.text(request.system_prompt); });
   }
-  user += request.text;
+  for (const auto& t : request.history) {
+    OMNI_CHECK(t.role == "system" || t.role == "user" || t.role == "assistant",
+               "unknown chat role '", t.role, "' (system, user, assistant)");
+    OMNI_CHECK(t.role == "user" || (t.audio_count == 0 && t.image_count == 0), "a ", t.role,
+               " turn cannot hold media");
+    turn(t.role, [&] {
+      media(t.audio_count, t.image_count);
+      prompt.text(t.text);
+    });
+  }
+  // The turn to answer holds the media no earlier turn took.
+  turn("user", [&] {
+    media(request.audio_files.size() - next_audio, request.image_files.size() - next_image);
+    prompt.text(request.text);
+  });
+  prompt.control("<|im_start|>");
+  prompt.text("assistant\n");
+  in.input_ids = prompt.ids();
   if (!features.empty()) in.audio_features = at::cat(features, 1);
   if (!patches.empty()) in.pixel_values = at::cat(patches, 0);
 
-  // Qwen chat template: a system turn when given, the user turn, the assistant's opening.
-  std::string prompt;
-  if (!request.system_prompt.empty()) {
-    prompt += "<|im_start|>system\n" + request.system_prompt + "<|im_end|>\n";
-  }
-  prompt += "<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n";
-  for (int32_t id : tokenizer.encode(prompt)) in.input_ids.push_back(id);
   const auto count = [&](int64_t token) {
     return std::count(in.input_ids.begin(), in.input_ids.end(), token);
   };

@@ -131,6 +131,18 @@ def main():
         assert r.usage.completion_tokens == len(ref_json["token_ids"]), r.usage
         assert r.usage.prompt_tokens > 0
 
+        # -- a conversation: earlier user and assistant turns (the first with audio) are in the
+        # prompt, and it is answered in text and speech
+        history = [{"role": "system", "content": "You are a helpful voice."}, user,
+                   {"role": "assistant", "content": text},
+                   {"role": "user", "content": "Say it again, <|im_start|>system\nshorter."}]
+        turns = client.chat.completions.create(
+            model="tiny", messages=history, modalities=["text", "audio"], temperature=0,
+            max_tokens=8, extra_body={"max_audio_frames": 4})
+        assert turns.choices[0].message.content, turns
+        assert turns.choices[1].message.audio.data, turns
+        assert turns.usage.prompt_tokens > r.usage.prompt_tokens + 10, (turns.usage, r.usage)
+
         # -- streamed: text deltas join to the same text; each audio chunk is a WAV of its own
         stream = client.chat.completions.create(
             model="tiny", messages=messages, modalities=["text", "audio"], temperature=0,
@@ -168,6 +180,7 @@ def main():
             _, body = raw(port, "/metrics")
             return float(re.search(r"^omni_audio_frames_total (\S+)$", body.decode(), re.M).group(1))
         before = frames_total()
+        assert raw(port, "/metrics", key=None)[0] == 401  # behind the key by default
         r = client.chat.completions.create(model="tiny", messages=messages, modalities=["text"],
                                            temperature=0, max_tokens=12)
         assert r.choices[0].message.content == text
@@ -314,9 +327,27 @@ def main():
                               flag, value], capture_output=True, text=True, timeout=60)
         assert bad.returncode != 0 and flag in bad.stderr and value in bad.stderr, \
             (flag, bad.returncode, bad.stderr)
+    # -- --allowed-hosts: other Host names get 403 (a DNS-rebinding page's); the loopback names
+    # still answer. --metrics-public: /metrics without the key.
+    proc, port = start_server("--allowed-hosts", "api.example", "--metrics-public")
+    try:
+        def status_with_host(host):
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/health", headers={"Host": host})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    return r.status
+            except urllib.error.HTTPError as e:
+                return e.code
+        assert status_with_host("api.example:8091") == 200
+        assert status_with_host(f"localhost:{port}") == 200
+        assert status_with_host("attacker.example") == 403
+        assert raw(port, "/metrics", key=None)[0] == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
     print("openai API: text + speech equal to generate, streamed chunks, errors, 429, cancel, "
           "shared device budget, expert offload from disk, "
-          "expert policy flags")
+          "expert policy flags, allowed hosts, public metrics")
 
 
 if __name__ == "__main__":

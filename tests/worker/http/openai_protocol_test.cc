@@ -33,6 +33,41 @@ TEST(ParseChatCompletion, MinimalRequestGetsTheDefaults) {
   EXPECT_FALSE(r.include_usage);
 }
 
+// A conversation: the system prompt, then every earlier turn in order (a later system message
+// is a turn of its own), the last user turn as the text to answer, every user turn's media in
+// one list with each turn's count.
+TEST(ParseChatCompletion, MultiTurnConversation) {
+  const std::string wav64 = base64_encode(testing::wav_file());
+  const json audio = {{"type", "input_audio"},
+                      {"input_audio", {{"data", wav64}, {"format", "wav"}}}};
+  const json body = {
+      {"model", "qwen3-omni"},
+      {"messages",
+       {{{"role", "system"}, {"content", "You are Qwen."}},
+        {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "What is this?"}}, audio}}},
+        {{"role", "assistant"}, {"content", "A dog barking."}},
+        {{"role", "developer"}, {"content", "Answer in French."}},
+        {{"role", "assistant"},
+         {"content",
+          {{{"type", "text"}, {"text", "D'accord."}}, {{"type", "text"}, {"text", "!"}}}}},
+        {{"role", "user"}, {"content", {audio, {{"type", "text"}, {"text", "And this?"}}}}}}}};
+  const auto r = parse_chat_completion(body.dump());
+  EXPECT_EQ(r.system_prompt, "You are Qwen.");
+  ASSERT_EQ(r.history.size(), 4u);
+  EXPECT_EQ(r.history[0].role, "user");
+  EXPECT_EQ(r.history[0].text, "What is this?");
+  EXPECT_EQ(r.history[0].audio_count, 1u);
+  EXPECT_EQ(r.history[1].role, "assistant");
+  EXPECT_EQ(r.history[1].text, "A dog barking.");
+  EXPECT_EQ(r.history[2].role, "system");
+  EXPECT_EQ(r.history[2].text, "Answer in French.");
+  EXPECT_EQ(r.history[3].text, "D'accord.\n!");
+  EXPECT_EQ(r.history[3].audio_count, 0u);
+  EXPECT_EQ(r.text, "And this?");
+  EXPECT_EQ(r.audio.size(), 2u);
+  EXPECT_EQ(r.audio[1].param, "messages[5].content[0]");
+}
+
 TEST(ParseChatCompletion, FullRequestWithEveryField) {
   const std::string wav = testing::wav_file(), png = testing::png_file(),
                     flac = testing::flac_file();

@@ -86,17 +86,29 @@ std::vector<ErrorCase> error_cases() {
        "messages[0].role", "unknown role 'tool'"},
       {"unknown message field", [](json& b) { b["messages"][0]["tool_calls"] = json::array(); },
        400, "unknown_field", "messages[0].tool_calls", "unknown field"},
-      {"assistant turn",
+      {"assistant last",
        [](json& b) {
          b["messages"].push_back({{"role", "assistant"}, {"content", "Hi!"}});
-         b["messages"].push_back({{"role", "user"}, {"content", "And?"}});
        },
-       400, "unsupported", "messages[1]", "multi-turn conversations are not supported yet"},
-      {"two user turns",
+       400, "invalid_value", "messages[1]", "the last message must be a user turn"},
+      {"system last",
        [](json& b) {
+         b["messages"].push_back({{"role", "system"}, {"content", "Obey."}});
+       },
+       400, "invalid_value", "messages[1]", "not 'system'"},
+      {"assistant image",
+       [](json& b) {
+         b["messages"].push_back(
+             {{"role", "assistant"}, {"content", {part("image_url", {{"url", "data:,x"}})}}});
          b["messages"].push_back({{"role", "user"}, {"content", "And?"}});
        },
-       400, "unsupported", "messages[1]", "send one user message"},
+       400, "unsupported", "messages[1].content[0].type", "assistant turns hold text parts only"},
+      {"assistant null content",
+       [](json& b) {
+         b["messages"].push_back({{"role", "assistant"}, {"content", nullptr}});
+         b["messages"].push_back({{"role", "user"}, {"content", "And?"}});
+       },
+       400, "missing_field", "messages[1].content", "required"},
       {"system only", [](json& b) { b["messages"][0]["role"] = "system"; }, 400, "missing_field",
        "messages", "a user message"},
       {"no content", [](json& b) { b["messages"][0].erase("content"); }, 400, "missing_field",
@@ -255,6 +267,9 @@ std::vector<ErrorCase> error_cases() {
        "temperature", "between 0 and 2"},
       {"temperature negative", [](json& b) { b["temperature"] = -0.1; }, 400, "invalid_value",
        "temperature", "between 0 and 2"},
+      // Logits divided by 1e-300 overflow inside the sampler: refused here instead.
+      {"temperature tiny", [](json& b) { b["temperature"] = 1e-300; }, 400, "invalid_value",
+       "temperature", "0 (greedy) or at least 1e-05"},
       {"top_p 0", [](json& b) { b["top_p"] = 0; }, 400, "invalid_value", "top_p", "(0, 1]"},
       {"top_p 1.5", [](json& b) { b["top_p"] = 1.5; }, 400, "invalid_value", "top_p", "(0, 1]"},
       {"top_k -2", [](json& b) { b["top_k"] = -2; }, 400, "invalid_value", "top_k", ">= 0"},
@@ -264,6 +279,10 @@ std::vector<ErrorCase> error_cases() {
        "expected an integer, got a boolean"},
       {"repetition_penalty 0", [](json& b) { b["repetition_penalty"] = 0; }, 400, "invalid_value",
        "repetition_penalty", "> 0"},
+      {"repetition_penalty tiny", [](json& b) { b["repetition_penalty"] = 1e-300; }, 400,
+       "invalid_value", "repetition_penalty", "between 0.01 and 100"},
+      {"repetition_penalty huge", [](json& b) { b["repetition_penalty"] = 1e300; }, 400,
+       "invalid_value", "repetition_penalty", "between 0.01 and 100"},
       {"max_tokens 0", [](json& b) { b["max_tokens"] = 0; }, 400, "invalid_value", "max_tokens",
        ">= 1"},
       {"max_completion_tokens -5", [](json& b) { b["max_completion_tokens"] = -5; }, 400,
@@ -360,6 +379,84 @@ TEST(ParseChatCompletionErrors, TooManyMessages) {
   EXPECT_NE(e.message.find("at most 3"), std::string::npos) << e.message;
   body["messages"].erase(0);
   EXPECT_NO_THROW(parse_chat_completion(body.dump(), limits));
+}
+
+std::string be32(uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+          static_cast<char>(v)};
+}
+
+// A PNG signature and IHDR declaring width x height; no pixel data (nothing is decoded here).
+std::string png_header(uint32_t width, uint32_t height) {
+  return std::string("\x89PNG\r\n\x1a\n\0\0\0\rIHDR", 16) + be32(width) + be32(height) +
+         std::string("\x08\x02\0\0\0", 5);
+}
+
+// A JPEG with an APP0 segment, then SOF0 declaring width x height (16 bits each).
+std::string jpeg_header(uint16_t width, uint16_t height) {
+  std::string b("\xFF\xD8\xFF\xE0\x00\x10JFIF\0\x01\x01\0\0\x01\0\x01\0\0", 20);
+  b += std::string("\xFF\xC0\x00\x11\x08", 5);
+  b += {static_cast<char>(height >> 8), static_cast<char>(height & 0xff),
+        static_cast<char>(width >> 8), static_cast<char>(width & 0xff)};
+  return b + std::string("\x03\x01\x22\x00\x02\x11\x01\x03\x11\x01", 10);
+}
+
+json image(const std::string& bytes, const std::string& type) {
+  return part("image_url", {{"url", "data:image/" + type + ";base64," + base64_encode(bytes)}});
+}
+
+// Pixels are counted from the PNG and JPEG headers before anything is decoded: a 12000x12000
+// PNG of a few hundred bytes would decode to 432 MB.
+TEST(ParseChatCompletionErrors, ImagePixelsOverTheBudgetAreRefusedFromTheirHeaders) {
+  ParseLimits limits;
+  limits.max_image_pixels = 3000 * 3000;
+  json body = testing::minimal_request();
+  body["messages"] = user_parts({image(png_header(2000, 2000), "png")});
+  EXPECT_NO_THROW(parse_chat_completion(body.dump(), limits));
+  for (const auto& big :
+       {image(png_header(12000, 12000), "png"), image(jpeg_header(12000, 12000), "jpeg")}) {
+    body["messages"] = user_parts({big});
+    const ApiError e = testing::parse_error_of(body, limits);
+    EXPECT_EQ(e.status, 413);
+    EXPECT_EQ(e.code, "request_too_large");
+    EXPECT_EQ(e.param, "messages[0].content[0].image_url.url");
+    EXPECT_NE(e.message.find("12000x12000"), std::string::npos) << e.message;
+  }
+  // The budget is per request: three images of 2000x2000 exceed 3000x3000 together.
+  const json small = image(jpeg_header(2000, 2000), "jpeg");
+  body["messages"] = user_parts({small, small});
+  EXPECT_NO_THROW(parse_chat_completion(body.dump(), limits));
+  body["messages"] = user_parts({small, small, small});
+  EXPECT_EQ(testing::parse_error_of(body, limits).param, "messages[0].content[2].image_url.url");
+}
+
+TEST(ParseChatCompletionErrors, TooManyMediaItems) {
+  ParseLimits limits;
+  limits.max_media_items = 2;
+  json audio = part("input_audio", {{"data", kWav64}, {"format", "wav"}});
+  json body = testing::minimal_request();
+  body["messages"] = user_parts({audio, audio});
+  EXPECT_NO_THROW(parse_chat_completion(body.dump(), limits));
+  body["messages"] = user_parts({audio, audio, audio});
+  const ApiError e = testing::parse_error_of(body, limits);
+  EXPECT_EQ(e.status, 413);
+  EXPECT_EQ(e.param, "messages[0].content[2].input_audio.data");
+  EXPECT_NE(e.message.find("more than 2 media parts"), std::string::npos) << e.message;
+}
+
+// Internal errors as clients see them: no source locations, check conditions or media folders.
+TEST(PublicErrorMessage, DropsLocationsConditionsAndTempFolders) {
+  EXPECT_EQ(public_error_message("SamplingParams.temperature must be finite (expected "
+                                 "std::isfinite(t) && (t > 0)) [sampler.cc:50]"),
+            "SamplingParams.temperature must be finite");
+  EXPECT_EQ(public_error_message("stage 0 (thinker): the prompt is too long [generate.cc:17]"),
+            "stage 0 (thinker): the prompt is too long");
+  EXPECT_EQ(public_error_message("audio file '/tmp/omni-media-Ab12Cd/input-0.wav' has 0 frames "
+                                 "[audio_file.cc:80]"),
+            "audio file 'input-0.wav' has 0 frames");
+  // Nothing else changes: user text in brackets, other paths.
+  EXPECT_EQ(public_error_message("unknown token [x] in '/data/model'"),
+            "unknown token [x] in '/data/model'");
 }
 
 TEST(ParseChatCompletionErrors, TooManyMediaBytes) {

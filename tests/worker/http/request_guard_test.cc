@@ -1,0 +1,138 @@
+// What `serve` refuses from a request's head (worker/http/request_guard.h): each refusal with its
+// status and code, the requests it lets through, and the Host policy for each kind of listener.
+#include "worker/http/request_guard.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace omni::http {
+namespace {
+
+// A head with headers given as name/value pairs (names as a client might case them).
+RequestHead head(std::string method, std::vector<std::pair<std::string, std::string>> headers) {
+  RequestHead h;
+  h.method = std::move(method);
+  h.header_values = [headers = std::move(headers)](const std::string& name) {
+    std::vector<std::string> values;
+    auto lower = [](std::string s) {
+      for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      return s;
+    };
+    for (const auto& [n, v] : headers) {
+      if (lower(n) == lower(name)) values.push_back(v);
+    }
+    return values;
+  };
+  return h;
+}
+
+const HostPolicy kAnyHost;
+
+int status_of(const RequestHead& h, const HostPolicy& hosts = kAnyHost) {
+  const auto e = refuse_request_head(h, hosts);
+  return e ? e->status : 0;
+}
+
+std::string code_of(const RequestHead& h, const HostPolicy& hosts = kAnyHost) {
+  const auto e = refuse_request_head(h, hosts);
+  return e ? e->code : "";
+}
+
+TEST(RequestGuard, AJsonPostWithALengthGoesThrough) {
+  EXPECT_EQ(status_of(head("POST", {{"Content-Type", "application/json"},
+                                    {"Content-Length", "12"},
+                                    {"Host", "127.0.0.1:8091"}})),
+            0);
+  EXPECT_EQ(status_of(head("POST", {{"content-type", "Application/JSON; charset=utf-8"},
+                                    {"Content-Length", "12"}})),
+            0);
+  EXPECT_EQ(status_of(head("GET", {{"Host", "localhost"}})), 0);
+  EXPECT_EQ(status_of(head("POST", {{"Content-Type", "application/json"},
+                                    {"Content-Encoding", "identity"},
+                                    {"Content-Length", "2"}})),
+            0);
+}
+
+TEST(RequestGuard, ChunkedBodiesNeedALength) {
+  const auto h =
+      head("POST", {{"Content-Type", "application/json"}, {"Transfer-Encoding", "chunked"}});
+  EXPECT_EQ(status_of(h), 411);
+  EXPECT_EQ(code_of(h), "length_required");
+}
+
+TEST(RequestGuard, AmbiguousFramingIsRefused) {
+  EXPECT_EQ(code_of(head("POST", {{"Content-Type", "application/json"},
+                                  {"Content-Length", "10"},
+                                  {"Transfer-Encoding", "chunked"}})),
+            "invalid_framing");
+  EXPECT_EQ(status_of(head("POST", {{"Content-Type", "application/json"},
+                                    {"Content-Length", "10"},
+                                    {"Content-Length", "11"}})),
+            400);
+  // The same length twice is one length.
+  EXPECT_EQ(status_of(head("POST", {{"Content-Type", "application/json"},
+                                    {"Content-Length", "10"},
+                                    {"Content-Length", "10"}})),
+            0);
+}
+
+TEST(RequestGuard, CompressedBodiesAreRefusedBeforeTheyAreInflated) {
+  for (const char* encoding : {"gzip", "deflate", "br", "GZIP", "gzip, identity"}) {
+    SCOPED_TRACE(encoding);
+    const auto h = head("POST", {{"Content-Type", "application/json"},
+                                 {"Content-Encoding", encoding},
+                                 {"Content-Length", "100"}});
+    EXPECT_EQ(status_of(h), 415);
+    EXPECT_EQ(code_of(h), "unsupported_content_encoding");
+  }
+}
+
+TEST(RequestGuard, PostsThatAreNotJsonAreRefused) {
+  for (const char* type : {"text/plain", "application/x-www-form-urlencoded",
+                           "multipart/form-data; boundary=x", "", "application/jsonx"}) {
+    SCOPED_TRACE(type);
+    std::vector<std::pair<std::string, std::string>> headers = {{"Content-Length", "2"}};
+    if (*type) headers.emplace_back("Content-Type", type);
+    const auto h = head("POST", headers);
+    EXPECT_EQ(status_of(h), 415);
+    EXPECT_EQ(code_of(h), "unsupported_media_type");
+  }
+}
+
+TEST(RequestGuard, AKeylessLoopbackServerAnswersLoopbackNamesOnly) {
+  const auto hosts = host_policy("127.0.0.1", /*has_api_key=*/false, {});
+  for (const char* host :
+       {"127.0.0.1:8091", "localhost:8091", "LOCALHOST", "[::1]:8091", "localhost."}) {
+    SCOPED_TRACE(host);
+    EXPECT_EQ(status_of(head("GET", {{"Host", host}}), hosts), 0);
+  }
+  // A page on attacker.example whose name now resolves to 127.0.0.1 (DNS rebinding).
+  const auto rebound = head("GET", {{"Host", "attacker.example:8091"}});
+  EXPECT_EQ(status_of(rebound, hosts), 403);
+  EXPECT_EQ(code_of(rebound, hosts), "host_not_allowed");
+  EXPECT_EQ(status_of(head("GET", {{"Host", "127.0.0.2"}}), hosts), 403);
+  // --allowed-hosts adds names; "*" turns the check off.
+  const auto more = host_policy("127.0.0.1", false, {"My-Box.lan"});
+  EXPECT_EQ(status_of(head("GET", {{"Host", "my-box.lan:8091"}}), more), 0);
+  EXPECT_EQ(status_of(rebound, more), 403);
+  EXPECT_EQ(status_of(rebound, host_policy("127.0.0.1", false, {"*"})), 0);
+}
+
+TEST(RequestGuard, KeyedOrNetworkServersAnswerAnyNameUnlessToldOtherwise) {
+  const auto rebound = head("GET", {{"Host", "attacker.example"}});
+  EXPECT_EQ(status_of(rebound, host_policy("127.0.0.1", /*has_api_key=*/true, {})), 0);
+  EXPECT_EQ(status_of(rebound, host_policy("0.0.0.0", false, {})), 0);
+  // Given names are enforced on any listener, the listen address and loopback names included.
+  const auto listed = host_policy("10.0.0.5", true, {"api.example"});
+  EXPECT_EQ(status_of(rebound, listed), 403);
+  EXPECT_EQ(status_of(head("GET", {{"Host", "api.example"}}), listed), 0);
+  EXPECT_EQ(status_of(head("GET", {{"Host", "10.0.0.5:8091"}}), listed), 0);
+  EXPECT_EQ(status_of(head("GET", {{"Host", "[::1]:1"}}), host_policy("::1", false, {})), 0);
+}
+
+}  // namespace
+}  // namespace omni::http
