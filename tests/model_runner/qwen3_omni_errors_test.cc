@@ -429,7 +429,7 @@ TEST(ThinkerRunnerErrors, AudioOutsideTheLimitsIsRefusedBeforeDecoding) {
       std::filesystem::temp_directory_path() / ("omni_audio_limits_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const auto write = [&](const std::string& name, const std::string& bytes) {
-    const std::string path = (dir / name).string();
+    std::string path = (dir / name).string();
     std::ofstream(path, std::ios::binary) << bytes;
     return path;
   };

@@ -187,7 +187,7 @@ class ChatServer::Impl {
           e.status = 500;
           e.type = "server_error";
           try {
-            std::rethrow_exception(ep);
+            std::rethrow_exception(std::move(ep));
           } catch (const std::exception& ex) {
             e.message = published(ex.what());
           } catch (...) {
@@ -446,7 +446,7 @@ class ChatServer::Impl {
 
   void stream(const ChatCompletionRequest& parsed, models::OmniRequest request,
               std::vector<pipeline::MediaFile> media, Clock::time_point start,
-              std::shared_ptr<Slot> slot, httplib::Response& res) {
+              const std::shared_ptr<Slot>& slot, httplib::Response& res) {
     auto queue = std::make_shared<EventQueue>();
     const std::string id = random_id("chatcmpl-");
     const int64_t created = unix_now();

@@ -256,7 +256,7 @@ class ThinkerStage : public LocalStageBase {
   // tiers' figures (DiskTierStats): the layers' under "disk", the experts' under
   // "expert_cache.disk".
   std::string idle_stats_json() override {
-    const std::string report = offload::offload_report_json(backend(), runner_->expert_cache());
+    std::string report = offload::offload_report_json(backend(), runner_->expert_cache());
     if (runner_->expert_cache() == nullptr) return report;
     Json all = Json::parse(report);
     Json& e = all["expert_cache"];

@@ -50,7 +50,7 @@ std::atomic<uint64_t> next_request{1};
 
 }  // namespace
 
-Pipeline::Pipeline(std::vector<PipelineStage> stages) {
+Pipeline::Pipeline(const std::vector<PipelineStage>& stages) {
   std::map<int64_t, const PipelineStage*> by_id;
   for (const auto& s : stages) {
     OMNI_CHECK(s.stage != nullptr, "pipeline stage ", s.id, " has no stage");
@@ -211,7 +211,7 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
 
   const auto record_error = [&](std::exception_ptr e, bool is_cancel) {
     std::lock_guard<std::mutex> lock(mutex);
-    if (!error && !(is_cancel && (user_cancelled || cancel.cancelled()))) error = e;
+    if (!error && !(is_cancel && (user_cancelled || cancel.cancelled()))) error = std::move(e);
   };
 
   // Handles one packet of stage `s` (under `mutex`); false: a callback cancelled the request.
@@ -260,7 +260,7 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
   std::vector<std::thread> threads;
   for (const auto* s : active) {
     threads.emplace_back([&, s] {
-      const auto close_consumers = [&](std::exception_ptr e) {
+      const auto close_consumers = [&](const std::exception_ptr& e) {
         for (const auto c : consumers[s->id]) inputs[c]->close(e);
       };
       try {
@@ -298,9 +298,9 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
                 throw StageError(StageError::Code::kCancelled, "", "the request was cancelled");
               }
               const auto& cs = consumers[s->id];
-              for (size_t i = 0; i < cs.size(); ++i) {
-                inputs[cs[i]]->push(i + 1 == cs.size() ? std::move(packet) : packet);
-              }
+              // Copies for all consumers but the last, which takes the packet.
+              for (size_t i = 0; i + 1 < cs.size(); ++i) inputs[cs[i]]->push(packet);
+              if (!cs.empty()) inputs[cs.back()]->push(std::move(packet));
             },
             cancel);
         close_consumers(nullptr);

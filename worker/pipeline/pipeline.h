@@ -56,7 +56,7 @@ struct PipelineResult {
 class Pipeline {
  public:
   // Checks the graph: known model stages, every source exists, one thinker entry stage.
-  explicit Pipeline(std::vector<PipelineStage> stages);
+  explicit Pipeline(const std::vector<PipelineStage>& stages);
 
   // Runs `request` (text: the thinker alone; audio: the talker and code2wav too). Throws
   // StageError naming the stage that failed (or kDeadlineExceeded / kCancelled), omni::Error
