@@ -18,6 +18,7 @@
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
 #include "worker/http/api_error.h"
+#include "worker/http/ascii_text.h"
 #include "worker/http/base64.h"
 #include "worker/http/openai_protocol.h"
 #include "worker/http/playground.h"
@@ -59,11 +60,6 @@ void send_error(httplib::Response& res, const ApiError& e) {
 std::string truncated(const std::string& value) {
   constexpr size_t kMax = 64;
   return value.size() <= kMax ? value : value.substr(0, kMax) + "...";
-}
-
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
 }
 
 // An internal error's text as the client gets it: without internals (public_error_message),
@@ -352,7 +348,7 @@ class ChatServer::Impl {
     }
     if (!r.speaker.empty() && pipeline_.has_speech()) {
       const auto known = pipeline_.speakers();
-      if (std::find(known.begin(), known.end(), lower(r.speaker)) == known.end()) {
+      if (std::find(known.begin(), known.end(), ascii_lower(r.speaker)) == known.end()) {
         std::string list;
         for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
         throw ApiException(bad_request("unknown speaker '" + r.speaker + "' (known: " + list + ")",

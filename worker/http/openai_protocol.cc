@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "worker/http/ascii_text.h"
 #include "worker/http/base64.h"
 
 namespace omni::http {
@@ -150,11 +151,6 @@ uint64_t get_seed(const json& v, const std::string& param) {
     return static_cast<uint64_t>(d);
   }
   wrong_type(param, "an integer", v);
-}
-
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
 }
 
 // --- the body -----------------------------------------------------------------------------
@@ -389,7 +385,7 @@ class MediaReader {
     if (format == nullptr) {
       fail(format_path, "'" + format_path + "' is required (wav, mp3, flac)", "missing_field");
     }
-    MediaInput m{"audio", part_path, lower(get_string(*format, format_path)), ""};
+    MediaInput m{"audio", part_path, ascii_lower(get_string(*format, format_path)), ""};
     if (!is_audio_format(m.format)) {
       unsupported(format_path, format_path + ": audio format " + quote_value(m.format) +
                                    " is not supported (wav, mp3, flac)");
@@ -675,7 +671,7 @@ void read_output(const json& root, ChatCompletionRequest& out) {
   }
   if (const json* s = field(root, "speaker")) out.speaker = get_string(*s, "speaker");
   if (!voice.empty()) {
-    if (!out.speaker.empty() && lower(out.speaker) != lower(voice)) {
+    if (!out.speaker.empty() && ascii_lower(out.speaker) != ascii_lower(voice)) {
       invalid_value("speaker", "'speaker' " + quote_value(out.speaker) + " and 'audio.voice' " +
                                    quote_value(voice) + " differ: give one");
     }

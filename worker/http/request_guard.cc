@@ -4,23 +4,14 @@
 #include <cctype>
 #include <utility>
 
+#include "worker/http/ascii_text.h"
+
 namespace omni::http {
 namespace {
 
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-std::string trim(const std::string& s) {
-  const auto first = s.find_first_not_of(" \t");
-  if (first == std::string::npos) return "";
-  return s.substr(first, s.find_last_not_of(" \t") - first + 1);
-}
-
 // "[::1]:8091" -> "[::1]", "Example.COM.:80" -> "example.com".
 std::string host_name(const std::string& host_header) {
-  std::string h = lower(trim(host_header));
+  std::string h = ascii_lower(trim_blanks(host_header));
   if (!h.empty() && h.front() == '[') {
     const auto close = h.find(']');
     h = close == std::string::npos ? h : h.substr(0, close + 1);
@@ -32,7 +23,7 @@ std::string host_name(const std::string& host_header) {
 }
 
 bool is_loopback(const std::string& host) {
-  const std::string h = lower(host);
+  const std::string h = ascii_lower(host);
   return h == "localhost" || h == "::1" || h == "[::1]" || h.rfind("127.", 0) == 0;
 }
 
@@ -70,7 +61,7 @@ std::optional<ApiError> refuse_request_head(const RequestHead& head, const HostP
                    "the request has both Content-Length and Transfer-Encoding: send one");
   }
   for (const auto& length : lengths) {
-    if (trim(length) != trim(lengths.front())) {
+    if (trim_blanks(length) != trim_blanks(lengths.front())) {
       return refusal(400, "invalid_framing", "the request has Content-Lengths that differ");
     }
   }
@@ -80,7 +71,7 @@ std::optional<ApiError> refuse_request_head(const RequestHead& head, const HostP
                    "chunked request bodies are not accepted: send the body with Content-Length");
   }
   for (const auto& encoding : head.header_values("Content-Encoding")) {
-    const std::string e = lower(trim(encoding));
+    const std::string e = ascii_lower(trim_blanks(encoding));
     if (!e.empty() && e != "identity") {
       // A compressed body would be inflated in memory before any limit applies.
       return refusal(415, "unsupported_content_encoding",
@@ -91,7 +82,8 @@ std::optional<ApiError> refuse_request_head(const RequestHead& head, const HostP
   if (head.method == "POST") {
     const auto types = head.header_values("Content-Type");
     const std::string type =
-        types.empty() ? "" : lower(trim(types.front().substr(0, types.front().find(';'))));
+        types.empty() ? ""
+                      : ascii_lower(trim_blanks(types.front().substr(0, types.front().find(';'))));
     if (type != "application/json") {
       // Browsers send forms and text/plain across sites without asking: JSON only.
       return refusal(415, "unsupported_media_type",
