@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -24,6 +25,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "worker/http/base64.h"
@@ -263,6 +265,33 @@ std::vector<std::string> hostile_bodies() {
   return bodies;
 }
 
+// A loopback connection to `port` whose reads give up after 2 s.
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  timeval tv{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+// What the server sends until it closes the connection (or 2 s pass without a byte).
+std::string read_until_closed(int fd) {
+  std::string got;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, n);
+  return got;
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 class ServeFuzz : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -292,19 +321,10 @@ class ServeFuzz : public ::testing::Test {
   // closes or 2 s pass. With `close_write`, the client ends its side after the bytes (httplib
   // then answers nothing more: a request waiting on its body ends at once).
   std::string raw_http(const std::string& bytes, bool close_write = true) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(server_->port()));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    timeval tv{2, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const int fd = connect_to(server_->port());
     ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
     if (close_write) ::shutdown(fd, SHUT_WR);
-    std::string got;
-    char buf[4096];
-    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, n);
+    std::string got = read_until_closed(fd);
     ::close(fd);
     return got;
   }
@@ -497,6 +517,198 @@ TEST_F(ServeFuzz, MetricsNeedTheKeyUnlessPublic) {
   ASSERT_TRUE(public_metrics);
   EXPECT_EQ(public_metrics->status, 200);
   open.stop();
+}
+
+// Broken and hostile framing: every one gets a 4xx or a closed connection (never a 5xx, a hang or
+// a crash), pipelined requests are answered in order, and the server keeps serving.
+TEST_F(ServeFuzz, HostileFramingGetsAClientErrorOrACloseAndTheServerKeepsServing) {
+  const std::string post = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+  const std::string json = "Content-Type: application/json\r\n";
+  const std::string body = request("hi");
+  const std::string length = "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  std::vector<std::string> cases = {
+      // Chunked, every spelling, and chunk sizes that overflow.
+      post + json + "Transfer-Encoding: chunked\r\n\r\nffffffffffffffffffff\r\nx\r\n",
+      post + json + "Transfer-Encoding: CHUNKED\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+      post + json + "Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+      post + json + "Transfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n",
+      post + json + "Transfer-Encoding: identity\r\n" + length + "\r\n" + body,
+      post + json + "Transfer-Encoding:\r\n chunked\r\n\r\n0\r\n\r\n",
+      // Compressed, with and without a body that is really compressed.
+      post + json + "Content-Encoding: br\r\n" + length + "\r\n" + body,
+      post + json + "Content-Encoding: deflate, gzip\r\nContent-Length: 4\r\n\r\n\x1f\x8b\x08\x00",
+      // Lengths that lie, conflict or do not parse.
+      post + json + "Content-Length: -1\r\n\r\n" + body,
+      post + json + "Content-Length: 99999999999999999999999\r\n\r\n" + body,
+      post + json + "Content-Length: 1e3\r\n\r\n" + body,
+      post + json + "Content-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+      post + json + "Content-Length: 1000\r\n\r\n" + body,  // truncated: the rest never comes
+      post + json + "Content-Length: 10\r\n\r\n" + body,    // the rest is a bad next request
+      // Truncated and malformed heads.
+      "",
+      "POST",
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0",
+      "GET /health HTTP/9.9\r\nHost: 127.0.0.1\r\n\r\n",
+      "GET /health\r\n\r\n",
+      "\r\n\r\n\r\n",
+      std::string("GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX: a\0b\r\n\r\n", 46),
+      "GET /" + std::string(100000, 'a') + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+      "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX: " + std::string(100000, 'b') + "\r\n\r\n",
+  };
+  std::string many_headers = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+  for (int i = 0; i < 20000; ++i) many_headers += "X-" + std::to_string(i) + ": v\r\n";
+  cases.push_back(many_headers + "\r\n");
+  for (const auto& bytes : cases) {
+    SCOPED_TRACE(bytes.substr(0, 160));
+    const std::string got = raw_http(bytes);
+    if (!got.empty()) {
+      EXPECT_EQ(got.rfind("HTTP/1.1 4", 0), 0u) << got.substr(0, 300);
+    }
+    EXPECT_EQ(got.find("HTTP/1.1 5"), std::string::npos) << got.substr(0, 300);
+  }
+  // Pipelined: three requests in one write, answered in order on one connection.
+  const std::string health = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  const std::string got = raw_http(health + post + json + length + "\r\n" + body + health);
+  EXPECT_EQ(count_of(got, "HTTP/1.1 200 OK"), 3u) << got.substr(0, 600);
+  const auto after = this->post(request("hi"));
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->status, 200) << after->body;
+  EXPECT_EQ(__lsan_do_recoverable_leak_check(), 0);
+}
+
+// Each connection is bounded in time: a head or a body that drips in, an idle keep-alive
+// connection and connections beyond the cap are cut, while other clients are answered at once.
+TEST_F(ServeFuzz, SlowClientsAreCutAtTheirDeadlinesAndOthersAreServed) {
+  using Clock = std::chrono::steady_clock;
+  ServerOptions o;
+  o.port = 0;
+  o.model_name = "tiny";
+  o.connections.max_connections = 6;
+  o.connections.head_timeout = std::chrono::milliseconds(1000);
+  o.connections.body_timeout = std::chrono::milliseconds(1000);
+  o.connections.idle_timeout = std::chrono::milliseconds(1000);
+  ChatServer bounded(*pipeline_, o);
+  bounded.start();
+  const auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  const auto health_ok = [&] {
+    httplib::Client client("127.0.0.1", bounded.port());
+    client.set_read_timeout(1, 0);
+    const auto start = Clock::now();
+    const auto r = client.Get("/health");
+    return r && r->status == 200 && seconds_since(start) < 0.5;
+  };
+
+  // Cap: 6 connections that send nothing hold every place; the 7th is refused with 503.
+  std::vector<int> idle;
+  for (int i = 0; i < 6; ++i) idle.push_back(connect_to(bounded.port()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const std::string refused = [&] {
+    const int fd = connect_to(bounded.port());
+    const std::string text = read_until_closed(fd);
+    ::close(fd);
+    return text;
+  }();
+  EXPECT_EQ(refused.rfind("HTTP/1.1 503 ", 0), 0u) << refused;
+  EXPECT_NE(refused.find("too_many_connections"), std::string::npos) << refused;
+  // They are cut at the head deadline (1 s from the connect, never a byte sent).
+  for (int fd : idle) {
+    EXPECT_EQ(read_until_closed(fd), "");
+    ::close(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(health_ok());
+
+  // A head and a body that drip one line / 10 bytes every 200 ms: closed near 1 s although
+  // every read is quick, while /health is answered throughout.
+  const std::string head = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+  const std::string body_head =
+      head + "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n";
+  const auto drip = [&](const std::string& first, const std::string& piece) {
+    const int fd = connect_to(bounded.port());
+    const auto start = Clock::now();
+    ::send(fd, first.data(), first.size(), MSG_NOSIGNAL);
+    double cut_after = -1;
+    while (seconds_since(start) < 3.0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      // An answer (a 400 for the cut request) or the end of the connection.
+      char answer[512];
+      if (::recv(fd, answer, sizeof answer, MSG_DONTWAIT) >= 0 ||
+          ::send(fd, piece.data(), piece.size(), MSG_NOSIGNAL) < 0) {
+        cut_after = seconds_since(start);
+        break;
+      }
+    }
+    ::close(fd);
+    return cut_after;
+  };
+  std::vector<std::thread> drippers;
+  std::vector<double> cut(4, -1);
+  for (int i = 0; i < 4; ++i) {
+    drippers.emplace_back([&, i] {
+      cut[i] = i % 2 == 0 ? drip(head, "X-Drip: 1\r\n") : drip(body_head, std::string(10, ' '));
+    });
+  }
+  int answered = 0;
+  for (int i = 0; i < 5; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    answered += health_ok() ? 1 : 0;
+  }
+  for (auto& t : drippers) t.join();
+  EXPECT_EQ(answered, 5);
+  for (double c : cut) {
+    EXPECT_GE(c, 0.8);
+    EXPECT_LE(c, 2.0);
+  }
+
+  // Keep-alive: after its answer an idle connection is closed at the idle deadline.
+  const int fd = connect_to(bounded.port());
+  const std::string health = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  const auto start = Clock::now();
+  ::send(fd, health.data(), health.size(), MSG_NOSIGNAL);
+  timeval tv{3, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const std::string kept = read_until_closed(fd);
+  ::close(fd);
+  EXPECT_EQ(kept.rfind("HTTP/1.1 200 ", 0), 0u) << kept;
+  EXPECT_GE(seconds_since(start), 0.8);
+  EXPECT_LE(seconds_since(start), 2.0);
+  bounded.stop();
+}
+
+// CORS only for the origins named: a preflight from another origin and every answer to it
+// carry no Access-Control header, so the browser keeps the page from reading them.
+TEST_F(ServeFuzz, CorsHeadersOnlyForAllowedOrigins) {
+  ServerOptions o;
+  o.port = 0;
+  o.model_name = "tiny";
+  o.allowed_origins = {"https://app.example:8443"};
+  ChatServer cors(*pipeline_, o);
+  cors.start();
+  httplib::Client client("127.0.0.1", cors.port());
+  for (const std::string origin : {"https://app.example:8443", "https://evil.example"}) {
+    SCOPED_TRACE(origin);
+    const bool allowed = origin == "https://app.example:8443";
+    const auto preflight = client.Options("/v1/chat/completions",
+                                          {{"Origin", origin},
+                                           {"Access-Control-Request-Method", "POST"},
+                                           {"Access-Control-Request-Headers", "authorization"}});
+    ASSERT_TRUE(preflight);
+    EXPECT_EQ(preflight->status, 204);
+    EXPECT_EQ(preflight->get_header_value("Access-Control-Allow-Origin"), allowed ? origin : "");
+    EXPECT_EQ(preflight->has_header("Access-Control-Allow-Headers"), allowed);
+    const auto answer = client.Post("/v1/chat/completions", {{"Origin", origin}}, request("hi"),
+                                    "application/json");
+    ASSERT_TRUE(answer);
+    EXPECT_EQ(answer->status, 200) << answer->body;
+    EXPECT_EQ(answer->get_header_value("Access-Control-Allow-Origin"), allowed ? origin : "");
+  }
+  cors.stop();
+  // The default: no CORS header for any origin.
+  const auto plain = post(request("hi"));
+  ASSERT_TRUE(plain);
+  EXPECT_FALSE(plain->has_header("Access-Control-Allow-Origin"));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -169,20 +170,44 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
                  "requests running at once; more get 429")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--max-connections", o.max_connections,
+                 "open connections; more are answered 503 and closed")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--request-head-timeout", o.request_head_timeout_s,
+                 "seconds a client may take to send a request's whole head (then closed)")
+      ->type_name("SECONDS")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--request-body-timeout", o.request_body_timeout_s,
+                 "seconds a client may take to send a request's whole body")
+      ->type_name("SECONDS")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--keep-alive-timeout", o.keep_alive_timeout_s,
+                 "seconds an idle connection is kept open for its next request")
+      ->type_name("SECONDS")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--allowed-hosts", o.allowed_hosts,
                  "Host names the server answers to besides localhost, 127.0.0.1 and [::1] "
                  "(\"*\": any); without it a server with no key on a loopback address answers "
                  "those names only, against DNS rebinding")
       ->type_name("NAME")
       ->delimiter(',');
+  app.add_option("--allowed-origins", o.allowed_origins,
+                 "browser origins (https://app.example:8443) whose pages may read the answers "
+                 "(CORS; \"*\": any); without it the server sends no CORS headers")
+      ->type_name("ORIGIN")
+      ->delimiter(',');
   app.add_flag("--metrics-public", o.metrics_public, "serve /metrics without the API key");
   app.add_option("--max-media-items", o.max_media_items,
-                 "audio and image parts a request may hold; more get 413")
+                 "audio and image parts a request may hold; more get 400")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--max-image-pixels", o.max_image_pixels,
                  "pixels all images of a request may hold together, read from their headers "
-                 "before decoding; more get 413")
+                 "before decoding; more get 400")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--device", o.device, "with --model: cpu (the simulated device) or cuda")
@@ -257,9 +282,17 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
   server.tls_cert = o.tls_cert;
   server.tls_key = o.tls_key;
   server.allowed_hosts = o.allowed_hosts;
+  server.allowed_origins = o.allowed_origins;
   server.metrics_public = o.metrics_public;
   server.limits.max_media_items = o.max_media_items;
   server.limits.max_image_pixels = o.max_image_pixels;
+  const auto ms = [](double seconds) {
+    return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  };
+  server.connections.max_connections = o.max_connections;
+  server.connections.head_timeout = ms(o.request_head_timeout_s);
+  server.connections.body_timeout = ms(o.request_body_timeout_s);
+  server.connections.idle_timeout = ms(o.keep_alive_timeout_s);
   std::unique_ptr<pipeline::StageLauncher> launcher;
   std::unique_ptr<pipeline::Pipeline> local;
   try {

@@ -29,7 +29,12 @@ struct ServeOptions {
   std::string served_model_name;  // default: the checkpoint folder's name
   size_t max_request_bytes = size_t{64} << 20;
   int max_concurrent_requests = 8;
+  int max_connections = 256;                      // open HTTP connections; more get 503
+  double request_head_timeout_s = 10;             // the whole request head
+  double request_body_timeout_s = 60;             // the whole body
+  double keep_alive_timeout_s = 5;                // an idle connection between requests
   std::vector<std::string> allowed_hosts;         // Host names besides the loopback ones; "*": any
+  std::vector<std::string> allowed_origins;       // CORS origins; "*": any
   bool metrics_public = false;                    // /metrics without the key
   size_t max_media_items = 16;                    // audio and image parts per request
   uint64_t max_image_pixels = uint64_t{1} << 25;  // all images of a request together

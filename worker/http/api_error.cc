@@ -108,6 +108,11 @@ ApiError request_too_large(std::string message, std::string param) {
               "request_too_large");
 }
 
+ApiError media_too_large(std::string message, std::string param) {
+  return make(400, "invalid_request_error", std::move(message), std::move(param),
+              "media_too_large");
+}
+
 ApiError unauthorized(std::string message) {
   return make(401, "authentication_error", std::move(message), "", "invalid_api_key");
 }

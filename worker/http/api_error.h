@@ -46,6 +46,9 @@ std::string public_error_message(const std::string& message);
 ApiError bad_request(std::string message, std::string param = "", std::string code = "");
 // 413 invalid_request_error, code request_too_large.
 ApiError request_too_large(std::string message, std::string param = "");
+// 400 invalid_request_error, code media_too_large: a request's media over a limit of the
+// server's (--max-media-items, --max-image-pixels, media bytes), refused before decoding.
+ApiError media_too_large(std::string message, std::string param);
 // 401 authentication_error, code invalid_api_key.
 ApiError unauthorized(std::string message);
 // 404 not_found_error, param "model", code model_not_found.

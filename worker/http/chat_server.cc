@@ -20,6 +20,7 @@
 #include "worker/http/api_error.h"
 #include "worker/http/ascii_text.h"
 #include "worker/http/base64.h"
+#include "worker/http/bounded_http_server.h"
 #include "worker/http/openai_protocol.h"
 #include "worker/http/playground.h"
 #include "worker/http/request_guard.h"
@@ -120,23 +121,8 @@ class ChatServer::Impl {
  public:
   Impl(pipeline::Pipeline& pipeline, ServerOptions options)
       : pipeline_(pipeline), options_(std::move(options)) {
-    if (options_.tls_cert.empty() != options_.tls_key.empty()) {
-      throw std::invalid_argument("TLS needs both a certificate and its private key");
-    }
-    if (!options_.tls_cert.empty()) {
-      auto tls =
-          std::make_unique<httplib::SSLServer>(options_.tls_cert.c_str(), options_.tls_key.c_str());
-      if (!tls->is_valid()) {
-        throw std::runtime_error("cannot use the TLS certificate '" + options_.tls_cert +
-                                 "' with the key '" + options_.tls_key +
-                                 "' (unreadable, not PEM, or not a pair)");
-      }
-      server_ = std::move(tls);
-    } else {
-      server_ = std::make_unique<httplib::Server>();
-    }
-    const size_t threads = static_cast<size_t>(std::max(options_.max_concurrent_requests, 1)) + 4;
-    server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    server_ = std::make_unique<BoundedHttpServer>(options_.connections, options_.tls_cert,
+                                                  options_.tls_key);
     server_->set_payload_max_length(options_.max_request_bytes);
     // Before the body is read: what its limit cannot bound, and what a web page could send.
     hosts_ = host_policy(options_.host, !options_.api_key.empty(), options_.allowed_hosts);
@@ -153,9 +139,26 @@ class ChatServer::Impl {
       if (!refusal) return httplib::Server::HandlerResponse::Unhandled;
       // The body was not read: the connection cannot carry another request.
       res.set_header("Connection", "close");
+      BoundedHttpServer::close_after_response();
       send_error(res, *refusal);
       metrics_.count_request(refusal->status);
       return httplib::Server::HandlerResponse::Handled;
+    });
+    // CORS, for the origins named only: browsers ask first (OPTIONS, no key), then read
+    // answers that carry their origin.
+    server_->Options(R"(/v1/.*)", [](const httplib::Request&, httplib::Response& res) {
+      res.status = 204;
+    });
+    server_->set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      const std::string origin = req.get_header_value("Origin");
+      if (!origin_allowed(origin, options_.allowed_origins)) return;
+      res.set_header("Access-Control-Allow-Origin", origin);
+      res.set_header("Vary", "Origin");
+      if (req.method == "OPTIONS") {
+        res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+        res.set_header("Access-Control-Max-Age", "600");
+      }
     });
     server_->set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
       // httplib's own refusals (a body over the limit, an unknown route) as OpenAI errors;
@@ -222,7 +225,7 @@ class ChatServer::Impl {
       res.set_content(metrics_.prometheus() +
                           "# HELP omni_requests_running Chat requests running now.\n"
                           "# TYPE omni_requests_running gauge\nomni_requests_running " +
-                          std::to_string(running_.load()) + "\n" +
+                          std::to_string(running_.load()) + "\n" + connection_metrics() +
                           offload_metrics(pipeline_.stats_json()),
                       "text/plain; version=0.0.4");
     });
@@ -397,6 +400,10 @@ class ChatServer::Impl {
               httplib::Response& res) {
     try {
       pipeline::PipelineCallbacks callbacks;
+      // A client that gave up: stop the stages and free the slot (the pipeline polls this).
+      callbacks.cancelled = [socket = BoundedHttpServer::current_socket()] {
+        return BoundedHttpServer::client_gone(socket);
+      };
       bool first_text = true;
       callbacks.on_text = [&](const std::string&) {
         if (first_text) metrics_.observe_ttft(ms_since(start));
@@ -425,7 +432,7 @@ class ChatServer::Impl {
                           audio, finish_reason(result.omni.finish_reason), usage),
           "application/json");
       metrics_.count_done(result, ms_since(start));
-      metrics_.count_request(200);
+      metrics_.count_request(result.omni.finish_reason == "cancelled" ? 499 : 200);
     } catch (const pipeline::StageError& e) {
       const ApiError a = stage_error(e);
       send_error(res, a);
@@ -548,10 +555,24 @@ class ChatServer::Impl {
     return u;
   }
 
+  std::string connection_metrics() const {
+    return "# HELP omni_http_connections_open HTTP connections open now.\n"
+           "# TYPE omni_http_connections_open gauge\nomni_http_connections_open " +
+           std::to_string(server_->open_connections()) +
+           "\n# HELP omni_http_connections_refused_total Connections refused over "
+           "--max-connections.\n# TYPE omni_http_connections_refused_total counter\n"
+           "omni_http_connections_refused_total " +
+           std::to_string(server_->refused_connections()) +
+           "\n# HELP omni_http_requests_timed_out_total Connections closed because a request "
+           "head or body missed its deadline.\n# TYPE omni_http_requests_timed_out_total "
+           "counter\nomni_http_requests_timed_out_total " +
+           std::to_string(server_->timed_out_requests()) + "\n";
+  }
+
   pipeline::Pipeline& pipeline_;
   ServerOptions options_;
   HostPolicy hosts_;
-  std::unique_ptr<httplib::Server> server_;
+  std::unique_ptr<BoundedHttpServer> server_;
   std::thread thread_;
   int port_ = -1;
   std::atomic<int> running_{0};

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "worker/http/connection_limits.h"
 #include "worker/http/openai_protocol.h"
 #include "worker/pipeline/pipeline.h"
 
@@ -33,8 +34,13 @@ struct ServerOptions {
   std::string tls_cert, tls_key;
   // Host names answered besides the loopback ones ("*": any); see request_guard.h.
   std::vector<std::string> allowed_hosts;
+  // Browser origins whose pages may read the answers (CORS; "*": any). Empty: no CORS headers.
+  std::vector<std::string> allowed_origins;
   // /metrics without the key.
   bool metrics_public = false;
+  // What one connection may hold: deadlines for the request head and body, idle keep-alive
+  // time, open connections.
+  ConnectionLimits connections;
   // Per-request limits of the body's messages and media (media items, bytes, image pixels).
   ParseLimits limits;
   // Health of the stages: true when every stage answers (why: what is wrong otherwise).

@@ -296,6 +296,31 @@ std::string image_format(const std::string& media_type, const std::string& bytes
                            quote_value(media_type));
 }
 
+// The sample rate a WAV's fmt chunk or a FLAC's STREAMINFO declares, read before decoding (a
+// WAV declared at 1 Hz is resampled to 16000 times its size); nullopt for other formats.
+std::optional<uint64_t> audio_sample_rate(const std::string& b) {
+  const auto byte = [&](size_t i) { return static_cast<uint64_t>(static_cast<uint8_t>(b[i])); };
+  const auto le32 = [&](size_t i) {
+    return byte(i) | byte(i + 1) << 8 | byte(i + 2) << 16 | byte(i + 3) << 24;
+  };
+  if (sniff_audio(b) == "wav") {
+    for (size_t pos = 12; pos + 8 <= b.size();) {
+      const uint64_t size = le32(pos + 4);
+      if (b.compare(pos, 4, "fmt ") == 0) {
+        if (pos + 16 > b.size()) return std::nullopt;
+        return le32(pos + 12);
+      }
+      pos += 8 + size + (size & 1);
+    }
+    return std::nullopt;
+  }
+  // "fLaC", a metadata block header, then STREAMINFO: the rate is 20 bits at its byte 10.
+  if (sniff_audio(b) == "flac" && b.size() >= 21 && (byte(4) & 0x7F) == 0) {
+    return byte(18) << 12 | byte(19) << 4 | byte(20) >> 4;
+  }
+  return std::nullopt;
+}
+
 bool is_audio_format(const std::string& f) { return f == "wav" || f == "mp3" || f == "flac"; }
 
 std::string audio_format(const std::string& media_type, const std::string& bytes,
@@ -348,12 +373,12 @@ class MediaReader {
       // Each factor fits 32 bits: the product cannot overflow 64.
       pixels_ += size->first * size->second;
       if (pixels_ > limits_.max_image_pixels) {
-        throw ApiException(request_too_large(
-            url_path + ": the request's images hold " + std::to_string(pixels_) +
-                " pixels (this one " + std::to_string(size->first) + "x" +
-                std::to_string(size->second) + "), more than " +
-                std::to_string(limits_.max_image_pixels) + " (--max-image-pixels)",
-            url_path));
+        throw ApiException(
+            media_too_large(url_path + ": the request's images hold " + std::to_string(pixels_) +
+                                " pixels (this one " + std::to_string(size->first) + "x" +
+                                std::to_string(size->second) + "), more than " +
+                                std::to_string(limits_.max_image_pixels) + " (--max-image-pixels)",
+                            url_path));
       }
     }
     return m;
@@ -368,6 +393,7 @@ class MediaReader {
     DataUrl url = read_url(*object, path);
     MediaInput m{"audio", part_path, "", std::move(url.data)};
     m.format = audio_format(url.media_type, m.data, join_path(path, "url"));
+    check_sample_rate(m.data, join_path(path, "url"));
     return m;
   }
 
@@ -400,10 +426,22 @@ class MediaReader {
     }
     m.data = std::move(*bytes);
     count(m.data, data_path);
+    check_sample_rate(m.data, data_path);
     return m;
   }
 
  private:
+  void check_sample_rate(const std::string& data, const std::string& param) const {
+    const auto rate = audio_sample_rate(data);
+    if (rate && (*rate < limits_.min_audio_sample_rate || *rate > limits_.max_audio_sample_rate)) {
+      fail(param,
+           param + ": the audio's header declares " + std::to_string(*rate) + " Hz, outside the " +
+               std::to_string(limits_.min_audio_sample_rate) + "-" +
+               std::to_string(limits_.max_audio_sample_rate) + " Hz this server reads",
+           "unsupported_sample_rate");
+    }
+  }
+
   DataUrl read_url(const json& object, const std::string& path) {
     const std::string url_path = join_path(path, "url");
     const json* url = field(object, "url");
@@ -416,16 +454,16 @@ class MediaReader {
   void count(const std::string& data, const std::string& param) {
     if (data.empty()) invalid_value(param, "the media is empty (0 bytes)");
     if (++items_ > limits_.max_media_items) {
-      throw ApiException(request_too_large(param + ": the request holds more than " +
-                                               std::to_string(limits_.max_media_items) +
-                                               " media parts (--max-media-items)",
-                                           param));
+      throw ApiException(media_too_large(param + ": the request holds more than " +
+                                             std::to_string(limits_.max_media_items) +
+                                             " media parts (--max-media-items)",
+                                         param));
     }
     total_ += data.size();
     if (total_ > limits_.max_media_bytes) {
-      throw ApiException(request_too_large(param + ": the request's media exceed " +
-                                               std::to_string(limits_.max_media_bytes) + " bytes",
-                                           param));
+      throw ApiException(media_too_large(param + ": the request's media exceed " +
+                                             std::to_string(limits_.max_media_bytes) + " bytes",
+                                         param));
     }
   }
 

@@ -65,6 +65,10 @@ struct ParseLimits {
   // Pixels of all images of a request, read from their PNG / JPEG headers before decoding (a
   // 12000x12000 PNG of 410 KB decodes to 432 MB).
   uint64_t max_image_pixels = uint64_t{1} << 25;
+  // Sample rates an audio part's header may declare (WAV, FLAC; the stage checks the others
+  // before resampling).
+  uint64_t min_audio_sample_rate = 8000;
+  uint64_t max_audio_sample_rate = 192000;
 };
 
 // Parses and validates a POST /v1/chat/completions body. Throws ApiException (and nothing else)

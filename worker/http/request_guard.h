@@ -40,4 +40,9 @@ struct RequestHead {
 // - 403 host_not_allowed: a Host the policy does not list.
 std::optional<ApiError> refuse_request_head(const RequestHead& head, const HostPolicy& hosts);
 
+// Whether a browser page from `origin` ("https://app.example:8443") may read this server's
+// answers (CORS): only the origins in `allowed_origins` ("*": any), compared without case.
+// Empty `allowed_origins`: none, and the server sends no CORS headers.
+bool origin_allowed(const std::string& origin, const std::vector<std::string>& allowed_origins);
+
 }  // namespace omni::http

@@ -50,6 +50,30 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
+RefusalLog::RefusalLog(std::chrono::milliseconds window, int burst)
+    : window_(window), burst_(burst) {}
+
+void RefusalLog::refused(const std::string& peer, const char* problem) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = std::chrono::steady_clock::now();
+  if (now - window_start_ >= window_) {
+    if (unlogged_ > 0) {
+      std::fprintf(stderr, "omni worker: %llu more requests refused without a line each\n",
+                   static_cast<unsigned long long>(unlogged_));
+    }
+    window_start_ = now;
+    logged_ = 0;
+    unlogged_ = 0;
+  }
+  if (logged_ >= burst_) {
+    ++unlogged_;
+    return;
+  }
+  ++logged_;
+  // One fprintf per line: lines of concurrent refusals do not interleave.
+  std::fprintf(stderr, "omni worker: refused request from %s: %s\n", peer.c_str(), problem);
+}
+
 TokenCheck::TokenCheck(std::string token) : token_(std::move(token)) {}
 
 grpc::Status TokenCheck::check(const grpc::ServerContext& context) const {
@@ -66,9 +90,7 @@ grpc::Status TokenCheck::check(const grpc::ServerContext& context) const {
     }
     problem = "wrong token";
   }
-  // One fprintf per line: lines of concurrent refusals do not interleave.
-  std::fprintf(stderr, "omni worker: refused request from %s: %s\n", context.peer().c_str(),
-               problem);
+  log_->refused(context.peer(), problem);
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                       std::string("the worker refused the token (") + problem + ")");
 }

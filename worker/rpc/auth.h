@@ -11,7 +11,10 @@
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/status.h>
 
+#include <chrono>
+#include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -31,16 +34,34 @@ bool constant_time_equal(std::string_view a, std::string_view b);
 
 // The server side of the token: the stage service calls check() first in every RPC (the health
 // service does not, so that probes need no secret).
+// Lines for refused calls on stderr at a bounded rate: a client retrying a wrong token in a loop
+// cannot fill the log. At most `burst` lines per `window`; the calls beyond are counted and the
+// count is written with the first line of a later window.
+class RefusalLog {
+ public:
+  explicit RefusalLog(std::chrono::milliseconds window = std::chrono::seconds(10), int burst = 10);
+  void refused(const std::string& peer, const char* problem);
+
+ private:
+  std::mutex mutex_;
+  const std::chrono::milliseconds window_;
+  const int burst_;
+  std::chrono::steady_clock::time_point window_start_{};
+  int logged_ = 0;
+  uint64_t unlogged_ = 0;
+};
+
 class TokenCheck {
  public:
   explicit TokenCheck(std::string token);  // empty: every call passes
   bool enabled() const { return !token_.empty(); }
   // OK, or UNAUTHENTICATED after logging "refused request from <peer>: missing token" (or
-  // "wrong token") on stderr.
+  // "wrong token") on stderr, at the rate RefusalLog allows.
   grpc::Status check(const grpc::ServerContext& context) const;
 
  private:
   std::string token_;
+  std::shared_ptr<RefusalLog> log_ = std::make_shared<RefusalLog>();
 };
 
 // TLS credentials from PEM files; errors (std::runtime_error) name the file. Both files empty:

@@ -417,8 +417,8 @@ TEST(ParseChatCompletionErrors, ImagePixelsOverTheBudgetAreRefusedFromTheirHeade
        {image(png_header(12000, 12000), "png"), image(jpeg_header(12000, 12000), "jpeg")}) {
     body["messages"] = user_parts({big});
     const ApiError e = testing::parse_error_of(body, limits);
-    EXPECT_EQ(e.status, 413);
-    EXPECT_EQ(e.code, "request_too_large");
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.code, "media_too_large");
     EXPECT_EQ(e.param, "messages[0].content[0].image_url.url");
     EXPECT_NE(e.message.find("12000x12000"), std::string::npos) << e.message;
   }
@@ -439,7 +439,8 @@ TEST(ParseChatCompletionErrors, TooManyMediaItems) {
   EXPECT_NO_THROW(parse_chat_completion(body.dump(), limits));
   body["messages"] = user_parts({audio, audio, audio});
   const ApiError e = testing::parse_error_of(body, limits);
-  EXPECT_EQ(e.status, 413);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.code, "media_too_large");
   EXPECT_EQ(e.param, "messages[0].content[2].input_audio.data");
   EXPECT_NE(e.message.find("more than 2 media parts"), std::string::npos) << e.message;
 }
@@ -470,9 +471,45 @@ TEST(ParseChatCompletionErrors, TooManyMediaBytes) {
   body["messages"][0]["content"].push_back(
       part("image_url", {{"url", "data:image/png;base64," + base64_encode(testing::png_file())}}));
   const ApiError e = testing::parse_error_of(body, limits);
-  EXPECT_EQ(e.status, 413);
-  EXPECT_EQ(e.code, "request_too_large");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.code, "media_too_large");
   EXPECT_EQ(e.param, "messages[0].content[2].image_url.url");
+}
+
+// A sample rate far from speech's is refused from the WAV or FLAC header, naming the field:
+// a WAV declared at 1 Hz would be resampled to 16000 times its size before any other check.
+TEST(ParseChatCompletionErrors, AudioSampleRatesOutsideTheRangeAreRefusedFromTheirHeaders) {
+  std::string wav = testing::wav_file();
+  ASSERT_EQ(wav.compare(12, 4, "fmt "), 0);
+  json body = testing::minimal_request();
+  const auto with_rate = [](std::string bytes, size_t at, const std::string& rate) {
+    bytes.replace(at, rate.size(), rate);
+    return bytes;
+  };
+  body["messages"] =
+      user_parts({part("input_audio", {{"data", base64_encode(wav)}, {"format", "wav"}})});
+  EXPECT_NO_THROW(parse_chat_completion(body.dump(), ParseLimits{}));
+  for (const std::string& rate : {std::string("\x01\0\0\0", 4), std::string("\0\x10\x0e\0", 4)}) {
+    const std::string bad = with_rate(wav, 24, rate);  // 1 Hz, then 921600 Hz
+    body["messages"] =
+        user_parts({part("input_audio", {{"data", base64_encode(bad)}, {"format", "wav"}})});
+    const ApiError e = testing::parse_error_of(body, ParseLimits{});
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.code, "unsupported_sample_rate");
+    EXPECT_EQ(e.param, "messages[0].content[0].input_audio.data");
+    body["messages"] =
+        user_parts({part("audio_url", {{"url", "data:audio/wav;base64," + base64_encode(bad)}})});
+    EXPECT_EQ(testing::parse_error_of(body, ParseLimits{}).param,
+              "messages[0].content[0].audio_url.url");
+  }
+  // FLAC: "fLaC", a STREAMINFO block header, then the rate in 20 bits at the block's byte 10.
+  std::string flac("fLaC\0\0\0\x22", 8);
+  flac += std::string(10, '\0') + std::string("\0\0\x10", 3) + std::string(21, '\0');  // 1 Hz
+  body["messages"] =
+      user_parts({part("input_audio", {{"data", base64_encode(flac)}, {"format", "flac"}})});
+  const ApiError e = testing::parse_error_of(body, ParseLimits{});
+  EXPECT_EQ(e.code, "unsupported_sample_rate");
+  EXPECT_NE(e.message.find("declares 1 Hz"), std::string::npos) << e.message;
 }
 
 }  // namespace

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "tests/worker/rpc/fake_stage.h"
 #include "worker/rpc/stage_server.h"
@@ -101,4 +103,25 @@ TEST(AuthTest, NonLoopbackListenerNeedsTlsOrToken) {
 }
 
 }  // namespace
+// A client retrying a wrong token in a loop gets `burst` lines a window; the rest are counted
+// and the count is written when the next window opens.
+TEST(AuthTest, RefusedCallsAreLoggedAtABoundedRate) {
+  RefusalLog log(std::chrono::milliseconds(300), 3);
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 50; ++i) log.refused("ipv4:10.0.0.9:1", "wrong token");
+  std::string text = ::testing::internal::GetCapturedStderr();
+  const auto lines = [](const std::string& t, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = t.find(what); at != std::string::npos; at = t.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(lines(text, "refused request from ipv4:10.0.0.9:1: wrong token"), 3u) << text;
+  std::this_thread::sleep_for(std::chrono::milliseconds(350));
+  ::testing::internal::CaptureStderr();
+  log.refused("ipv4:10.0.0.9:1", "missing token");
+  text = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(text.find("47 more requests refused"), std::string::npos) << text;
+  EXPECT_EQ(lines(text, "refused request from ipv4:10.0.0.9:1: missing token"), 1u) << text;
+}
+
 }  // namespace omni::rpc
