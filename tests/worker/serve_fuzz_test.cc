@@ -183,6 +183,12 @@ std::vector<std::string> hostile_bodies() {
     for (size_t i = 64; i < garbled.size(); i += 97) garbled[i] ^= 0x5a;
     bodies.push_back(
         request(url_part("image_url", "data:image/png;base64," + base64_encode(garbled))));
+    // A FLAC whose STREAMINFO claims 2^34 samples at 16 kHz (12 days) and holds none: refused
+    // from the header, not by a failed allocation.
+    const uint64_t info = uint64_t{16000} << 44 | uint64_t{15} << 36 | uint64_t{1} << 34;
+    std::string flac("fLaC\x80\0\0\x22\x10\0\x10\0\0\0\0\0\0\0", 18);
+    for (int shift = 56; shift >= 0; shift -= 8) flac += static_cast<char>(info >> shift);
+    bodies.push_back(request(audio_part(base64_encode(flac + std::string(16, '\0')), "flac")));
     bodies.push_back(request(audio_part(base64_encode(png))));  // a PNG said to be WAV
     bodies.push_back(request(audio_part(base64_encode(wav), "mp3")));
     bodies.push_back(request(audio_part(base64_encode(wav), "flac")));
