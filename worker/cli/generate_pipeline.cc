@@ -8,6 +8,7 @@
 
 #include "cpu_offload/check.h"
 #include "worker/cli/process_control.h"
+#include "worker/cli/sampling_defaults.h"
 #include "worker/config/stage_config.h"
 #include "worker/config/stage_overrides.h"
 #include "worker/pipeline/stage_launcher.h"
@@ -45,46 +46,6 @@ config::GlobalStageFlags stage_flags(const GenerateOptions& o) {
   return f;
 }
 
-// The YAML's default_sampling_params, where the command line gave no value: flags > YAML >
-// the runner's defaults. The thinker stage's values go to the thinker, the talker stage's to the
-// talker (its max_tokens is the frame cap; its seed also seeds the code predictor).
-void apply_yaml_sampling(models::OmniRequest& r, const config::PipelineConfig& config,
-                         const std::set<std::string>& given) {
-  const auto unset = [&](const char* flag) { return given.count(flag) == 0; };
-  for (const auto& stage : config.stages) {
-    const auto& d = stage.sampling;
-    if (stage.engine.model_stage == "thinker") {
-      auto& p = r.sampling.thinker;
-      if (d.temperature && unset("--temperature")) p.temperature = *d.temperature;
-      if (d.top_p && unset("--top-p")) p.top_p = *d.top_p;
-      if (d.top_k && unset("--top-k")) p.top_k = *d.top_k;
-      if (d.repetition_penalty && unset("--repetition-penalty")) {
-        p.repetition_penalty = *d.repetition_penalty;
-      }
-      if (d.max_tokens && unset("--max-tokens")) p.max_new_tokens = *d.max_tokens;
-      if (d.seed && unset("--seed")) p.seed = *d.seed;
-      if (d.greedy && unset("--greedy")) p.greedy = *d.greedy;
-    } else if (stage.engine.model_stage == "talker") {
-      auto& p = r.sampling.talker;
-      if (d.temperature && unset("--talker-temperature")) p.temperature = *d.temperature;
-      if (d.top_p && unset("--talker-top-p")) p.top_p = *d.top_p;
-      if (d.top_k && unset("--talker-top-k")) p.top_k = *d.top_k;
-      if (d.repetition_penalty && unset("--talker-repetition-penalty")) {
-        p.repetition_penalty = *d.repetition_penalty;
-      }
-      if (d.max_tokens && unset("--max-audio-frames")) r.max_audio_frames = *d.max_tokens;
-      if (d.seed && unset("--seed")) {
-        p.seed = *d.seed;
-        r.sampling.code_predictor.seed = *d.seed;
-      }
-      if (d.greedy && unset("--greedy")) {
-        p.greedy = *d.greedy;
-        r.sampling.code_predictor.greedy = *d.greedy;
-      }
-    }
-  }
-}
-
 class PipelineBackend : public GenerateBackend {
  public:
   PipelineBackend(const GenerateOptions& o, pipeline::LauncherOptions options)
@@ -105,7 +66,7 @@ class PipelineBackend : public GenerateBackend {
                  std::chrono::milliseconds(static_cast<int64_t>(options_.request_timeout_s * 1000));
     }
     models::OmniRequest with_defaults = request;
-    apply_yaml_sampling(with_defaults, config_, options_.given);
+    apply_sampling_defaults(with_defaults, config_, sampling_given_by_flags(options_.given));
     auto result = launcher_.pipeline().generate(with_defaults, callbacks, deadline);
     Answer answer;
     answer.result = std::move(result.omni);

@@ -5,8 +5,10 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <ostream>
+#include <set>
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
@@ -17,6 +19,7 @@
 #include "worker/cli/generate_command.h"
 #include "worker/cli/generate_options.h"
 #include "worker/cli/process_control.h"
+#include "worker/cli/sampling_defaults.h"
 #include "worker/cli/validators.h"
 #include "worker/config/stage_config.h"
 #include "worker/config/stage_overrides.h"
@@ -269,6 +272,15 @@ std::string folder_name(const std::string& path) {
   return p.filename().string();
 }
 
+// The stages' default_sampling_params (YAML or --stage-overrides) for what a request leaves
+// unset, as `generate` applies them.
+std::function<void(models::OmniRequest&, const std::set<std::string>&)> yaml_sampling(
+    const config::PipelineConfig& config) {
+  return [config](models::OmniRequest& request, const std::set<std::string>& given) {
+    apply_sampling_defaults(request, config, given);
+  };
+}
+
 }  // namespace
 
 int run_serve(const ServeOptions& o, std::ostream& err) {
@@ -310,6 +322,7 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
       }
       server.model_name =
           o.served_model_name.empty() ? folder_name(thinker_model) : o.served_model_name;
+      server.sampling_defaults = yaml_sampling(lo.config);
       launcher = std::make_unique<pipeline::StageLauncher>(std::move(lo));
       auto* l = launcher.get();
       server.healthy = [l](std::string* why) { return l->healthy(why); };
@@ -317,6 +330,7 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
       server.model_name = o.served_model_name.empty() ? folder_name(o.model) : o.served_model_name;
       auto cfg = model_config(o);
       config::apply_stage_flags(cfg, o.flags, o.stage_overrides);
+      server.sampling_defaults = yaml_sampling(cfg);
       local = local_pipeline(cfg, o.device);
     }
   } catch (const config::ConfigError& e) {

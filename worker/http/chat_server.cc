@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -146,9 +147,8 @@ class ChatServer::Impl {
     });
     // CORS, for the origins named only: browsers ask first (OPTIONS, no key), then read
     // answers that carry their origin.
-    server_->Options(R"(/v1/.*)", [](const httplib::Request&, httplib::Response& res) {
-      res.status = 204;
-    });
+    server_->Options(R"(/v1/.*)",
+                     [](const httplib::Request&, httplib::Response& res) { res.status = 204; });
     server_->set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       const std::string origin = req.get_header_value("Origin");
       if (!origin_allowed(origin, options_.allowed_origins)) return;
@@ -327,6 +327,17 @@ class ChatServer::Impl {
     if (r.max_tokens) t.max_new_tokens = *r.max_tokens;
     if (r.max_audio_frames) o.max_audio_frames = *r.max_audio_frames;
     o.stop_strings = r.stop;
+    if (options_.sampling_defaults) {
+      std::set<std::string> given;
+      if (r.temperature) given.insert("temperature");
+      if (r.top_p) given.insert("top_p");
+      if (r.top_k) given.insert("top_k");
+      if (r.repetition_penalty) given.insert("repetition_penalty");
+      if (r.max_tokens) given.insert("max_tokens");
+      if (r.seed) given.insert({"seed", "talker.seed"});
+      if (r.max_audio_frames) given.insert("talker.max_tokens");
+      options_.sampling_defaults(o, given);
+    }
     for (size_t i = 0; i < r.audio.size(); ++i) {
       media.push_back(
           {"audio", "input-" + std::to_string(i) + "." + r.audio[i].format, r.audio[i].data});

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,9 @@ struct ServerOptions {
   ConnectionLimits connections;
   // Per-request limits of the body's messages and media (media items, bytes, image pixels).
   ParseLimits limits;
+  // Fills the sampling values a request left unset (the stages' default_sampling_params);
+  // `given` names the ones it set (worker/cli/sampling_defaults.h's names).
+  std::function<void(models::OmniRequest&, const std::set<std::string>& given)> sampling_defaults;
   // Health of the stages: true when every stage answers (why: what is wrong otherwise).
   std::function<bool(std::string* why)> healthy;
 };

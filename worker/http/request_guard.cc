@@ -106,9 +106,8 @@ std::optional<ApiError> refuse_request_head(const RequestHead& head, const HostP
 bool origin_allowed(const std::string& origin, const std::vector<std::string>& allowed_origins) {
   if (origin.empty()) return false;
   const std::string wanted = ascii_lower(origin);
-  return std::any_of(allowed_origins.begin(), allowed_origins.end(), [&](const std::string& o) {
-    return o == "*" || ascii_lower(o) == wanted;
-  });
+  return std::any_of(allowed_origins.begin(), allowed_origins.end(),
+                     [&](const std::string& o) { return o == "*" || ascii_lower(o) == wanted; });
 }
 
 }  // namespace omni::http

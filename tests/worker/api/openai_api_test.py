@@ -31,11 +31,11 @@ KEY = "test-key"
 PROMPT = "Describe the sound."
 
 
-def start_server(*extra):
+def start_server(*extra, source=None):
     # `vllm-omni --model M` without a subcommand is `vllm-omni serve --model M`.
     proc = subprocess.Popen(
-        [VLLM_OMNI, "--model", FIXTURE, "--port", "0", "--served-model-name", "tiny",
-         "--api-key", KEY, *extra],
+        [VLLM_OMNI, *(source or ["--model", FIXTURE]), "--port", "0", "--served-model-name",
+         "tiny", "--api-key", KEY, *extra],
         stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     lines = []
@@ -345,9 +345,37 @@ def main():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    # -- A stage YAML's default_sampling_params hold for what a request leaves unset, in serve
+    # as in generate: sampled text (top_k 0, temperature 1.5, seed 7 from the YAML) is equal.
+    yaml = os.path.join(os.path.dirname(FIXTURE), "..", "..", "stage_configs",
+                        "qwen3_omni_tiny.yaml")
+    overrides = json.dumps({"0": {"default_sampling_params": {
+        "top_k": 0, "top_p": 1.0, "temperature": 1.5, "seed": 7}}})
+    sampled = subprocess.run(
+        [VLLM_OMNI, "generate", "--stage-configs-path", yaml, "--stage-overrides", overrides,
+         "--prompt", PROMPT, "--modalities", "text", "--max-tokens", "10", "--json"],
+        capture_output=True, text=True, check=True)
+    want = json.loads(sampled.stdout)["text"]
+    greedy = subprocess.run(
+        [VLLM_OMNI, "generate", "--stage-configs-path", yaml, "--prompt", PROMPT,
+         "--modalities", "text", "--max-tokens", "10", "--greedy", "--json"],
+        capture_output=True, text=True, check=True)
+    assert want != json.loads(greedy.stdout)["text"], "the YAML's sampling changed nothing"
+    proc, port = start_server("--stage-overrides", overrides,
+                              source=["serve", "--stage-configs-path", yaml])
+    try:
+        body = json.dumps({"model": "tiny", "modalities": ["text"], "max_tokens": 10,
+                           "messages": [{"role": "user", "content": PROMPT}]}).encode()
+        status, data = raw(port, "/v1/chat/completions", body)
+        assert status == 200, data[:300]
+        got = json.loads(data)["choices"][0]["message"]["content"]
+        assert got == want, f"serve ignored the YAML's sampling: {got!r} != generate's {want!r}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
     print("openai API: text + speech equal to generate, streamed chunks, errors, 429, cancel, "
           "shared device budget, expert offload from disk, "
-          "expert policy flags, allowed hosts, public metrics")
+          "expert policy flags, allowed hosts, public metrics, YAML sampling defaults")
 
 
 if __name__ == "__main__":
