@@ -9,7 +9,24 @@
 
 namespace omni::offload {
 
+std::string resolve_device(const std::string& name, std::string* why) {
+  if (name != "auto") return name;
+  std::string reason;
+  std::string device = "cpu";
+  if (!cuda_engine_built()) {
+    reason = "this build has no CUDA engine";
+  } else if (const int count = cuda_device_count(); count == 0) {
+    reason = "no CUDA device is usable";
+  } else {
+    device = "cuda";
+    reason = std::to_string(count) + " CUDA device" + (count > 1 ? "s" : "");
+  }
+  if (why != nullptr) *why = reason;
+  return device;
+}
+
 DeviceKind parse_device_kind(const std::string& text) {
+  if (text == "auto") return parse_device_kind(resolve_device(text));
   if (text == "cpu" || text == "cpu-sim") return DeviceKind::kCpuSim;
   if (text == "cuda" || text == "gpu") return DeviceKind::kCuda;
   OMNI_THROW("unknown device '", text, "' (expected ", names::listed(names::device_kinds()), ")");

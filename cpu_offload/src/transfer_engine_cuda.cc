@@ -489,6 +489,11 @@ class CudaTransferEngine final : public TransferEngine {
 
 bool cuda_engine_built() { return true; }
 
+int cuda_device_count() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+}
+
 std::shared_ptr<TransferEngine> make_cuda_engine(const TransferEngineOptions& options) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);

@@ -6,6 +6,8 @@ namespace omni::offload {
 
 bool cuda_engine_built() { return false; }
 
+int cuda_device_count() { return 0; }
+
 std::shared_ptr<TransferEngine> make_cuda_engine(const TransferEngineOptions& /*options*/) {
   OMNI_THROW(
       "device 'cuda' requested but this build has no CUDA transfer engine (configure with "

@@ -26,7 +26,22 @@ TEST(OptionNames, EveryListedNameParsesBackToItself) {
   expect_round_trip(names::expert_miss_policies(), parse_expert_miss_policy);
   expect_round_trip(names::expert_evictions(), parse_expert_eviction);
   expect_round_trip(names::disk_reads(), parse_disk_read);
-  expect_round_trip(names::device_kinds(), parse_device_kind);
+  for (const auto& name : names::device_kinds()) {
+    SCOPED_TRACE(name);
+    // "auto" parses to what it resolves to on this machine.
+    EXPECT_EQ(to_string(parse_device_kind(name)), name == "auto" ? resolve_device(name) : name);
+  }
+}
+
+// `--device auto` (every command's default) is CUDA exactly when this build has the CUDA
+// engine and a device is usable: a GPU user who gives no --device does not run on the host.
+TEST(OptionNames, AutoDeviceIsCudaExactlyWhenACudaDeviceIsUsable) {
+  std::string why;
+  const std::string device = resolve_device("auto", &why);
+  EXPECT_EQ(device, cuda_engine_built() && cuda_device_count() > 0 ? "cuda" : "cpu");
+  EXPECT_FALSE(why.empty());
+  EXPECT_EQ(resolve_device("cpu"), "cpu");
+  EXPECT_EQ(resolve_device("cuda"), "cuda");
 }
 
 TEST(OptionNames, TheDefaultsComeFirst) {

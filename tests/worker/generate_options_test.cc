@@ -365,7 +365,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "--modalities: expected one of text, audio; got 'video'" + kSee},
         BadCase{{"--modalities", "text,video"},
                 "--modalities: expected one of text, audio; got 'video'" + kSee},
-        BadCase{{"--device", "tpu"}, "--device: expected one of cpu, cuda; got 'tpu'" + kSee},
+        BadCase{{"--device", "tpu"}, "--device: expected one of auto, cpu, cuda; got 'tpu'" + kSee},
         BadCase{{"--dtype", "int8"},
                 "--dtype: expected one of auto, float32, bfloat16, float16; got 'int8'" + kSee},
         BadCase{{"--seed", "-1"}, "--seed: expected an unsigned 64-bit integer, got '-1'" + kSee},

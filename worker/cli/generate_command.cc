@@ -166,7 +166,7 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
       progress("starting the stages of " + o.stage_configs_path);
       backend = make_pipeline_backend(o);
     } else {
-      progress("loading " + o.model + " (" + o.device + ", " + o.dtype + ")");
+      progress("loading " + o.model + " (" + resolved_device(o.device) + ", " + o.dtype + ")");
       backend = std::make_unique<InProcessBackend>(o);
     }
     progress("ready in " + std::to_string(static_cast<int64_t>(ms_since(load_start))) + " ms");

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu_offload/check.h"
+#include "cpu_offload/logging.h"
 #include "cpu_offload/option_names.h"
 #include "model_runner/runner/expert_offload.h"
 #include "worker/cli/validators.h"
@@ -287,7 +288,8 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
       ->type_name("pread|mmap")
       ->check(one_of(offload::names::disk_reads()));
 
-  app.add_option("--device", o.device, "cpu (the simulated device) or cuda")
+  app.add_option("--device", o.device,
+                 "auto (cuda when a CUDA device is usable), cpu (the simulated device) or cuda")
       ->type_name("cpu|cuda")
       ->check(one_of(offload::names::device_kinds()));
   app.add_option("--dtype", o.dtype,
@@ -368,6 +370,15 @@ models::OmniRequest to_request(const GenerateOptions& o) {
   r.stream.chunk_frames = o.stream_chunk;
   r.stream.left_context_frames = o.stream_left_context;
   return r;
+}
+
+std::string resolved_device(const std::string& device) {
+  if (device != "auto") return device;
+  std::string why;
+  const std::string resolved = offload::resolve_device(device, &why);
+  log_info("--device auto: ", resolved == "cuda" ? "cuda" : "cpu, the simulated device", " (", why,
+           ")");
+  return resolved;
 }
 
 offload::DeviceKind device_kind(const GenerateOptions& o) {

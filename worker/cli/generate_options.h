@@ -93,7 +93,7 @@ struct GenerateOptions {
   size_t host_memory_budget = 0;
   std::string disk_read = "pread";  // pread | mmap (RunnerOffloadOptions::disk_read)
 
-  std::string device = "cpu";  // cpu (the simulated device) | cuda
+  std::string device = "auto";  // auto | cpu (the simulated device) | cuda
   std::string dtype = "auto";
 
   // Every default from the runner's headers.
@@ -112,6 +112,8 @@ models::OmniRunnerOptions to_runner_options(const GenerateOptions& options);
 // a checkpoint without a talker when --modalities was left at its default).
 models::OmniRequest to_request(const GenerateOptions& options);
 offload::DeviceKind device_kind(const GenerateOptions& options);
+// `device` with "auto" resolved (offload::resolve_device), and one info line saying which.
+std::string resolved_device(const std::string& device);
 models::WavFormat wav_format(const GenerateOptions& options);
 // float32 | bfloat16 | float16.
 at::ScalarType parse_dtype(const std::string& name);

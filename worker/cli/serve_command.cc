@@ -213,7 +213,9 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
                  "before decoding; more get 400")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--device", o.device, "with --model: cpu (the simulated device) or cuda")
+  app.add_option("--device", o.device,
+                 "with --model: auto (cuda when a CUDA device is usable), cpu (the simulated "
+                 "device) or cuda")
       ->check(one_of(offload::names::device_kinds()))
       ->capture_default_str();
   app.add_option("--dtype", o.dtype, "with --model: compute dtype (auto: the checkpoint's)")
@@ -230,10 +232,10 @@ namespace {
 
 // The checkpoint's stages as a stage config (thinker; talker and code2wav when it speaks), so
 // that the offload flags and overrides apply to them exactly as to a YAML's.
-config::PipelineConfig model_config(const ServeOptions& o) {
+config::PipelineConfig model_config(const ServeOptions& o, const std::string& device) {
   const bool speech = models::qwen3_omni::has_speech_output(models::HfConfig::load(o.model));
   const std::string model = nlohmann::json(std::filesystem::absolute(o.model).string()).dump();
-  const std::string devices = o.device == "cpu" ? "cpu" : "\"0\"";
+  const std::string devices = device == "cpu" ? "cpu" : "\"0\"";
   const auto stage = [&](int id, const char* model_stage, const char* sources,
                          const char* final_type) {
     std::string yaml = "  - stage_id: " + std::to_string(id) +
@@ -328,10 +330,11 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
       server.healthy = [l](std::string* why) { return l->healthy(why); };
     } else {
       server.model_name = o.served_model_name.empty() ? folder_name(o.model) : o.served_model_name;
-      auto cfg = model_config(o);
+      const std::string device = resolved_device(o.device);
+      auto cfg = model_config(o, device);
       config::apply_stage_flags(cfg, o.flags, o.stage_overrides);
       server.sampling_defaults = yaml_sampling(cfg);
-      local = local_pipeline(cfg, o.device);
+      local = local_pipeline(cfg, device);
     }
   } catch (const config::ConfigError& e) {
     err << "vllm-omni serve: error: " << one_line(e.what()) << std::endl;

@@ -38,7 +38,7 @@ struct ServeOptions {
   bool metrics_public = false;                    // /metrics without the key
   size_t max_media_items = 16;                    // audio and image parts per request
   uint64_t max_image_pixels = uint64_t{1} << 25;  // all images of a request together
-  std::string device = "cpu";
+  std::string device = "auto";
   std::string dtype = "auto";
   // The pipeline's global offload flags (the ones given; stage names select stages, other names
   // modules, as for generate --stage-configs-path). With --model they apply to the checkpoint's

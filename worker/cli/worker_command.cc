@@ -62,7 +62,7 @@ void add_worker_options(CLI::App& app, WorkerOptions& o) {
       ->type_name("SECONDS")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--device", o.device, "instead of runtime.devices: cpu or cuda")
+  app.add_option("--device", o.device, "instead of runtime.devices: auto, cpu or cuda")
       ->type_name("cpu|cuda")
       ->check(one_of(offload::names::device_kinds()));
 }

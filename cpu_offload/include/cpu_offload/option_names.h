@@ -27,7 +27,7 @@ inline const std::vector<std::string>& disk_reads() {  // parse_disk_read
   return names;
 }
 inline const std::vector<std::string>& device_kinds() {  // parse_device_kind (also takes aliases)
-  static const std::vector<std::string> names{"cpu", "cuda"};
+  static const std::vector<std::string> names{"auto", "cpu", "cuda"};
   return names;
 }
 

@@ -24,7 +24,10 @@
 namespace omni::offload {
 
 enum class DeviceKind { kCpuSim, kCuda };
-DeviceKind parse_device_kind(const std::string& text);  // "cpu" | "cuda"
+DeviceKind parse_device_kind(const std::string& text);  // "auto" | "cpu" | "cuda"
+// "auto" as "cuda" when this build has the CUDA engine and a CUDA device is usable, else "cpu"
+// (the simulated device), with `why` saying which held; any other name unchanged.
+std::string resolve_device(const std::string& name, std::string* why = nullptr);
 std::string to_string(DeviceKind kind);
 
 // Host memory that holds the master copy of weights. Exact size (no power-of-two rounding);
@@ -359,6 +362,8 @@ std::shared_ptr<TransferEngine> make_transfer_engine(DeviceKind kind,
 std::shared_ptr<TransferEngine> make_cpu_sim_engine(const TransferEngineOptions& options);
 std::shared_ptr<TransferEngine> make_cuda_engine(const TransferEngineOptions& options);
 bool cuda_engine_built();
+// CUDA devices this process can use; 0 without the CUDA engine.
+int cuda_device_count();
 
 // Byte alignment of slabs and of each tensor inside one.
 constexpr size_t kSlabAlignment = 256;
