@@ -2,6 +2,7 @@
 // nothing on stdout) and runtime errors (exit 1, one "vllm-omni: error: ..." line).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <ostream>
 #include <string>
@@ -99,7 +100,7 @@ TEST(VllmOmniProcess, GenerateHelpListsEveryOptionWithItsDefault) {
                             "--cpu-offload-budget,--gpu-memory-budget BYTES=0",
                             "--stage-init-timeout SECONDS=600",
                             "--layerwise-num-gpu-layers N=1",
-                            "--device cpu|cuda=cpu",
+                            "--device auto|cpu|cuda=auto",
                             "--dtype auto|float32|bfloat16|float16=auto"}) {
     EXPECT_CONTAINS(r.out, shown);
   }
@@ -182,6 +183,22 @@ TEST(VllmOmniProcess, AnUnknownSpeakerExitsOneListingTheKnownOnes) {
   EXPECT_EQ(last.rfind("vllm-omni: error: ", 0), 0u) << r.err;
   EXPECT_CONTAINS(last, "nobody");
   for (const char* name : {"aiden", "chelsie", "ethan"}) EXPECT_CONTAINS(last, name);
+}
+
+// --request-timeout holds with --model as with a stage YAML: a request that runs past it stops
+// and fails with one line naming the part at work (a long answer takes the tiny model seconds).
+TEST(VllmOmniProcess, ARequestPastItsTimeoutStopsAndFailsNamingThePartAtWork) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto r =
+      vllm_omni({"generate", "--model", kFixture, "--prompt", "tell me a long story",
+                 "--max-tokens", "2048", "--max-audio-frames", "4096", "--request-timeout", "0.2"});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.status, 1) << r.err;
+  const std::string last = r.err.substr(r.err.rfind("vllm-omni: "));
+  EXPECT_EQ(count_lines(last), 1u) << r.err;
+  EXPECT_CONTAINS(last, "vllm-omni: error: the request ran past --request-timeout (0.2 s) while");
+  EXPECT_LT(seconds, 30.0);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -108,20 +109,41 @@ int64_t num_samples(const at::Tensor& waveform) {
 class InProcessBackend : public GenerateBackend {
  public:
   explicit InProcessBackend(const GenerateOptions& o)
-      : runner_(models::OmniRunner::load(to_runner_options(o),
+      : timeout_s_(o.request_timeout_s),
+        runner_(models::OmniRunner::load(to_runner_options(o),
                                          offload::make_transfer_engine(device_kind(o)))) {}
   bool has_talker() override { return runner_->has_talker(); }
   std::string default_speaker() override { return runner_->default_speaker(); }
   Answer generate(const models::OmniRequest& request,
                   const std::function<void(const std::string&)>& on_text) override {
+    // --request-timeout: each part's callback stops the request once the deadline has passed,
+    // and the error names the part that was at work, as the stage pipeline's does.
+    const auto deadline =
+        timeout_s_ > 0
+            ? Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s_ * 1000))
+            : Clock::time_point::max();
+    std::string late;
+    const auto in_time = [&](const char* part) {
+      if (Clock::now() < deadline) return true;
+      late = part;
+      return false;
+    };
     models::TextStreamDecoder decoder(runner_->tokenizer());
     models::OmniCallbacks callbacks;
     callbacks.on_token = [&](int64_t token) {
       on_text(decoder.push(token));
-      return true;
+      return in_time("thinker");
     };
+    callbacks.on_frame = [&](const std::vector<int64_t>&) { return in_time("talker"); };
+    callbacks.on_audio = [&](const at::Tensor&) { return in_time("code2wav"); };
     Answer answer;
     answer.result = runner_->generate(request, callbacks);
+    if (!late.empty()) {
+      std::ostringstream why;
+      why << "the request ran past --request-timeout (" << timeout_s_ << " s) while the " << late
+          << " was at work";
+      throw std::runtime_error(why.str());
+    }
     on_text(decoder.finish());
     std::vector<int32_t> ids(answer.result.tokens.begin(), answer.result.tokens.end());
     answer.text = runner_->tokenizer().decode(ids, /*skip_special=*/true);
@@ -132,6 +154,7 @@ class InProcessBackend : public GenerateBackend {
   }
 
  private:
+  double timeout_s_;
   std::unique_ptr<models::OmniRunner> runner_;
 };
 

@@ -290,7 +290,7 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
 
   app.add_option("--device", o.device,
                  "auto (cuda when a CUDA device is usable), cpu (the simulated device) or cuda")
-      ->type_name("cpu|cuda")
+      ->type_name("auto|cpu|cuda")
       ->check(one_of(offload::names::device_kinds()));
   app.add_option("--dtype", o.dtype,
                  "compute dtype; checkpoint weights of another dtype are converted to it (auto: "

@@ -63,7 +63,7 @@ void add_worker_options(CLI::App& app, WorkerOptions& o) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--device", o.device, "instead of runtime.devices: auto, cpu or cuda")
-      ->type_name("cpu|cuda")
+      ->type_name("auto|cpu|cuda")
       ->check(one_of(offload::names::device_kinds()));
 }
 
