@@ -542,7 +542,8 @@ TEST_F(ServeFuzz, HostileFramingGetsAClientErrorOrACloseAndTheServerKeepsServing
       post + json + "Transfer-Encoding:\r\n chunked\r\n\r\n0\r\n\r\n",
       // Compressed, with and without a body that is really compressed.
       post + json + "Content-Encoding: br\r\n" + length + "\r\n" + body,
-      post + json + "Content-Encoding: deflate, gzip\r\nContent-Length: 4\r\n\r\n\x1f\x8b\x08\x00",
+      post + json + "Content-Encoding: deflate, gzip\r\nContent-Length: 4\r\n\r\n" +
+          std::string("\x1f\x8b\x08\x00", 4),
       // Lengths that lie, conflict or do not parse.
       post + json + "Content-Length: -1\r\n\r\n" + body,
       post + json + "Content-Length: 99999999999999999999999\r\n\r\n" + body,
@@ -612,7 +613,7 @@ TEST_F(ServeFuzz, SlowClientsAreCutAtTheirDeadlinesAndOthersAreServed) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const std::string refused = [&] {
     const int fd = connect_to(bounded.port());
-    const std::string text = read_until_closed(fd);
+    std::string text = read_until_closed(fd);
     ::close(fd);
     return text;
   }();

@@ -375,7 +375,7 @@ models::OmniRequest to_request(const GenerateOptions& o) {
 std::string resolved_device(const std::string& device) {
   if (device != "auto") return device;
   std::string why;
-  const std::string resolved = offload::resolve_device(device, &why);
+  std::string resolved = offload::resolve_device(device, &why);
   log_info("--device auto: ", resolved == "cuda" ? "cuda" : "cpu, the simulated device", " (", why,
            ")");
   return resolved;
