@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -151,8 +152,9 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
   app.add_option("--port", o.port, "port to listen on (0: any free port)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
-  auto* key =
-      app.add_option("--api-key", o.api_key, "clients must send 'Authorization: Bearer <key>'");
+  auto* key = app.add_option("--api-key", o.api_key,
+                             "clients must send 'Authorization: Bearer <key>' (without it and "
+                             "--api-key-file: the VLLM_API_KEY environment variable, if set)");
   app.add_option("--api-key-file", o.api_key_file, "the API key, read from a file")
       ->check(CLI::ExistingFile)
       ->excludes(key);
@@ -310,7 +312,12 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
   std::unique_ptr<pipeline::StageLauncher> launcher;
   std::unique_ptr<pipeline::Pipeline> local;
   try {
-    server.api_key = o.api_key_file.empty() ? o.api_key : rpc::read_token_file(o.api_key_file);
+    // A key in the environment stays out of the process list, as a key file does.
+    const char* env_key = std::getenv("VLLM_API_KEY");
+    server.api_key = !o.api_key_file.empty() ? rpc::read_token_file(o.api_key_file)
+                     : !o.api_key.empty()    ? o.api_key
+                     : env_key != nullptr    ? env_key
+                                             : "";
     if (!o.stage_configs_path.empty()) {
       pipeline::LauncherOptions lo;
       lo.config = config::load_pipeline_config(o.stage_configs_path);

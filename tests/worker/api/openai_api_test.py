@@ -345,6 +345,26 @@ def main():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    # -- The key from VLLM_API_KEY (out of the process list): without it a request gets 401.
+    env_proc = subprocess.Popen(
+        [VLLM_OMNI, "serve", "--model", FIXTURE, "--port", "0", "--served-model-name", "tiny"],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "VLLM_API_KEY": "env-key"})
+    try:
+        env_port = None
+        for line in env_proc.stderr:
+            m = re.search(r"listening on http://[^:]+:(\d+)", line)
+            if m:
+                env_port = int(m.group(1))
+                break
+        assert env_port, "the server did not start"
+        threading.Thread(target=lambda: [None for _ in env_proc.stderr], daemon=True).start()
+        assert raw(env_port, "/v1/models", key=None)[0] == 401
+        assert raw(env_port, "/v1/models", key="env-key")[0] == 200
+        assert "env-key" not in " ".join(env_proc.args)
+    finally:
+        env_proc.terminate()
+        env_proc.wait(timeout=30)
+
     # -- A stage YAML's default_sampling_params hold for what a request leaves unset, in serve
     # as in generate: sampled text (top_k 0, temperature 1.5, seed 7 from the YAML) is equal.
     yaml = os.path.join(os.path.dirname(FIXTURE), "..", "..", "stage_configs",
@@ -375,7 +395,8 @@ def main():
         proc.wait(timeout=60)
     print("openai API: text + speech equal to generate, streamed chunks, errors, 429, cancel, "
           "shared device budget, expert offload from disk, "
-          "expert policy flags, allowed hosts, public metrics, YAML sampling defaults")
+          "expert policy flags, allowed hosts, public metrics, YAML sampling defaults, "
+          "key from VLLM_API_KEY")
 
 
 if __name__ == "__main__":
