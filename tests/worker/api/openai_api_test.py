@@ -31,12 +31,12 @@ KEY = "test-key"
 PROMPT = "Describe the sound."
 
 
-def start_server(*extra, source=None):
+def start_server(*extra, source=None, key_flag=True, env=None):
     # `vllm-omni --model M` without a subcommand is `vllm-omni serve --model M`.
     proc = subprocess.Popen(
         [VLLM_OMNI, *(source or ["--model", FIXTURE]), "--port", "0", "--served-model-name",
-         "tiny", "--api-key", KEY, *extra],
-        stderr=subprocess.PIPE, text=True)
+         "tiny", *(["--api-key", KEY] if key_flag else []), *extra],
+        stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 120
     lines = []
     while time.time() < deadline:
@@ -346,18 +346,9 @@ def main():
         proc.terminate()
         proc.wait(timeout=30)
     # -- The key from VLLM_API_KEY (out of the process list): without it a request gets 401.
-    env_proc = subprocess.Popen(
-        [VLLM_OMNI, "serve", "--model", FIXTURE, "--port", "0", "--served-model-name", "tiny"],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "VLLM_API_KEY": "env-key"})
+    env_proc, env_port = start_server(key_flag=False,
+                                      env={**os.environ, "VLLM_API_KEY": "env-key"})
     try:
-        env_port = None
-        for line in env_proc.stderr:
-            m = re.search(r"listening on http://[^:]+:(\d+)", line)
-            if m:
-                env_port = int(m.group(1))
-                break
-        assert env_port, "the server did not start"
-        threading.Thread(target=lambda: [None for _ in env_proc.stderr], daemon=True).start()
         assert raw(env_port, "/v1/models", key=None)[0] == 401
         assert raw(env_port, "/v1/models", key="env-key")[0] == 200
         assert "env-key" not in " ".join(env_proc.args)
