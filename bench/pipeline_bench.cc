@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "bench_args.h"
-#include "worker/config/stage_config.h"
+#include "worker/config/stage_yaml.h"
 #include "worker/pipeline/local_stages.h"
 #include "worker/pipeline/pipeline.h"
 #include "worker/pipeline/stage_launcher.h"

@@ -1,9 +1,10 @@
 // speech-bench: runs one spoken answer through a whole Qwen3-Omni checkpoint (thinker -> talker
-// -> code predictor -> code2wav) under each offload strategy and prints one JSON line per
-// strategy: talker frames/s, the code predictor's share, code2wav real-time factor, time to first
-// audio, peak device bytes of weights, bytes moved, and whether codes and waveform equal the
-// no-offload run. Without --model it writes a random checkpoint: the fixture's shapes (tiny) or
-// the released checkpoint's talker and code2wav shapes behind a cheap thinker (real).
+// -> code predictor -> code2wav) in the stage pipeline `generate --model` runs, under each
+// offload strategy, and prints one JSON line per strategy: talker frames/s, the code predictor's
+// share, code2wav real-time factor, time to first audio, each stage's peak device bytes of
+// weights, bytes moved, and whether codes and waveform equal the no-offload run. Without --model it
+// writes a random checkpoint: the fixture's shapes (tiny) or the released checkpoint's talker and
+// code2wav shapes behind a cheap thinker (real).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -16,15 +17,18 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "bench_args.h"
 #include "cpu_offload/check.h"
-#include "model_runner/runner/omni_runner.h"
 #include "model_runner/runner/synthetic_checkpoint.h"
+#include "worker/config/stage_overrides.h"
+#include "worker/pipeline/local_pipeline.h"
 
 namespace {
 
 using namespace omni;
-using models::OmniOffloadOptions;
+using Json = nlohmann::json;
 
 struct Options {
   std::string model;
@@ -32,8 +36,7 @@ struct Options {
   int64_t talker_layers = 0;
   std::string work_dir;
   std::string assets = OMNI_DEFAULT_ASSETS;
-  std::string strategies =
-      "none,thinker-talker,talker-code2wav,talker-code2wav-sequential,layerwise";
+  std::string strategies = "none,thinker-talker,talker-code2wav,talker-layers,layerwise";
   int64_t tokens = 12;
   int64_t frames = 16;
   int repeats = 3;
@@ -45,31 +48,35 @@ struct Options {
   std::string text = "Say something nice.";
 };
 
-OmniOffloadOptions offload_for(const std::string& strategy, const Options& o) {
-  OmniOffloadOptions off;
-  off.pin_memory = !o.no_pin;
+// The strategy as the command line's flags (--cpu-offload-components and friends).
+config::GlobalStageFlags flags_for(const std::string& strategy, const Options& o) {
+  config::GlobalStageFlags f;
+  f.cpu_offload_pin_memory = !o.no_pin;
   const auto components = [&](std::vector<std::string> names, const char* policy) {
-    off.cpu_offload_enabled = true;
-    off.components = std::move(names);
-    off.strategy = policy;
+    f.cpu_offload_components = std::move(names);
+    f.cpu_offload_strategy = policy;
   };
-  if (strategy == "none") return off;
+  if (strategy == "none") return f;
   if (strategy == "thinker-talker")
     components({"thinker", "talker"}, "alternating");
   else if (strategy == "talker-code2wav")
     components({"talker", "code2wav"}, "alternating");
-  else if (strategy == "talker-code2wav-sequential")
-    components({"talker", "code2wav"}, "sequential");
   else if (strategy == "talker-layers")
     components({"talker.model.layers.*"}, "sequential");
   else if (strategy == "layerwise")
-    off.layerwise = true;
+    f.enable_layerwise_offload = true;
   else {
     OMNI_THROW("--strategies: unknown strategy '", strategy,
-               "' (none, thinker-talker, talker-code2wav, talker-code2wav-sequential, "
-               "talker-layers, layerwise)");
+               "' (none, thinker-talker, talker-code2wav, talker-layers, layerwise)");
   }
-  return off;
+  return f;
+}
+
+// Each stage's offload figures, {"stage 0 (thinker)": {...}, ...} (the device ledger left out).
+Json stage_stats(pipeline::Pipeline& p) {
+  Json all = Json::parse(p.stats_json());
+  all.erase("device_ledger");
+  return all;
 }
 
 std::string json_number(double v) {
@@ -111,19 +118,15 @@ int run(const Options& o) {
   models::OmniResult baseline;
   bool have_baseline = false;
   for (const auto& strategy : bench::split_list(o.strategies)) {
-    models::OmniRunnerOptions options;
-    options.model_dir = model_dir;
-    options.dtype = dtype;
-    options.offload = offload_for(strategy, o);
-    auto engine =
-        offload::make_transfer_engine(offload::parse_device_kind(o.device), engine_options);
-    auto runner = models::OmniRunner::load(options, engine);
-    runner->generate(request);  // warm-up
-    runner->offload().reset_stats();
+    auto config = pipeline::checkpoint_stage_config(model_dir, o.device, o.dtype);
+    config::apply_stage_flags(config, flags_for(strategy, o), "");
+    auto p = pipeline::make_local_pipeline(config, o.device, engine_options);
+    p->generate(request);  // warm-up
+    const Json before = stage_stats(*p);
     // Timings are the median over the measured requests (the codes are the same every time).
     std::vector<models::OmniResult> runs;
-    for (int i = 0; i < o.repeats; ++i) runs.push_back(runner->generate(request));
-    const auto stats = runner->offload().stats();
+    for (int i = 0; i < o.repeats; ++i) runs.push_back(p->generate(request).omni);
+    const Json after = stage_stats(*p);
     auto result = runs.front();
     const auto median = [&](auto field) {
       std::vector<double> v;
@@ -141,11 +144,23 @@ int run(const Options& o) {
       baseline = result;
       have_baseline = true;
     }
+    // Per stage: its peak device and resident bytes, and what the measured requests moved.
+    Json stages = Json::object();
+    for (const auto& [name, s] : after.items()) {
+      const Json& b = before[name];
+      stages[name] = {
+          {"peak_device_bytes", s.value("peak_device_bytes", 0)},
+          {"resident_bytes", s.value("resident_bytes", 0)},
+          {"param_bytes", s.value("param_bytes", 0)},
+          {"bytes_h2d", s.value("bytes_h2d", uint64_t{0}) - b.value("bytes_h2d", uint64_t{0})},
+          {"loads", s.value("loads", uint64_t{0}) - b.value("loads", uint64_t{0})},
+          {"stall_ms", s.value("stall_ms", 0.0) - b.value("stall_ms", 0.0)}};
+    }
     const auto& t = result.timings;
     const int64_t frames = result.codes.defined() ? result.codes.size(1) : 0;
     std::ostringstream line;
-    line << "{\"model\": \"" << model_name << "\", \"strategy\": \"" << strategy
-         << "\", \"device\": \"" << engine->describe() << "\", \"dtype\": \"" << o.dtype
+    line << "{\"model\": " << Json(model_name).dump() << ", \"strategy\": \"" << strategy
+         << "\", \"device\": \"" << o.device << "\", \"dtype\": \"" << o.dtype
          << "\", \"thinker_tokens\": " << result.tokens.size() << ", \"frames\": " << frames
          << ", \"audio_seconds\": "
          << json_number(static_cast<double>(result.waveform.numel()) / 24000.0)
@@ -159,12 +174,8 @@ int run(const Options& o) {
          << ", \"code2wav_ms\": " << json_number(t.code2wav_ms)
          << ", \"code2wav_real_time_factor\": " << json_number(t.code2wav_real_time_factor)
          << ", \"time_to_first_audio_ms\": " << json_number(t.time_to_first_audio_ms)
-         << ", \"total_ms\": " << json_number(t.total_ms)
-         << ", \"peak_device_bytes\": " << stats.peak_device_bytes
-         << ", \"resident_bytes\": " << stats.resident_bytes
-         << ", \"param_bytes\": " << stats.param_bytes << ", \"bytes_h2d\": " << stats.bytes_h2d
-         << ", \"repeats\": " << o.repeats << ", \"loads\": " << stats.loads
-         << ", \"stall_ms\": " << json_number(stats.stall_ms);
+         << ", \"total_ms\": " << json_number(t.total_ms) << ", \"repeats\": " << o.repeats
+         << ", \"stages\": " << stages.dump();
     if (have_baseline && strategy != "none") {
       const bool codes_equal = at::equal(result.codes, baseline.codes);
       const bool wav_equal = at::equal(result.waveform, baseline.waveform);
@@ -184,8 +195,8 @@ int run(const Options& o) {
 int main(int argc, char** argv) {
   Options o;
   CLI::App app{
-      "speech-bench: the talker, code predictor and code2wav under each offload "
-      "strategy; one JSON line per strategy"};
+      "speech-bench: the talker, code predictor and code2wav in the stage pipeline under each "
+      "offload strategy; one JSON line per strategy"};
   app.add_option("--model", o.model, "a Qwen3-Omni checkpoint directory (default: synthetic)");
   app.add_option("--synthetic", o.synthetic,
                  "shapes of the random checkpoint written when --model is absent: tiny (the "
@@ -200,8 +211,8 @@ int main(int argc, char** argv) {
   app.add_option("--assets", o.assets, "tokenizer.json and preprocessor_config.json")
       ->capture_default_str();
   app.add_option("--strategies", o.strategies,
-                 "comma-separated: none, thinker-talker, talker-code2wav, "
-                 "talker-code2wav-sequential, talker-layers, layerwise")
+                 "comma-separated: none, thinker-talker (the two stages take turns on the "
+                 "device), talker-code2wav, talker-layers, layerwise")
       ->capture_default_str();
   app.add_option("--tokens", o.tokens, "thinker tokens (its text is what the talker speaks)")
       ->check(CLI::PositiveNumber)

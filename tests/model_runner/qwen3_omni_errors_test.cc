@@ -16,7 +16,7 @@
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/transfer_engine.h"
-#include "model_runner/runner/omni_runner.h"
+#include "model_runner/runner/speech_runners.h"
 #include "model_runner/runner/thinker_runner.h"
 #include "model_runner/tokenizer/tokenizer.h"
 #include "model_runner/weights/safetensors.h"
@@ -65,12 +65,14 @@ class BrokenCheckpoint : public ::testing::Test {
     write_safetensors((dir_ / "model.safetensors").string(), tensors);
   }
 
-  // The whole model (thinker, talker, code2wav): load error message ("" when it loads).
+  // The speech parts (talker, code2wav), as their stages load them: the first load error
+  // ("" when both load). Each refuses a checkpoint whose parts do not fit together.
   std::string omni_load_error() {
-    OmniRunnerOptions options;
+    SpeechRunnerOptions options;
     options.model_dir = dir_.string();
     try {
-      OmniRunner::load(options, offload::make_cpu_sim_engine({}));
+      TalkerRunner::load(options, offload::make_cpu_sim_engine({}));
+      Code2WavRunner::load(options, offload::make_cpu_sim_engine({}));
     } catch (const Error& e) {
       return e.what();
     }
@@ -257,22 +259,38 @@ TEST_F(BrokenCheckpoint, MissingTalkerTensorIsNamed) {
 
 TEST_F(BrokenCheckpoint, WithoutAudioOutputTheModelLoadsForTextOnly) {
   edit_config("\"enable_audio_output\": true", "\"enable_audio_output\": false");
-  OmniRunnerOptions options;
+  EXPECT_ERROR_HAS(omni_load_error(), "config.json", "has no talker");
+  ThinkerRunnerOptions options;
   options.model_dir = dir_.string();
-  auto runner = OmniRunner::load(options, offload::make_cpu_sim_engine({}));
-  EXPECT_FALSE(runner->has_talker());
-  OmniRequest request;
-  request.chat.text = "Hello";
-  request.sampling.set_greedy(true);
-  request.sampling.thinker.max_new_tokens = 3;
+  auto thinker = ThinkerRunner::load(options, offload::make_cpu_sim_engine({}));
+  ChatRequest request;
+  request.text = "Hello";
+  SamplingParams p;
+  p.greedy = true;
+  p.max_new_tokens = 3;
+  EXPECT_EQ(thinker->generate(thinker->prepare(request), p).tokens.size(), 3u);
+}
+
+// Each speech part checks the fields that tie the talker to code2wav, with one message.
+TEST_F(BrokenCheckpoint, CodeGroupsMustMatchTheQuantizersInEveryPart) {
+  edit_config("\"num_quantizers\": 16", "\"num_quantizers\": 8");
+  SpeechRunnerOptions options;
+  options.model_dir = dir_.string();
+  std::string talker, code2wav;
   try {
-    runner->generate(request);
-    FAIL() << "audio from a text-only model must be refused";
+    TalkerRunner::load(options, offload::make_cpu_sim_engine({}));
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no talker"), std::string::npos) << e.what();
+    talker = e.what();
   }
-  request.audio_output = false;
-  EXPECT_EQ(runner->generate(request).tokens.size(), 3u);
+  try {
+    Code2WavRunner::load(options, offload::make_cpu_sim_engine({}));
+  } catch (const Error& e) {
+    code2wav = e.what();
+  }
+  EXPECT_ERROR_HAS(talker,
+                   "code2wav_config.num_quantizers 8 differs from "
+                   "talker_config.num_code_groups 16");
+  EXPECT_EQ(talker, code2wav);
 }
 
 TEST_F(BrokenCheckpoint, MissingConfigField) {

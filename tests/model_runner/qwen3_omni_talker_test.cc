@@ -2,7 +2,8 @@
 // the tiny checkpoint of tests/fixtures/qwen3_omni_tiny (make_qwen3_omni_fixture.py): the
 // thinker's hidden states, the thinker -> talker hand-off, talker and code predictor logits
 // within 1e-4, greedy codes equal to generate(return_audio=True, thinker_do_sample=False,
-// talker_do_sample=False) on text, audio and image prompts, and the waveform within 1e-4.
+// talker_do_sample=False) on text, audio and image prompts. (The whole model from a user's
+// request, with the waveform, runs through the stage pipeline: tests/worker/pipeline_parity_test.)
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -11,9 +12,9 @@
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/transfer_engine.h"
-#include "model_runner/qwen3_omni/omni_model.h"
 #include "model_runner/qwen3_omni/talker_handoff.h"
-#include "model_runner/runner/omni_runner.h"
+#include "model_runner/runner/speech_runners.h"
+#include "model_runner/runner/thinker_runner.h"
 #include "model_runner/weights/hf_config.h"
 #include "model_runner/weights/safetensors.h"
 
@@ -23,9 +24,6 @@ namespace {
 using qwen3_omni::Talker;
 
 const std::string kDir = std::string(OMNI_FIXTURES_DIR) + "/qwen3_omni_tiny";
-// The requests of the reference's speech runs (make_qwen3_omni_fixture.py).
-constexpr int64_t kThinkerTokens = 16;
-constexpr int64_t kAudioFrames = 24;
 
 const SafetensorsFile& reference() {
   static const SafetensorsFile file = SafetensorsFile::open(kDir + "/reference.safetensors");
@@ -45,32 +43,22 @@ double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble).cpu() - b.to(at::kDouble).cpu()).abs().max().item<double>();
 }
 
-OmniRunner& runner() {
+ThinkerRunner& thinker_runner() {
   static auto r = [] {
-    OmniRunnerOptions options;
+    ThinkerRunnerOptions options;
     options.model_dir = kDir;
-    return OmniRunner::load(options, offload::make_cpu_sim_engine({}));
+    return ThinkerRunner::load(options, offload::make_cpu_sim_engine({}));
   }();
   return *r;
 }
 
-// The three speech prompts of the fixture, as a user writes them.
-OmniRequest request(const std::string& name) {
-  OmniRequest r;
-  if (name == "speech_text") {
-    r.chat.system_prompt = "You are a helpful voice.";
-    r.chat.text = "Say something nice.";
-  } else if (name == "speech_audio") {
-    r.chat.text = "What do you hear?";
-    r.chat.audio_files = {kDir + "/audio.wav"};
-  } else {
-    r.chat.text = "What do you see?";
-    r.chat.image_files = {kDir + "/image.png"};
-  }
-  r.sampling.set_greedy(true);
-  r.sampling.thinker.max_new_tokens = kThinkerTokens;
-  r.max_audio_frames = kAudioFrames;
-  return r;
+TalkerRunner& talker_runner() {
+  static auto r = [] {
+    SpeechRunnerOptions options;
+    options.model_dir = kDir;
+    return TalkerRunner::load(options, offload::make_cpu_sim_engine({}));
+  }();
+  return *r;
 }
 
 TEST(Qwen3OmniSpeech, ConfigOfTheTalker) {
@@ -105,8 +93,7 @@ TEST(Qwen3OmniSpeech, ConfigOfTheTalker) {
 // The thinker with capture, the hand-off and the projections against what the reference's
 // talker.generate received (text prompt with a system turn the talker must not see).
 TEST(Qwen3OmniSpeech, HandoffMatchesTheReference) {
-  auto& model = runner().model();
-  auto& thinker = model.thinker();
+  auto& thinker = thinker_runner().model();
   const auto cfg = qwen3_omni::parse_talker_config(
       HfConfig::load(kDir), qwen3_omni::parse_thinker_config(HfConfig::load(kDir)));
   qwen3_omni::ThinkerInputs inputs;
@@ -147,7 +134,7 @@ TEST(Qwen3OmniSpeech, HandoffMatchesTheReference) {
                       cfg.codec_pad_id,     cfg.codec_bos_id};
   const auto prompt = qwen3_omni::build_talker_prompt(handoff, ids);
   EXPECT_EQ(prompt.input_ids, ids_of("speech_text_talker_input_ids"));
-  const auto projected = model.talker().project(prompt);
+  const auto projected = talker_runner().model().project(prompt);
   EXPECT_LE(max_abs_diff(projected.embeds, expected("speech_text_talker_input_embeds")), 1e-5);
   EXPECT_LE(max_abs_diff(projected.trailing, expected("speech_text_trailing_text")), 1e-5);
   EXPECT_LE(max_abs_diff(projected.tts_pad, expected("tts_pad_embed")), 1e-5);
@@ -159,7 +146,7 @@ class Qwen3OmniTalkerParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Qwen3OmniTalkerParity, LogitsAndCodesMatchTheReference) {
   const std::string name = GetParam();
-  auto& talker = runner().model().talker();
+  auto& talker = talker_runner().model();
   const auto& cfg = talker.config();
   at::NoGradGuard no_grad;
   Talker::ProjectedPrompt prompt;
@@ -200,105 +187,8 @@ TEST_P(Qwen3OmniTalkerParity, LogitsAndCodesMatchTheReference) {
             << worst_cp << "\n";
 }
 
-// The whole model from the user's request: thinker tokens, codes and waveform as
-// Qwen3OmniMoeForConditionalGeneration.generate(return_audio=True) made them.
-TEST_P(Qwen3OmniTalkerParity, GenerateMatchesTheReference) {
-  const std::string name = GetParam();
-  std::vector<int64_t> streamed_frames;
-  int64_t audio_chunks = 0;
-  OmniCallbacks callbacks;
-  callbacks.on_frame = [&](const std::vector<int64_t>& frame) {
-    streamed_frames.push_back(frame[0]);
-    return true;
-  };
-  callbacks.on_audio = [&](const at::Tensor&) {
-    ++audio_chunks;
-    return true;
-  };
-  const auto result = runner().generate(request(name), callbacks);
-  EXPECT_EQ(result.tokens, ids_of(name + "_thinker_tokens"));
-  const auto codes = expected(name + "_codes");
-  ASSERT_EQ(result.codes.sizes(), codes.sizes());
-  EXPECT_TRUE(at::equal(result.codes, codes));
-  EXPECT_EQ(result.audio_finish_reason, "length");
-  EXPECT_EQ(static_cast<int64_t>(streamed_frames.size()), codes.size(1));
-  EXPECT_GE(audio_chunks, 2);  // 4 frames first, then the rest
-  const auto wav = expected(name + "_wav");
-  ASSERT_EQ(result.waveform.numel(), wav.numel());  // 24 * 1920 - 555 samples
-  const double diff = max_abs_diff(result.waveform, wav);
-  EXPECT_LE(diff, 1e-4);
-  std::cout << name << ": waveform max abs diff " << diff << "\n";
-  EXPECT_GT(result.timings.time_to_first_audio_ms, 0);
-  EXPECT_GT(result.timings.talker_frames_per_s, 0);
-}
-
 INSTANTIATE_TEST_SUITE_P(Prompts, Qwen3OmniTalkerParity,
                          ::testing::Values("speech_text", "speech_audio", "speech_image"));
-
-TEST(Qwen3OmniSpeech, TextOnlyRequestSkipsTheTalker) {
-  auto r = request("speech_text");
-  r.audio_output = false;
-  const auto result = runner().generate(r);
-  EXPECT_EQ(result.tokens, ids_of("speech_text_thinker_tokens"));
-  EXPECT_FALSE(result.codes.defined() && result.codes.numel() > 0);
-  EXPECT_EQ(result.audio_finish_reason, "none");
-}
-
-TEST(Qwen3OmniSpeech, FrameCapAndCancellation) {
-  auto r = request("speech_text");
-  r.max_audio_frames = 5;
-  auto result = runner().generate(r);
-  ASSERT_EQ(result.codes.size(1), 5);
-  EXPECT_TRUE(at::equal(result.codes, expected("speech_text_codes").narrow(1, 0, 5)));
-  EXPECT_EQ(result.waveform.numel(), 5 * 1920 - 555);
-
-  OmniCallbacks stop_after_3;
-  int frames = 0;
-  stop_after_3.on_frame = [&](const std::vector<int64_t>&) { return ++frames < 3; };
-  result = runner().generate(request("speech_text"), stop_after_3);
-  EXPECT_EQ(result.audio_finish_reason, "cancelled");
-  EXPECT_EQ(result.codes.size(1), 3);
-}
-
-// Sampling (the reference defaults of every stage): a seed reproduces text, codes and waveform;
-// another seed gives other codes. (Hugging Face draws from another generator, so sampled runs
-// are compared with themselves, not with the reference.)
-TEST(Qwen3OmniSpeech, SampledRunsAreReproducibleFromTheSeed) {
-  auto r = request("speech_text");
-  r.sampling = OmniSampling();
-  r.sampling.thinker.max_new_tokens = kThinkerTokens;
-  r.sampling.set_seed(7);
-  const auto a = runner().generate(r);
-  const auto b = runner().generate(r);
-  EXPECT_EQ(a.tokens, b.tokens);
-  ASSERT_GT(a.codes.size(1), 0);
-  EXPECT_TRUE(at::equal(a.codes, b.codes));
-  EXPECT_TRUE(at::equal(a.waveform, b.waveform));
-  r.sampling.set_seed(8);
-  const auto c = runner().generate(r);
-  EXPECT_FALSE(c.codes.sizes() == a.codes.sizes() && at::equal(c.codes, a.codes));
-  // Sampled talker codes are not the greedy ones.
-  const auto greedy = expected("speech_text_codes");
-  EXPECT_FALSE(a.codes.sizes() == greedy.sizes() && at::equal(a.codes, greedy));
-}
-
-TEST(Qwen3OmniSpeech, BadRequestsAreRefused) {
-  auto r = request("speech_text");
-  r.speaker = "nobody";
-  try {
-    runner().generate(r);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("nobody"), std::string::npos);
-    EXPECT_NE(std::string(e.what()).find("ethan"), std::string::npos);
-  }
-  r = request("speech_text");
-  r.text_output = r.audio_output = false;
-  EXPECT_THROW(runner().generate(r), Error);
-  r = request("speech_text");
-  r.stream.chunk_frames = 0;
-  EXPECT_THROW(runner().generate(r), Error);
-}
 
 TEST(Qwen3OmniSpeech, HandoffNeedsTwoTokensAndAnAssistantTurn) {
   qwen3_omni::ThinkerHandoff h;

@@ -2,8 +2,12 @@
 // nothing on stdout) and runtime errors (exit 1, one "vllm-omni: error: ..." line).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -199,6 +203,53 @@ TEST(VllmOmniProcess, ARequestPastItsTimeoutStopsAndFailsNamingThePartAtWork) {
   EXPECT_EQ(count_lines(last), 1u) << r.err;
   EXPECT_CONTAINS(last, "vllm-omni: error: the request ran past --request-timeout (0.2 s) while");
   EXPECT_LT(seconds, 30.0);
+}
+
+// A checkpoint whose code2wav has 8 quantizers for the talker's 16 code groups: every command
+// refuses it at load with the same message (generate and serve with --model, and generate
+// through stage workers, whose failing worker's last lines the launcher shows).
+TEST(VllmOmniProcess, AMixedCheckpointIsRefusedByEveryCommandWithOneMessage) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("omni_mixed_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* f :
+       {"config.json", "model.safetensors", "tokenizer.json", "preprocessor_config.json"}) {
+    fs::copy_file(fs::path(kFixture) / f, dir / f);
+  }
+  {
+    std::ifstream in(dir / "config.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto at = text.find("\"num_quantizers\": 16");
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, 20, "\"num_quantizers\": 8");
+    std::ofstream(dir / "config.json", std::ios::trunc) << text;
+  }
+  const std::string message =
+      "code2wav_config.num_quantizers 8 differs from talker_config.num_code_groups 16";
+  const auto generate = vllm_omni({"generate", "--model", dir.string(), "--prompt", "hi"});
+  EXPECT_EQ(generate.status, 1) << generate.err;
+  EXPECT_CONTAINS(generate.err, message);
+  if (vllm_omni({"serve", "--help"}).status == 0) {  // a build with the server parts
+    const auto serve = vllm_omni({"serve", "--model", dir.string(), "--port", "0"});
+    EXPECT_EQ(serve.status, 1) << serve.err;
+    EXPECT_CONTAINS(serve.err, message);
+    std::string yaml = "stage_args:\n";
+    const char* stages[] = {"thinker", "talker", "code2wav"};
+    for (int id = 0; id < 3; ++id) {
+      yaml += "  - stage_id: " + std::to_string(id) + "\n    runtime: {devices: cpu}\n" +
+              "    engine_args: {model_stage: " + stages[id] + ", model: " + dir.string() +
+              "}\n    engine_input_source: [" + (id == 0 ? "" : std::to_string(id - 1)) + "]\n" +
+              (id == 0 ? "    final_output: true\n    final_output_type: text\n" : "") +
+              (id == 2 ? "    final_output: true\n    final_output_type: audio\n" : "");
+    }
+    std::ofstream(dir / "stages.yaml") << yaml;
+    const auto workers = vllm_omni(
+        {"generate", "--stage-configs-path", (dir / "stages.yaml").string(), "--prompt", "hi"});
+    EXPECT_EQ(workers.status, 1) << workers.err;
+    EXPECT_CONTAINS(workers.err, message);
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -121,8 +121,11 @@ TEST_F(GenerateE2E, TextPromptGivesTheReferenceTokensCodesAndWav) {
                           "code2wav_real_time_factor", "time_to_first_audio_ms", "total_ms"}) {
     EXPECT_TRUE(j["timings"].contains(key)) << key;
   }
-  EXPECT_TRUE(j["offload"].is_object());
-  EXPECT_EQ(j["offload"]["strategy"], "none");
+  // One object per stage, as `serve` and the stage workers report them.
+  for (const char* stage : {"stage 0 (thinker)", "stage 1 (talker)", "stage 2 (code2wav)"}) {
+    EXPECT_EQ(j["offload"][stage]["strategy"], "none") << stage;
+  }
+  EXPECT_GT(j["timings"]["load_ms"].get<double>(), 0.0);
 
   const at::Tensor expected = reference().tensor("speech_text_wav");
   const models::WavContents read = models::read_wav(wav, at::kShort);
@@ -148,8 +151,9 @@ TEST_F(GenerateE2E, Float32WavIsTheReferenceWaveform) {
   EXPECT_LE((read.samples.reshape({-1}) - expected).abs().max().item<double>(), 1e-4);
 }
 
-// Component offload of the talker and code2wav, of every part of the thinker, and layerwise
-// streaming: the same text, codes and WAV bytes as without offload.
+// Component offload of the talker and code2wav, of every part of the thinker, layerwise
+// streaming and whole stages taking turns on the device: the same text, codes and WAV bytes as
+// without offload.
 TEST_F(GenerateE2E, OffloadChangesNothing) {
   const Json baseline = generate("speech_text", {"--output-wav", path("none.wav")});
   ASSERT_FALSE(baseline.is_null());
@@ -158,7 +162,15 @@ TEST_F(GenerateE2E, OffloadChangesNothing) {
   const std::vector<std::vector<std::string>> modes = {
       {"--cpu-offload-components", "talker,code2wav"},
       {"--cpu-offload-components", "thinker.*"},
-      {"--enable-layerwise-offload"}};
+      {"--enable-layerwise-offload"},
+      {"--enable-cpu-offload"}};
+  // The strategy each mode gives the thinker, talker and code2wav stages.
+  const std::vector<std::vector<std::string>> strategies = {
+      {"none", "component", "component"},
+      {"component", "none", "none"},
+      {"layerwise", "layerwise", "none"},
+      {"component", "component", "component"}};
+  const char* stages[] = {"stage 0 (thinker)", "stage 1 (talker)", "stage 2 (code2wav)"};
   for (size_t i = 0; i < modes.size(); ++i) {
     const std::string wav = path("mode" + std::to_string(i) + ".wav");
     std::vector<std::string> extra = modes[i];
@@ -170,7 +182,9 @@ TEST_F(GenerateE2E, OffloadChangesNothing) {
     EXPECT_EQ(j["token_ids"], baseline["token_ids"]) << modes[i][0];
     EXPECT_EQ(j["codes"], baseline["codes"]) << modes[i][0];
     EXPECT_TRUE(read_file(wav) == baseline_wav) << modes[i][0] << " " << modes[i].back();
-    EXPECT_NE(j["offload"]["strategy"], "none") << modes[i][0];
+    for (size_t s = 0; s < 3; ++s) {
+      EXPECT_EQ(j["offload"][stages[s]]["strategy"], strategies[i][s]) << modes[i][0] << stages[s];
+    }
   }
 }
 

@@ -1,5 +1,6 @@
 // `vllm-omni generate` options, parsed in this process: the runner's defaults, every flag on
-// its field of OmniRunnerOptions / OmniRequest, and the bad command lines (status 2, one line).
+// its field of the request or of the options each stage of `--model` runs with, and the bad
+// command lines (status 2, one line).
 #include "worker/cli/generate_options.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,8 @@
 #include <vector>
 
 #include "worker/cli/app.h"
+#include "worker/cli/generate_backend.h"
+#include "worker/pipeline/local_pipeline.h"
 
 namespace omni::cli {
 namespace {
@@ -41,6 +44,19 @@ GenerateOptions generate(std::vector<std::string> extra = {}) {
   Parsed p = parse(args);
   EXPECT_FALSE(p.status.has_value()) << p.err;
   return p.commands.generate;
+}
+
+// What `generate --model` runs the stage `model_stage` of the fixture checkpoint with: the flags
+// applied to its stage config as the command applies them. The fixture stands in for the
+// command line's "m", which does not exist.
+pipeline::LocalStageOptions stage_options(GenerateOptions o, const std::string& model_stage) {
+  o.model = OMNI_FIXTURES_DIR "/qwen3_omni_tiny";
+  const std::string device = o.device == "cuda" ? "cuda" : "cpu";
+  for (const auto& s : model_stage_config(o, device).stages) {
+    if (s.engine.model_stage == model_stage) return pipeline::local_stage_options(s, device);
+  }
+  ADD_FAILURE() << "no stage " << model_stage;
+  return {};
 }
 
 void expect_same(const models::SamplingParams& a, const models::SamplingParams& b) {
@@ -82,18 +98,22 @@ TEST(GenerateOptions, DefaultsAreTheRunners) {
   EXPECT_EQ(request.stream.chunk_frames, runner_default.stream.chunk_frames);
   EXPECT_EQ(request.stream.left_context_frames, runner_default.stream.left_context_frames);
 
-  const models::OmniRunnerOptions runner = to_runner_options(o);
-  const models::OmniOffloadOptions offload_default;
-  EXPECT_EQ(runner.model_dir, "m");
-  EXPECT_EQ(runner.dtype, at::ScalarType::Undefined);  // auto: the checkpoint's
-  EXPECT_FALSE(runner.offload.cpu_offload_enabled);
-  EXPECT_EQ(runner.offload.components, offload_default.components);
-  EXPECT_EQ(runner.offload.strategy, "alternating");
-  EXPECT_TRUE(runner.offload.pin_memory);
-  EXPECT_EQ(runner.offload.device_budget_bytes, 0u);
-  EXPECT_FALSE(runner.offload.layerwise);
-  EXPECT_EQ(runner.offload.num_gpu_layers, 1);
-  EXPECT_EQ(device_kind(o), offload::DeviceKind::kCpuSim);
+  EXPECT_EQ(o.model, "m");
+  EXPECT_EQ(o.device, "auto");
+  for (const char* name : {"thinker", "talker", "code2wav"}) {
+    SCOPED_TRACE(name);
+    const pipeline::LocalStageOptions stage = stage_options(o, name);
+    EXPECT_EQ(stage.dtype, at::ScalarType::Undefined);  // auto: the checkpoint's
+    EXPECT_FALSE(stage.offload.cpu_offload_enabled);
+    EXPECT_EQ(stage.offload.components, (std::vector<std::string>{"visual", "audio_tower"}));
+    EXPECT_EQ(stage.offload.strategy, "alternating");
+    EXPECT_TRUE(stage.offload.pin_memory);
+    EXPECT_EQ(stage.offload.device_budget_bytes, 0u);
+    EXPECT_FALSE(stage.offload.layerwise);
+    EXPECT_EQ(stage.offload.num_gpu_layers, 1);
+    EXPECT_FALSE(stage.offload_stage);
+    EXPECT_EQ(stage.device, offload::DeviceKind::kCpuSim);
+  }
   EXPECT_EQ(wav_format(o), models::WavFormat::kPcm16);
   EXPECT_EQ(o.output_wav, "");
   EXPECT_FALSE(o.json);
@@ -190,16 +210,23 @@ TEST(GenerateOptions, EveryFlagReachesItsField) {
   EXPECT_EQ(wav_format(o), models::WavFormat::kFloat32);
   EXPECT_TRUE(o.json);
 
-  const models::OmniRunnerOptions runner = to_runner_options(o);
-  EXPECT_TRUE(runner.offload.cpu_offload_enabled);
-  EXPECT_EQ(runner.offload.components, (std::vector<std::string>{"talker", "code2wav"}));
-  EXPECT_EQ(runner.offload.strategy, "sequential");
-  EXPECT_EQ(runner.offload.device_budget_bytes, 8000000000u);
-  EXPECT_FALSE(runner.offload.pin_memory);
-  EXPECT_TRUE(runner.offload.layerwise);
-  EXPECT_EQ(runner.offload.num_gpu_layers, 3);
-  EXPECT_EQ(runner.dtype, at::kBFloat16);
-  EXPECT_EQ(device_kind(o), offload::DeviceKind::kCuda);
+  // --cpu-offload-components naming stages: those stages give the device back between their
+  // turns (offload_stage); the thinker keeps its own settings.
+  EXPECT_FALSE(stage_options(o, "thinker").offload_stage);
+  for (const char* name : {"talker", "code2wav"}) EXPECT_TRUE(stage_options(o, name).offload_stage);
+  for (const char* name : {"thinker", "talker", "code2wav"}) {
+    SCOPED_TRACE(name);
+    const pipeline::LocalStageOptions stage = stage_options(o, name);
+    EXPECT_EQ(stage.offload.device_budget_bytes, 8000000000u);
+    EXPECT_FALSE(stage.offload.pin_memory);
+    EXPECT_EQ(stage.dtype, at::kBFloat16);
+    EXPECT_EQ(stage.device, offload::DeviceKind::kCuda);
+  }
+  // A stage that moves as a whole is one component; the thinker streams its layers.
+  const pipeline::LocalStageOptions thinker = stage_options(o, "thinker");
+  EXPECT_EQ(thinker.offload.strategy, "sequential");
+  EXPECT_TRUE(thinker.offload.layerwise);
+  EXPECT_EQ(thinker.offload.num_gpu_layers, 3);
 }
 
 TEST(GenerateOptions, GreedyAndSeedApplyToEveryStage) {
@@ -220,31 +247,34 @@ TEST(GenerateOptions, ModalitiesAndOffloadLists) {
   EXPECT_TRUE(to_request(generate({"--modalities", "text"})).text_output);
   const auto both = generate({"--modalities", "audio,text"});
   EXPECT_TRUE(both.wants_audio() && both.wants_text() && both.modalities_given);
-  const auto star = to_runner_options(generate({"--cpu-offload-components", "thinker.*"}));
+  const auto star = stage_options(generate({"--cpu-offload-components", "thinker.*"}), "thinker");
   EXPECT_TRUE(star.offload.cpu_offload_enabled);
   EXPECT_EQ(star.offload.components, (std::vector<std::string>{"thinker.*"}));
-  // Repeated flags add to the list; binary suffixes are powers of 1024.
-  const auto repeated =
-      to_runner_options(generate({"--cpu-offload-components", "visual", "--cpu-offload-components",
-                                  "talker", "--cpu-offload-budget", "2GiB"}));
-  EXPECT_EQ(repeated.offload.components, (std::vector<std::string>{"visual", "talker"}));
-  EXPECT_EQ(repeated.offload.device_budget_bytes, size_t{2} << 30);
-  EXPECT_EQ(to_runner_options(generate({"--dtype", "float16"})).dtype, at::kHalf);
+  // Repeated flags add to the list (module names to every stage, stage names to those stages);
+  // binary suffixes are powers of 1024.
+  const auto repeated = generate({"--cpu-offload-components", "visual", "--cpu-offload-components",
+                                  "talker", "--cpu-offload-budget", "2GiB"});
+  EXPECT_EQ(stage_options(repeated, "thinker").offload.components,
+            (std::vector<std::string>{"visual"}));
+  EXPECT_FALSE(stage_options(repeated, "thinker").offload_stage);
+  EXPECT_TRUE(stage_options(repeated, "talker").offload_stage);
+  EXPECT_EQ(stage_options(repeated, "thinker").offload.device_budget_bytes, size_t{2} << 30);
+  EXPECT_EQ(stage_options(generate({"--dtype", "float16"}), "talker").dtype, at::kHalf);
 }
 
 TEST(GenerateOptions, ExpertOffloadFlags) {
-  const auto off = to_runner_options(generate({})).offload;
+  const auto off = stage_options(generate({}), "thinker").offload;
   EXPECT_FALSE(off.cpu_offload_experts);
   const auto pct =
-      to_runner_options(generate({"--cpu-offload-experts", "--expert-cache-budget", "10%"}));
+      stage_options(generate({"--cpu-offload-experts", "--expert-cache-budget", "10%"}), "thinker");
   EXPECT_TRUE(pct.offload.cpu_offload_experts);
   EXPECT_DOUBLE_EQ(pct.offload.expert_cache_budget_fraction, 0.10);
   EXPECT_EQ(pct.offload.expert_cache_budget_bytes, 0u);
-  const auto bytes =
-      to_runner_options(generate({"--cpu-offload-experts", "--expert-cache-budget", "2GiB"}));
+  const auto bytes = stage_options(
+      generate({"--cpu-offload-experts", "--expert-cache-budget", "2GiB"}), "thinker");
   EXPECT_EQ(bytes.offload.expert_cache_budget_bytes, size_t{2} << 30);
   // The default budget: a quarter of all experts' bytes.
-  const auto plain = to_runner_options(generate({"--cpu-offload-experts"}));
+  const auto plain = stage_options(generate({"--cpu-offload-experts"}), "thinker");
   EXPECT_DOUBLE_EQ(plain.offload.expert_cache_budget_fraction, 0.25);
   // The policy flags, and their defaults (the runner's).
   const models::RunnerOffloadOptions runner_defaults;
@@ -252,9 +282,10 @@ TEST(GenerateOptions, ExpertOffloadFlags) {
   EXPECT_EQ(plain.offload.expert_miss_policy, runner_defaults.expert_miss_policy);
   EXPECT_EQ(plain.offload.expert_eviction, runner_defaults.expert_eviction);
   EXPECT_EQ(plain.offload.disk_read, runner_defaults.disk_read);
-  const auto policy = to_runner_options(generate(
-      {"--cpu-offload-experts", "--no-expert-prefetch", "--expert-miss-policy", "auto",
-       "--expert-eviction", "lru", "--host-memory-budget", "3GiB", "--disk-read", "mmap"}));
+  const auto policy = stage_options(
+      generate({"--cpu-offload-experts", "--no-expert-prefetch", "--expert-miss-policy", "auto",
+                "--expert-eviction", "lru", "--host-memory-budget", "3GiB", "--disk-read", "mmap"}),
+      "thinker");
   EXPECT_FALSE(policy.offload.expert_prefetch);
   EXPECT_EQ(policy.offload.expert_miss_policy, "auto");
   EXPECT_EQ(policy.offload.expert_eviction, "lru");
@@ -344,9 +375,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{{"generate", "--model", "m", "--stage-configs-path", "s.yaml", "--prompt", "p"},
                 "--model excludes --stage-configs-path" + kSee,
                 true},
-        BadCase{{"--stage-overrides", "{}"},
-                "--stage-overrides requires --stage-configs-path" + kSee},
-        BadCase{{"generate", "--model", "m"}, "--prompt is required" + kSee, true},
+        BadCase{{"generate", "--model", "m"}, "--prompt or --messages is required" + kSee, true},
         BadCase{{"--bogus"}, "The following argument was not expected: --bogus" + kSee},
         BadCase{{"--audio", "a.wav", "b.wav"},
                 "The following argument was not expected: b.wav" + kSee},
@@ -389,8 +418,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "--cpu-offload-budget: expected a byte count (suffixes KB, MB, GB: powers of "
                 "1000; KiB, MiB, GiB: powers of 1024), got '-5'" +
                     kSee},
-        BadCase{{"--cpu-offload-budget", "1GB"},
-                "--cpu-offload-budget requires --cpu-offload-components" + kSee},
+        BadCase{{"--messages", "m.json"}, "--prompt excludes --messages" + kSee},
         BadCase{{"--layerwise-num-gpu-layers", "2"},
                 "--layerwise-num-gpu-layers requires --enable-layerwise-offload" + kSee},
         BadCase{{"--enable-layerwise-offload", "--layerwise-num-gpu-layers", "0"},

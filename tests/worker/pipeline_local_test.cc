@@ -1,6 +1,7 @@
 // The orchestrator over in-process stages (a runner per stage, each loading only its part of
-// the checkpoint) on the tiny Qwen3-Omni fixture: the same text, codes, streamed audio and
-// waveform, bitwise, as the single-process OmniRunner; text-only requests run the thinker alone;
+// the checkpoint) on the tiny Qwen3-Omni fixture: text and audio stream while the stages
+// overlap, and a run gives what a fresh pipeline gives, bitwise (pipeline_parity_test holds it
+// to Hugging Face); text-only requests run the thinker alone;
 // a failing stage fails the request naming it, without hanging; callbacks can cancel; the
 // deadline reaches stages that wait on their input; a thinker stage with its MoE experts in a
 // device expert cache answers the same and reports the cache in its stats.
@@ -11,12 +12,12 @@
 #include <chrono>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cpu_offload/check.h"
-#include "model_runner/runner/omni_runner.h"
 #include "worker/pipeline/local_stages.h"
 #include "worker/pipeline/pipeline.h"
 #include "worker/pipeline/stop_strings.h"
@@ -56,18 +57,13 @@ std::vector<PipelineStage> local_stages() {
           {2, "code2wav", {1}, local("code2wav", 2)}};
 }
 
+// What a fresh pipeline of the three stages answers to request().
 const models::OmniResult& reference() {
-  static models::OmniResult result = [] {
-    models::OmniRunnerOptions o;
-    o.model_dir = kDir;
-    auto runner =
-        models::OmniRunner::load(o, offload::make_transfer_engine(offload::DeviceKind::kCpuSim));
-    return runner->generate(request());
-  }();
+  static const models::OmniResult result = Pipeline(local_stages()).generate(request()).omni;
   return result;
 }
 
-TEST(PipelineLocal, EqualsTheSingleProcessRunner) {
+TEST(PipelineLocal, StreamsTextAndAudioWhileTheStagesOverlap) {
   const auto& ref = reference();
   ASSERT_GE(ref.tokens.size(), 2u);
   ASSERT_GT(ref.codes.size(1), 0);
@@ -350,6 +346,64 @@ TEST(PipelineLocal, ACallbackCancelsEveryStage) {
   const auto got = pipeline.generate(request(false), cb);
   EXPECT_EQ(frames, 2);
   EXPECT_EQ(got.omni.audio_finish_reason, "cancelled");
+}
+
+// A fourth stage of an existing kind on a second branch (two code2wav stages reading one
+// talker): the orchestrator runs it as it runs any graph; the first answers, the second's
+// waveform is the same.
+TEST(PipelineLocal, ASecondCode2WavBranchRunsBesideTheFirst) {
+  auto stages = local_stages();
+  stages.push_back({3, "code2wav", {1}, local("code2wav", 3)});
+  Pipeline pipeline(stages);
+  const auto& ref = reference();
+  const auto got = pipeline.generate(request());
+  EXPECT_EQ(got.omni.tokens, ref.tokens);
+  EXPECT_TRUE(at::equal(got.omni.codes, ref.codes));
+  EXPECT_TRUE(at::equal(got.omni.waveform, ref.waveform));
+  ASSERT_EQ(got.branch_outputs.count("stage 3 (code2wav)"), 1u);
+  EXPECT_TRUE(at::equal(got.branch_outputs.at("stage 3 (code2wav)"), ref.waveform));
+  EXPECT_EQ(got.stage_metrics.size(), 4u);
+}
+
+// Each stage reads the packets of its sources, marked with the stage that wrote them.
+TEST(PipelineLocal, PacketsCarryTheStageThatWroteThem) {
+  class Recorder : public Stage {
+   public:
+    explicit Recorder(std::shared_ptr<Stage> inner) : inner_(std::move(inner)) {}
+    const std::string& name() const override { return inner_->name(); }
+    void run(const StageCall& call, PacketQueue& input, const PacketSink& sink,
+             const CancelToken& cancel) override {
+      PacketQueue seen;
+      std::thread copy([&] {
+        while (auto p = input.pop(&cancel)) {
+          sources.insert(p->source);
+          seen.push(std::move(*p));
+        }
+        seen.close();
+      });
+      try {
+        inner_->run(call, seen, sink, cancel);
+      } catch (...) {
+        copy.join();
+        throw;
+      }
+      copy.join();
+    }
+    std::string stats_json() override { return inner_->stats_json(); }
+    std::string info_json() override { return inner_->info_json(); }
+    uint64_t set_device_released(bool r) override { return inner_->set_device_released(r); }
+    uint64_t device_bytes() override { return inner_->device_bytes(); }
+    std::set<int64_t> sources;
+
+   private:
+    std::shared_ptr<Stage> inner_;
+  };
+  auto stages = local_stages();
+  auto recorder = std::make_shared<Recorder>(stages[2].stage);
+  stages[2].stage = recorder;
+  Pipeline pipeline(stages);
+  pipeline.generate(request(false));
+  EXPECT_EQ(recorder->sources, (std::set<int64_t>{1}));
 }
 
 TEST(PipelineLocal, RejectsAGraphItCannotRun) {

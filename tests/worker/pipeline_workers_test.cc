@@ -32,8 +32,8 @@
 
 #include "cpu_offload/check.h"
 #include "process.h"
-#include "worker/config/stage_config.h"
 #include "worker/config/stage_overrides.h"
+#include "worker/config/stage_yaml.h"
 #include "worker/pipeline/stage_launcher.h"
 #include "worker/rpc/stage_client.h"
 
@@ -122,6 +122,29 @@ TEST(PipelineWorkers, GenerateThroughWorkersEqualsInProcess) {
   expect_same(got, in_process());
   // Three stages reported their offload stats (one worker each).
   EXPECT_EQ(got.json["offload"].size(), 3u) << got.json["offload"].dump();
+}
+
+// The shipped YAML with a fourth stage of an existing kind on a second branch: a second
+// code2wav worker reads the talker too. It runs through the same orchestrator, and the answer
+// is the in-process one.
+TEST(PipelineWorkers, AFourthStageOnASecondBranchRuns) {
+  std::string yaml = read_file(kTinyYaml);
+  for (size_t at; (at = yaml.find("../tests/fixtures/qwen3_omni_tiny")) != std::string::npos;) {
+    yaml.replace(at, std::string("../tests/fixtures/qwen3_omni_tiny").size(), kFixture);
+  }
+  yaml +=
+      "\n  - stage_id: 3\n    runtime: {devices: cpu}\n    engine_args: {model_stage: code2wav, "
+      "model: " +
+      kFixture +
+      ", dtype: float32}\n    engine_input_source: [1]\n"
+      "    final_output: true\n    final_output_type: audio\n";
+  const fs::path dir = temp_dir();
+  const std::string path = (dir / "four_stages.yaml").string();
+  std::ofstream(path) << yaml;
+  const auto got = answer({"--stage-configs-path", path});
+  expect_same(got, in_process());
+  EXPECT_TRUE(got.json["offload"].contains("stage 3 (code2wav)")) << got.json["offload"].dump();
+  fs::remove_all(dir);
 }
 
 TEST(PipelineWorkers, ThinkerTalkerOffloadChangesNothing) {
@@ -328,7 +351,7 @@ TEST(PipelineWorkers, ConcurrentRequestsEachGetTheirOwnAnswer) {
 TEST(PipelineWorkers, ExpertOffloadFromFlagsAndYamlChangesNothing) {
   const uint64_t expert = 24576;
   const std::vector<std::string> flags = {"--cpu-offload-experts", "--expert-cache-budget", "25%"};
-  // In process (OmniRunner), then through workers (the flags become every stage's keys).
+  // In process, then through workers (the flags become every stage's keys).
   expect_same(answer({"--model", kFixture}, flags), in_process());
   const auto got = answer({"--stage-configs-path", kTinyYaml}, flags);
   expect_same(got, in_process());
@@ -360,13 +383,13 @@ TEST(PipelineWorkers, ExpertOffloadFromFlagsAndYamlChangesNothing) {
               std::string::npos)
         << local.log;
     // In process, --json's offload object carries the cache and its tier too.
-    const auto& ld = local.json["offload"]["expert_cache"]["disk"];
+    const auto& ld = local.json["offload"]["stage 0 (thinker)"]["expert_cache"]["disk"];
     ASSERT_TRUE(ld.is_object()) << local.json["offload"].dump();
     EXPECT_EQ(ld["entries"], 4);
-    EXPECT_EQ(ld["acquires"], local.json["offload"]["expert_cache"]["loads"]);
+    EXPECT_EQ(ld["acquires"], local.json["offload"]["stage 0 (thinker)"]["expert_cache"]["loads"]);
     const auto workers = answer({"--stage-configs-path", kTinyYaml}, disk);
     expect_same(workers, in_process());
-    const auto& d = workers.json["offload"]["stage 0 (thinker)"]["stage"]["expert_cache"]["disk"];
+    const auto& d = workers.json["offload"]["stage 0 (thinker)"]["expert_cache"]["disk"];
     ASSERT_TRUE(d.is_object()) << workers.json["offload"].dump();
     EXPECT_EQ(d["entries"], 4);
     EXPECT_GT(d["reads"].get<uint64_t>(), 0u);
@@ -389,10 +412,8 @@ TEST(PipelineWorkers, ExpertOffloadFromFlagsAndYamlChangesNothing) {
     for (const auto& source : std::vector<std::vector<std::string>>{
              {"--model", kFixture}, {"--stage-configs-path", kTinyYaml}}) {
       SCOPED_TRACE(source.front());
-      const bool local = source.front() == "--model";
       const auto cache = [&](const Answer& a) -> const Json& {
-        return local ? a.json["offload"]["expert_cache"]
-                     : a.json["offload"]["stage 0 (thinker)"]["stage"]["expert_cache"];
+        return a.json["offload"]["stage 0 (thinker)"]["expert_cache"];
       };
       const auto h = answer(source, host);
       expect_same(h, in_process());
@@ -412,7 +433,7 @@ TEST(PipelineWorkers, ExpertOffloadFromFlagsAndYamlChangesNothing) {
     }
   }
   {
-    const auto& e = got.json["offload"]["stage 0 (thinker)"]["stage"]["expert_cache"];
+    const auto& e = got.json["offload"]["stage 0 (thinker)"]["expert_cache"];
     ASSERT_TRUE(e.is_object()) << got.json["offload"].dump();
     EXPECT_EQ(e["experts"], 16);
     EXPECT_EQ(e["budget_bytes"], 4 * expert);
@@ -424,7 +445,7 @@ TEST(PipelineWorkers, ExpertOffloadFromFlagsAndYamlChangesNothing) {
     EXPECT_TRUE(e.contains("bytes_h2d_per_token"));
     EXPECT_TRUE(e.contains("stall_ms"));
     // Only the thinker has experts.
-    EXPECT_FALSE(got.json["offload"]["stage 1 (talker)"]["stage"].contains("expert_cache"));
+    EXPECT_FALSE(got.json["offload"]["stage 1 (talker)"].contains("expert_cache"));
   }
 
   // The YAML keys on the thinker stage (a copy of the tiny config with an absolute model path).
@@ -493,7 +514,7 @@ TEST(PipelineWorkers, ExpertOffloadFromFlagsAndYamlChangesNothing) {
     const auto a = answer({"--stage-configs-path", path});
     fs::remove_all(dir);
     expect_same(a, in_process());
-    const auto& e = a.json["offload"]["stage 0 (thinker)"]["stage"]["expert_cache"];
+    const auto& e = a.json["offload"]["stage 0 (thinker)"]["expert_cache"];
     ASSERT_TRUE(e.is_object()) << a.json["offload"].dump();
     EXPECT_EQ(e["uses"].get<uint64_t>(), e["hits"].get<uint64_t>() + e["misses"].get<uint64_t>());
     v.check(e);
@@ -540,7 +561,7 @@ TEST(PipelineWorkers, ASharedDeviceBudgetMakesTheThinkerAndTalkerTakeTurns) {
   EXPECT_GT(released, 0u);
   EXPECT_LT(released, stages["stage 0 (thinker)"]["evictions"].get<uint64_t>() * 2013312u);
   // The workers' own stats: the thinker's two parts were loaded once per turn.
-  EXPECT_GE(stats["stage 0 (thinker)"]["stage"]["loads"].get<int>(), 2 * 4) << stats.dump();
+  EXPECT_GE(stats["stage 0 (thinker)"]["loads"].get<int>(), 2 * 4) << stats.dump();
 
   // All three stages give their weights back: a budget for the largest alone runs them one
   // after the other, each evicting the one before.

@@ -14,15 +14,15 @@ bool has_line(const std::string& body, const std::string& line) {
 }
 
 TEST(ServerMetrics, ExpertCacheAndDiskTierFamiliesForTheStagesThatHaveThem) {
-  // A worker's Stats answer wraps the stage's figures; an in-process stage's are bare.
+  // Every stage's figures, a worker's with its counters under "worker".
   const std::string stats = R"json({
-    "stage 0 (thinker)": {"server": {}, "stage": {
+    "stage 0 (thinker)": {"worker": {}, 
       "bytes_h2d": 10, "loads": 1, "stall_ms": 0, "current_device_bytes": 0,
       "peak_device_bytes": 0, "host_bytes": 0, "param_bytes": 5,
       "disk": {"read_bytes": 777, "wait_ms": 0, "entries": 3},
       "expert_cache": {"hits": 7, "misses": 3, "host_computed": 1, "bytes_h2d": 4096,
                        "stall_ms": 1500, "device_bytes": 8192,
-                       "disk": {"read_bytes": 12345, "wait_ms": 250, "entries": 4}}}},
+                       "disk": {"read_bytes": 12345, "wait_ms": 250, "entries": 4}}},
     "stage 1 (talker)": {"bytes_h2d": 0, "loads": 0, "stall_ms": 0, "param_bytes": 2}})json";
   const std::string body = offload_metrics(stats);
   const std::string thinker = "{stage=\"stage 0 (thinker)\"}";

@@ -7,7 +7,9 @@
 #include <cctype>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <sstream>
@@ -20,7 +22,8 @@
 #include "cpu_offload/stats_report.h"
 #include "model_runner/output/wav_writer.h"
 #include "model_runner/tokenizer/text_stream.h"
-#include "worker/cli/generate_pipeline.h"
+#include "worker/cli/generate_backend.h"
+#include "worker/http/chat_request.h"
 
 namespace omni::cli {
 namespace {
@@ -46,6 +49,29 @@ template <typename... Parts>
   throw omni::Error(omni::detail::str_cat(parts...));
 }
 
+// --messages FILE: an OpenAI `messages` list (or a request object holding one), read by the
+// parser `serve` uses, into the request's conversation and its media as bytes.
+void read_messages(const std::string& path, models::ChatRequest& chat,
+                   std::vector<pipeline::MediaFile>& media) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("--messages '", path, "': cannot read the file");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const Json parsed = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const Json* messages = parsed.is_array()                                   ? &parsed
+                         : parsed.is_object() && parsed.contains("messages") ? &parsed["messages"]
+                                                                             : nullptr;
+  if (messages == nullptr) {
+    throw BadInput("--messages '" + path +
+                   "': expected JSON holding a list of messages, or an object with \"messages\"");
+  }
+  const Json body{{"model", "generate"}, {"messages", *messages}};
+  try {
+    http::to_conversation(http::parse_chat_completion(body.dump()), chat, media);
+  } catch (const http::ApiException& e) {
+    throw BadInput("--messages '" + path + "': " + e.what());
+  }
+}
+
 void require_file(const std::string& kind, const std::string& path) {
   std::error_code ec;
   const auto status = fs::status(path, ec);
@@ -61,6 +87,7 @@ void check_paths(const GenerateOptions& o) {
     if (!fs::exists(model)) fail("model directory '", o.model, "' does not exist");
     if (!fs::is_directory(model)) fail("model directory '", o.model, "' is not a directory");
   }
+  if (!o.messages.empty()) require_file("--messages", o.messages);
   for (const auto& f : o.audio) require_file("audio", f);
   for (const auto& f : o.image) require_file("image", f);
   if (!o.output_wav.empty() && o.wants_audio()) {
@@ -105,59 +132,6 @@ int64_t num_samples(const at::Tensor& waveform) {
   return waveform.defined() ? waveform.numel() : 0;
 }
 
-// The checkpoint in this process (OmniRunner).
-class InProcessBackend : public GenerateBackend {
- public:
-  explicit InProcessBackend(const GenerateOptions& o)
-      : timeout_s_(o.request_timeout_s),
-        runner_(models::OmniRunner::load(to_runner_options(o),
-                                         offload::make_transfer_engine(device_kind(o)))) {}
-  bool has_talker() override { return runner_->has_talker(); }
-  std::string default_speaker() override { return runner_->default_speaker(); }
-  Answer generate(const models::OmniRequest& request,
-                  const std::function<void(const std::string&)>& on_text) override {
-    // --request-timeout: each part's callback stops the request once the deadline has passed,
-    // and the error names the part that was at work, as the stage pipeline's does.
-    const auto deadline =
-        timeout_s_ > 0
-            ? Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s_ * 1000))
-            : Clock::time_point::max();
-    std::string late;
-    const auto in_time = [&](const char* part) {
-      if (Clock::now() < deadline) return true;
-      late = part;
-      return false;
-    };
-    models::TextStreamDecoder decoder(runner_->tokenizer());
-    models::OmniCallbacks callbacks;
-    callbacks.on_token = [&](int64_t token) {
-      on_text(decoder.push(token));
-      return in_time("thinker");
-    };
-    callbacks.on_frame = [&](const std::vector<int64_t>&) { return in_time("talker"); };
-    callbacks.on_audio = [&](const at::Tensor&) { return in_time("code2wav"); };
-    Answer answer;
-    answer.result = runner_->generate(request, callbacks);
-    if (!late.empty()) {
-      std::ostringstream why;
-      why << "the request ran past --request-timeout (" << timeout_s_ << " s) while the " << late
-          << " was at work";
-      throw std::runtime_error(why.str());
-    }
-    on_text(decoder.finish());
-    std::vector<int32_t> ids(answer.result.tokens.begin(), answer.result.tokens.end());
-    answer.text = runner_->tokenizer().decode(ids, /*skip_special=*/true);
-    return answer;
-  }
-  std::string offload_json() override {
-    return offload::offload_report_json(runner_->offload(), runner_->expert_cache());
-  }
-
- private:
-  double timeout_s_;
-  std::unique_ptr<models::OmniRunner> runner_;
-};
-
 }  // namespace
 
 std::string one_line(std::string message) {
@@ -181,6 +155,8 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
   try {
     check_paths(o);
     models::OmniRequest request = to_request(o);
+    std::vector<pipeline::MediaFile> media;
+    if (!o.messages.empty()) read_messages(o.messages, request.chat, media);
     const models::WavFormat format = wav_format(o);
     const auto load_start = Clock::now();
 
@@ -189,10 +165,12 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
       progress("starting the stages of " + o.stage_configs_path);
       backend = make_pipeline_backend(o);
     } else {
-      progress("loading " + o.model + " (" + resolved_device(o.device) + ", " + o.dtype + ")");
-      backend = std::make_unique<InProcessBackend>(o);
+      const std::string device = resolved_device(o.device);
+      progress("loading " + o.model + " (" + device + ", " + o.dtype + ")");
+      backend = make_model_backend(o, device);
     }
-    progress("ready in " + std::to_string(static_cast<int64_t>(ms_since(load_start))) + " ms");
+    const double load_ms = ms_since(load_start);
+    progress("ready in " + std::to_string(static_cast<int64_t>(load_ms)) + " ms");
     const std::string source = o.stage_configs_path.empty() ? o.model : o.stage_configs_path;
 
     if (request.audio_output && !backend->has_talker()) {
@@ -212,11 +190,14 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
 
     const bool stream_text = !o.json && request.text_output;
     progress("generating");
-    const auto answer = backend->generate(request, [&](const std::string& text) {
-      if (!stream_text || text.empty()) return;
-      io.out << text << std::flush;
-      line_open = true;
-    });
+    const auto answer = backend->generate(
+        request,
+        [&](const std::string& text) {
+          if (!stream_text || text.empty()) return;
+          io.out << text << std::flush;
+          line_open = true;
+        },
+        o.messages.empty() ? nullptr : &media);
     const models::OmniResult& result = answer.result;
     if (stream_text) {
       io.out << "\n" << std::flush;
@@ -249,7 +230,9 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
       j["speaker"] = request.audio_output
                          ? Json(o.speaker.empty() ? backend->default_speaker() : lower(o.speaker))
                          : Json(nullptr);
-      j["timings"] = timings_json(result.timings);
+      models::OmniTimings timings = result.timings;
+      timings.load_ms = load_ms;  // the pipeline's start, which the request's timings leave out
+      j["timings"] = timings_json(timings);
       j["offload"] = Json::parse(backend->offload_json());
       // replace: text from the tokenizer is valid UTF-8, but a user path need not be.
       io.out << j.dump(-1, ' ', false, Json::error_handler_t::replace) << std::endl;

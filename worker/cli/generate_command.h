@@ -1,8 +1,7 @@
 // `vllm-omni generate`: runs one request and reports it: the text streamed to stdout as it is
 // generated (or one JSON object at the end with --json), the waveform written to --output-wav.
-// With --model the checkpoint loads into an OmniRunner in this process; with
-// --stage-configs-path the request goes through the stage workers of the config
-// (generate_pipeline.h). Both report through the same code, so their outputs compare.
+// Both --model (the checkpoint's stages in this process) and --stage-configs-path (the stage
+// workers of the config) run one Pipeline (generate_backend.h).
 #pragma once
 
 #include <functional>
@@ -10,7 +9,8 @@
 #include <memory>
 #include <string>
 
-#include "model_runner/runner/omni_runner.h"
+#include "model_runner/runner/omni_request.h"
+#include "worker/pipeline/stage.h"
 
 #include "worker/cli/generate_options.h"
 
@@ -22,7 +22,7 @@ struct CommandIo {
   bool progress;      // progress lines (loading, generating, writing) on `err`
 };
 
-// What runs the request: the in-process runner or a stage pipeline.
+// What runs the request (generate_backend.h).
 class GenerateBackend {
  public:
   virtual ~GenerateBackend() = default;
@@ -32,9 +32,11 @@ class GenerateBackend {
     models::OmniResult result;
     std::string text;  // the whole answer's text
   };
-  // `on_text` gets the text as it is generated (whole UTF-8 characters).
+  // `on_text` gets the text as it is generated (whole UTF-8 characters). `media`: the inputs as
+  // bytes (a conversation read from --messages) instead of the request's files.
   virtual Answer generate(const models::OmniRequest& request,
-                          const std::function<void(const std::string&)>& on_text) = 0;
+                          const std::function<void(const std::string&)>& on_text,
+                          const std::vector<pipeline::MediaFile>* media = nullptr) = 0;
   // Offload statistics as a JSON value.
   virtual std::string offload_json() = 0;
 };

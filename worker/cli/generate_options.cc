@@ -33,7 +33,7 @@ GenerateOptions::GenerateOptions() {
   stream_first_chunk = stream.first_chunk_frames;
   stream_chunk = stream.chunk_frames;
   stream_left_context = stream.left_context_frames;
-  const models::OmniOffloadOptions offload;
+  const models::RunnerOffloadOptions offload;
   cpu_offload_strategy = offload.strategy;
   cpu_offload_budget = offload.device_budget_bytes;
   no_pin_memory = !offload.pin_memory;
@@ -66,10 +66,10 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
           ->type_name("FILE")
           ->excludes(model);
   app.add_option("--stage-overrides", o.stage_overrides,
-                 "with --stage-configs-path: per-stage settings as JSON, e.g. "
-                 "'{\"1\": {\"cpu_offload_enabled\": true}}' (wins over every other source)")
-      ->type_name("JSON")
-      ->needs(stage_configs);
+                 "per-stage settings as JSON, e.g. '{\"1\": {\"cpu_offload_enabled\": true}}' "
+                 "(wins over every other source; with --model the stages are 0 thinker, 1 "
+                 "talker, 2 code2wav)")
+      ->type_name("JSON");
   app.add_option("--stage-init-timeout", o.stage_init_timeout_s,
                  "with --stage-configs-path: seconds a stage worker may take to load and answer")
       ->type_name("SECONDS")
@@ -96,32 +96,44 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
     if (model->count() == 0 && stage_configs->count() == 0) {
       throw CLI::RequiredError("--model or --stage-configs-path");
     }
-    // In this process, a strategy or budget without components would do nothing; with a stage
-    // config they apply to the YAML's components.
+    // With --model, a strategy without components would do nothing; with a stage config it
+    // applies to the YAML's components.
     const bool components = app.get_option("--cpu-offload-components")->count() > 0 ||
                             app.get_option("--cpu-offload-enabled")->count() > 0 ||
                             app.get_option("--enable-cpu-offload")->count() > 0;
-    if (stage_configs->count() == 0 && !components) {
-      for (const char* flag : {"--cpu-offload-strategy", "--cpu-offload-budget"}) {
-        if (app.get_option(flag)->count() > 0) {
-          throw CLI::RequiresError(flag, "--cpu-offload-components");
-        }
-      }
+    if (stage_configs->count() == 0 && !components &&
+        app.get_option("--cpu-offload-strategy")->count() > 0) {
+      throw CLI::RequiresError("--cpu-offload-strategy", "--cpu-offload-components");
+    }
+    if (app.get_option("--prompt")->count() == 0 && app.get_option("--messages")->count() == 0) {
+      throw CLI::RequiredError("--prompt or --messages");
     }
     o.given.clear();
     for (const CLI::Option* opt : app.get_options()) {
       if (opt->count() > 0) o.given.insert(opt->get_name());
     }
   });
-  app.add_option("--prompt", o.prompt, "the user's text")->required()->type_name("TEXT");
-  app.add_option("--audio", o.audio, "an audio file (WAV, FLAC, OGG) for the prompt; repeatable")
+  auto* prompt = app.add_option("--prompt", o.prompt, "the user's text")->type_name("TEXT");
+  auto* audio = app.add_option("--audio", o.audio,
+                               "an audio file (WAV, FLAC, OGG) for the prompt; repeatable")
+                    ->type_name("FILE")
+                    ->allow_extra_args(false);
+  auto* image =
+      app.add_option("--image", o.image, "an image file (PNG, JPEG) for the prompt; repeatable")
+          ->type_name("FILE")
+          ->allow_extra_args(false);
+  auto* system =
+      app.add_option("--system", o.system, "a system turn before the user's (default: none)")
+          ->type_name("TEXT");
+  app.add_option("--messages", o.messages,
+                 "a conversation to answer instead of --prompt: a JSON file holding an OpenAI "
+                 "chat `messages` list (system, user and assistant turns; media as data: URLs "
+                 "or base64 input_audio), or a request object with one")
       ->type_name("FILE")
-      ->allow_extra_args(false);
-  app.add_option("--image", o.image, "an image file (PNG, JPEG) for the prompt; repeatable")
-      ->type_name("FILE")
-      ->allow_extra_args(false);
-  app.add_option("--system", o.system, "a system turn before the user's (default: none)")
-      ->type_name("TEXT");
+      ->excludes(prompt)
+      ->excludes(audio)
+      ->excludes(image)
+      ->excludes(system);
   app.add_option("--speaker", o.speaker,
                  "voice, a speaker name of the checkpoint, any case (default: its default, "
                  "Ethan for Qwen3-Omni)")
@@ -299,46 +311,6 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
       ->check(one_of({"auto", "float32", "bfloat16", "float16"}));
 }
 
-at::ScalarType parse_dtype(const std::string& name) {
-  if (name == "auto") return at::ScalarType::Undefined;  // the runner reads the checkpoint's
-  if (name == "float32") return at::kFloat;
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float16") return at::kHalf;
-  OMNI_THROW("unknown dtype '", name, "' (auto, float32, bfloat16, float16)");
-}
-
-models::OmniRunnerOptions to_runner_options(const GenerateOptions& o) {
-  models::OmniRunnerOptions r;
-  r.model_dir = o.model;
-  r.dtype = parse_dtype(o.dtype);
-  auto& offload = r.offload;
-  if (o.enable_cpu_offload) {
-    offload.cpu_offload_enabled = true;
-    offload.components = {"thinker", "talker", "code2wav"};
-  }
-  if (!o.cpu_offload_components.empty()) {
-    offload.cpu_offload_enabled = true;
-    offload.components = o.cpu_offload_components;
-  } else if (o.cpu_offload_enabled && !o.enable_cpu_offload) {
-    offload.cpu_offload_enabled = true;  // the default components (visual, audio_tower)
-  }
-  offload.strategy = o.cpu_offload_strategy;
-  offload.device_budget_bytes = o.cpu_offload_budget;
-  offload.pin_memory = !o.no_pin_memory;
-  offload.layerwise = o.enable_layerwise_offload;
-  offload.num_gpu_layers = o.layerwise_num_gpu_layers;
-  offload.cpu_offload_experts = o.cpu_offload_experts;
-  models::parse_expert_cache_budget(o.expert_cache_budget, "--expert-cache-budget",
-                                    &offload.expert_cache_budget_bytes,
-                                    &offload.expert_cache_budget_fraction);
-  offload.expert_prefetch = !o.no_expert_prefetch;
-  offload.expert_miss_policy = o.expert_miss_policy;
-  offload.expert_eviction = o.expert_eviction;
-  offload.host_memory_budget_bytes = o.host_memory_budget;
-  offload.disk_read = o.disk_read;
-  return r;
-}
-
 models::OmniRequest to_request(const GenerateOptions& o) {
   models::OmniRequest r;
   r.chat.text = o.prompt;
@@ -379,10 +351,6 @@ std::string resolved_device(const std::string& device) {
   log_info("--device auto: ", resolved == "cuda" ? "cuda" : "cpu, the simulated device", " (", why,
            ")");
   return resolved;
-}
-
-offload::DeviceKind device_kind(const GenerateOptions& o) {
-  return offload::parse_device_kind(o.device);
 }
 
 models::WavFormat wav_format(const GenerateOptions& o) {

@@ -1,6 +1,7 @@
 // Options of `vllm-omni generate`: a plain struct that CLI11 fills, and the functions that turn
-// it into what the in-process runner takes (OmniRunnerOptions, OmniRequest). Defaults are the
-// runner's own (omni_runner.h), so a flag left out changes nothing.
+// it into the request (OmniRequest); the offload flags reach the stage config through
+// generate_backend.h. Defaults are the request's own (omni_request.h), so a flag left out
+// changes nothing.
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -14,7 +15,8 @@
 
 #include "cpu_offload/transfer_engine.h"
 #include "model_runner/output/wav_writer.h"
-#include "model_runner/runner/omni_runner.h"
+#include "model_runner/runner/offload_options.h"
+#include "model_runner/runner/omni_request.h"
 
 namespace CLI {
 class App;
@@ -26,6 +28,7 @@ struct GenerateOptions {
   // The request.
   std::string model;  // checkpoint directory
   std::string prompt;
+  std::string messages;  // --messages FILE: an OpenAI messages list instead of prompt/system/media
   std::vector<std::string> audio;  // files, in order
   std::vector<std::string> image;
   std::string system;   // empty: no system turn
@@ -107,15 +110,11 @@ struct GenerateOptions {
 // shown in --help and validated while parsing: a bad value is a CLI::ParseError naming the flag.
 void add_generate_options(CLI::App& app, GenerateOptions& options);
 
-models::OmniRunnerOptions to_runner_options(const GenerateOptions& options);
 // The request as the options ask for it (audio per --modalities; the command turns it off on
 // a checkpoint without a talker when --modalities was left at its default).
 models::OmniRequest to_request(const GenerateOptions& options);
-offload::DeviceKind device_kind(const GenerateOptions& options);
 // `device` with "auto" resolved (offload::resolve_device), and one info line saying which.
 std::string resolved_device(const std::string& device);
 models::WavFormat wav_format(const GenerateOptions& options);
-// float32 | bfloat16 | float16.
-at::ScalarType parse_dtype(const std::string& name);
 
 }  // namespace omni::cli

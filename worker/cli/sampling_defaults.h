@@ -6,7 +6,7 @@
 #include <set>
 #include <string>
 
-#include "model_runner/runner/omni_runner.h"
+#include "model_runner/runner/omni_request.h"
 #include "worker/config/stage_config.h"
 
 namespace omni::cli {

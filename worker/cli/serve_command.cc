@@ -7,14 +7,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
-#include <nlohmann/json.hpp>
 #include <ostream>
 #include <set>
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
 #include "cpu_offload/option_names.h"
-#include "model_runner/qwen3_omni/config.h"
 #include "model_runner/runner/expert_offload.h"
 #include "model_runner/weights/hf_config.h"
 #include "worker/cli/generate_command.h"
@@ -22,10 +20,10 @@
 #include "worker/cli/process_control.h"
 #include "worker/cli/sampling_defaults.h"
 #include "worker/cli/validators.h"
-#include "worker/config/stage_config.h"
 #include "worker/config/stage_overrides.h"
+#include "worker/config/stage_yaml.h"
 #include "worker/http/chat_server.h"
-#include "worker/pipeline/local_stages.h"
+#include "worker/pipeline/local_pipeline.h"
 #include "worker/pipeline/stage_launcher.h"
 #include "worker/rpc/auth.h"
 
@@ -232,44 +230,6 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
 
 namespace {
 
-// The checkpoint's stages as a stage config (thinker; talker and code2wav when it speaks), so
-// that the offload flags and overrides apply to them exactly as to a YAML's.
-config::PipelineConfig model_config(const ServeOptions& o, const std::string& device) {
-  const bool speech = models::qwen3_omni::has_speech_output(models::HfConfig::load(o.model));
-  const std::string model = nlohmann::json(std::filesystem::absolute(o.model).string()).dump();
-  const std::string devices = device == "cpu" ? "cpu" : "\"0\"";
-  const auto stage = [&](int id, const char* model_stage, const char* sources,
-                         const char* final_type) {
-    std::string yaml = "  - stage_id: " + std::to_string(id) +
-                       "\n    runtime: {devices: " + devices +
-                       "}\n    engine_args: {model_stage: " + model_stage + ", model: " + model +
-                       ", dtype: " + o.dtype + "}\n    engine_input_source: " + sources + "\n";
-    if (final_type) {
-      yaml += "    final_output: true\n    final_output_type: " + std::string(final_type) + "\n";
-    }
-    return yaml;
-  };
-  std::string yaml = "stage_args:\n" + stage(0, "thinker", "[]", "text");
-  if (speech) yaml += stage(1, "talker", "[0]", nullptr) + stage(2, "code2wav", "[1]", "audio");
-  return config::parse_pipeline_config(yaml, "--model " + o.model, "/");
-}
-
-// The config's stages in this process, with the device ledger of their shared device.
-std::unique_ptr<pipeline::Pipeline> local_pipeline(const config::PipelineConfig& cfg,
-                                                   const std::string& device) {
-  std::vector<pipeline::PipelineStage> stages;
-  std::vector<std::shared_ptr<pipeline::Stage>> runners;
-  for (const auto& s : cfg.stages) {
-    auto stage = std::shared_ptr<pipeline::Stage>(
-        pipeline::make_local_stage(pipeline::local_stage_options(s, device)));
-    runners.push_back(stage);
-    stages.push_back({s.stage_id, s.engine.model_stage, s.engine_input_source, stage});
-  }
-  auto p = std::make_unique<pipeline::Pipeline>(std::move(stages));
-  if (auto ledger = pipeline::make_device_ledger(cfg, runners)) p->set_device_ledger(ledger);
-  return p;
-}
-
 std::string folder_name(const std::string& path) {
   auto p = std::filesystem::path(path);
   if (p.filename().empty()) p = p.parent_path();
@@ -338,10 +298,10 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
     } else {
       server.model_name = o.served_model_name.empty() ? folder_name(o.model) : o.served_model_name;
       const std::string device = resolved_device(o.device);
-      auto cfg = model_config(o, device);
+      auto cfg = pipeline::checkpoint_stage_config(o.model, device, o.dtype);
       config::apply_stage_flags(cfg, o.flags, o.stage_overrides);
       server.sampling_defaults = yaml_sampling(cfg);
-      local = local_pipeline(cfg, device);
+      local = pipeline::make_local_pipeline(cfg, device);
     }
   } catch (const config::ConfigError& e) {
     err << "vllm-omni serve: error: " << one_line(e.what()) << std::endl;

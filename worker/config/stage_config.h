@@ -1,4 +1,5 @@
-// Pipeline YAML (the stage configs of vLLM-Omni) -> plain structs, validated at the edge.
+// The stage configs of vLLM-Omni as plain structs, validated at the edge (the YAML reader is
+// stage_yaml.h; a checkpoint's own stages are built directly).
 //
 // Two layouts are read into the same structs: `stage_args:` (engine keys nested under
 // `engine_args`) and the flat `stages:` of the newer vLLM-Omni deploy files (engine keys directly
@@ -6,7 +7,7 @@
 // the offending node, "FILE:LINE:COL: " (1-based), so that a user can jump to it. The rest of the
 // code never sees YAML. stage_configs/README.md lists every key.
 //
-// This library depends on yaml-cpp, nlohmann-json and the standard library only (no LibTorch).
+// This library depends on nlohmann-json and the standard library only (no LibTorch, no YAML).
 #pragma once
 
 #include <cstdint>
@@ -115,13 +116,6 @@ struct PipelineConfig {
   std::vector<int64_t> entry_stages() const;       // empty engine_input_source, in file order
 };
 
-// Reads, parses and validates. `check_model_dirs` = false skips the check that every model
-// directory exists (the paths are still made absolute): for configs of checkpoints not present.
-PipelineConfig load_pipeline_config(const std::string& path, bool check_model_dirs = true);
-// `base_dir` resolves relative model paths; `name` is what errors call the file.
-PipelineConfig parse_pipeline_config(const std::string& yaml_text, const std::string& name,
-                                     const std::string& base_dir, bool check_model_dirs = true);
-
 // Shared by the YAML parser and the command-line overrides (stage_overrides.cc); not an API.
 namespace detail {
 
@@ -159,6 +153,29 @@ std::string unknown_key_message(const std::string& key, const std::string& what,
                                 const std::vector<std::string>& ignored);
 // The closest of `candidates` (Levenshtein <= 2, else a prefix match), or "".
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
+
+// The schema's shared helpers (stage_fields.cc).
+[[noreturn]] void fail(const std::string& where, const std::string& message);
+std::string join(const std::vector<std::string>& items);  // "a, b, c"
+int64_t to_int(const std::string& key, const RawValue& value);
+std::vector<int64_t> to_int_list(const std::string& key, const RawValue& value);
+std::string to_dtype(const std::string& key, const RawValue& value);  // normalised; "" = auto
+const std::vector<std::string>& model_stage_names();
+const std::vector<std::string>& output_type_names();
+
+// Where each stage's checked parts are, for messages: YAML positions, or the stage's location.
+struct StageMarks {
+  std::string stage;                 // the stage mapping
+  std::string stage_id;              // its stage_id value
+  std::string required;              // where a missing model / model_stage is reported
+  std::string final_output;          // its final_output value
+  std::vector<std::string> sources;  // each engine_input_source item
+};
+
+// The whole-pipeline checks of validate_pipeline with the positions the reader recorded;
+// `list_where` is where problems of the whole list are reported.
+void validate_stages(const PipelineConfig& config, const std::vector<StageMarks>& marks,
+                     const std::string& list_where);
 
 // Whole-pipeline checks (ids, graph, entry and final stages, required keys); errors name the
 // stage's location. Run after the YAML and again after the overrides.

@@ -11,17 +11,19 @@
 #include <utility>
 #include <vector>
 
+#include "worker/config/stage_values.h"
+
 namespace omni::config {
 namespace {
 
 using detail::RawValue;
 using detail::Section;
 using detail::SetContext;
+using detail::trim;
 using Kind = RawValue::Kind;
 using json = nlohmann::json;
 
 const char kOverrides[] = "--stage-overrides";
-const std::vector<std::string> kStageNames = {"thinker", "talker", "code2wav"};
 
 std::string ids_text(const PipelineConfig& config) {
   std::string out;
@@ -35,12 +37,6 @@ std::string json_kind(const json& j) {
   if (j.is_string()) return "the string " + j.dump();
   if (j.is_null()) return "null";
   return j.dump();
-}
-
-std::string trim(const std::string& s) {
-  const auto begin = s.find_first_not_of(" \t");
-  if (begin == std::string::npos) return "";
-  return s.substr(begin, s.find_last_not_of(" \t") - begin + 1);
 }
 
 RawValue from_json(const json& j, const std::string& where) {
@@ -86,9 +82,11 @@ void apply_flags(PipelineConfig& config, const GlobalStageFlags& flags) {
     }
     for (const std::string& name : names) {
       if (name.empty()) throw ConfigError("--cpu-offload-components: an empty name");
-      auto& to = std::find(kStageNames.begin(), kStageNames.end(), name) != kStageNames.end()
-                     ? stage_names
-                     : modules;
+      // A name some stage has as its model_stage selects those stages; any other is a module.
+      const bool stage =
+          std::any_of(config.stages.begin(), config.stages.end(),
+                      [&](const StageConfig& s) { return s.engine.model_stage == name; });
+      auto& to = stage ? stage_names : modules;
       if (std::find(to.begin(), to.end(), name) == to.end()) to.push_back(name);
     }
     for (auto& stage : config.stages) {
@@ -263,7 +261,7 @@ uint64_t parse_byte_size(const std::string& text) {
   }
   while (i < s.size() && (s[i] == ' ' || s[i] == '\t')) ++i;
   std::string unit = s.substr(i);
-  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  unit = detail::lower(unit);
   static const std::vector<std::pair<std::string, uint64_t>> kUnits = {
       {"", 1},
       {"b", 1},

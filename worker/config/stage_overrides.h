@@ -17,13 +17,13 @@ namespace omni::config {
 // The global command-line offload flags; unset = not given. Errors name the flag ("--dtype: ...").
 struct GlobalStageFlags {
   std::optional<bool> cpu_offload_enabled;  // --cpu-offload-enabled
-  // --cpu-offload-components (an entry may hold several comma-separated names). The names
-  // thinker/talker/code2wav select STAGES: offload_stage = true on the stages whose model_stage
-  // matches (their cpu_offload_enabled stays as is). Every other name (visual, audio_tower,
-  // language_model, code_predictor, globs like 'thinker.*') is a module name: the module names
-  // REPLACE cpu_offload_components of every stage and set cpu_offload_enabled = true on every
-  // stage (a stage runner ignores names that match nothing in its part). An explicit
-  // cpu_offload_enabled flag is applied after this and wins.
+  // --cpu-offload-components (an entry may hold several comma-separated names). A name that is
+  // the model_stage of stages of the config (thinker, talker, code2wav) selects those STAGES:
+  // offload_stage = true on them (their cpu_offload_enabled stays as is). Every other name
+  // (visual, audio_tower, language_model, code_predictor, globs like 'thinker.*') is a module
+  // name: the module names REPLACE cpu_offload_components of every stage and set
+  // cpu_offload_enabled = true on every stage (a stage runner ignores names that match nothing
+  // in its part). An explicit cpu_offload_enabled flag is applied after this and wins.
   std::optional<std::vector<std::string>> cpu_offload_components;
   std::optional<std::string> cpu_offload_strategy;  // --cpu-offload-strategy
   std::optional<bool> cpu_offload_pin_memory;       // --cpu-offload-pin-memory

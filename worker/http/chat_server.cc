@@ -8,7 +8,6 @@
 #include <deque>
 #include <map>
 #include <mutex>
-#include <random>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -22,10 +21,12 @@
 #include "worker/http/ascii_text.h"
 #include "worker/http/base64.h"
 #include "worker/http/bounded_http_server.h"
+#include "worker/http/chat_request.h"
 #include "worker/http/openai_protocol.h"
 #include "worker/http/playground.h"
 #include "worker/http/request_guard.h"
 #include "worker/http/server_metrics.h"
+#include "worker/http/stage_errors.h"
 #include "worker/http/wav_bytes.h"
 
 namespace omni::http {
@@ -44,15 +45,6 @@ int64_t unix_now() {
       .count();
 }
 
-std::string random_id(const char* prefix) {
-  static std::mutex mutex;
-  static std::mt19937_64 rng{std::random_device{}()};
-  std::lock_guard<std::mutex> lock(mutex);
-  std::ostringstream id;
-  id << prefix << std::hex << rng();
-  return id.str();
-}
-
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_content(e.json(), "application/json");
@@ -62,34 +54,6 @@ void send_error(httplib::Response& res, const ApiError& e) {
 std::string truncated(const std::string& value) {
   constexpr size_t kMax = 64;
   return value.size() <= kMax ? value : value.substr(0, kMax) + "...";
-}
-
-// An internal error's text as the client gets it: without internals (public_error_message),
-// with the id under which the whole text is in the server's log.
-std::string published(const std::string& internal) {
-  const std::string id = random_id("err-");
-  log_warning("error ", id, ": ", internal);
-  return public_error_message(internal) + " (error id " + id + ")";
-}
-
-// A pipeline failure as the client sees it: a bad request is the client's (400, naming the
-// stage that refused it), anything else is ours (500, naming the stage that failed).
-ApiError stage_error(const pipeline::StageError& e) {
-  ApiError a;
-  if (e.code() == pipeline::StageError::Code::kInvalidArgument) {
-    a.status = 400;
-    a.type = "invalid_request_error";
-  } else if (e.code() == pipeline::StageError::Code::kDeadlineExceeded) {
-    a.status = 504;
-    a.type = "server_error";
-    a.code = "timeout";
-  } else {
-    a.status = 500;
-    a.type = "server_error";
-    a.code = "stage_failed";
-  }
-  a.message = published(e.what());
-  return a;
 }
 
 // The pieces of one streamed answer, from the pipeline's threads to the HTTP thread.
@@ -301,11 +265,7 @@ class ChatServer::Impl {
   models::OmniRequest to_pipeline(const ChatCompletionRequest& r,
                                   std::vector<pipeline::MediaFile>& media) {
     models::OmniRequest o;
-    o.chat.text = r.text;
-    o.chat.system_prompt = r.system_prompt;
-    for (const auto& t : r.history) {
-      o.chat.history.push_back({t.role, t.text, t.audio_count, t.image_count});
-    }
+    to_conversation(r, o.chat, media);
     const auto has = [&](const char* m) {
       return std::find(r.modalities.begin(), r.modalities.end(), m) != r.modalities.end();
     };
@@ -337,14 +297,6 @@ class ChatServer::Impl {
       if (r.seed) given.insert({"seed", "talker.seed"});
       if (r.max_audio_frames) given.insert("talker.max_tokens");
       options_.sampling_defaults(o, given);
-    }
-    for (size_t i = 0; i < r.audio.size(); ++i) {
-      media.push_back(
-          {"audio", "input-" + std::to_string(i) + "." + r.audio[i].format, r.audio[i].data});
-    }
-    for (size_t i = 0; i < r.images.size(); ++i) {
-      media.push_back(
-          {"image", "input-" + std::to_string(i) + "." + r.images[i].format, r.images[i].data});
     }
     return o;
   }

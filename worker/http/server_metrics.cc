@@ -155,6 +155,11 @@ std::string offload_metrics(const std::string& stats_json) {
   Family peak{"omni_device_weight_peak_bytes", "gauge", "Peak weight bytes on the device.", {}};
   Family host{"omni_host_weight_bytes", "gauge", "Host bytes holding offloaded weights.", {}};
   Family params{"omni_weight_bytes", "gauge", "The stage's parameter and buffer bytes.", {}};
+  Family budget{"omni_device_ledger_budget_bytes",
+                "gauge",
+                "The device budget its stages share (--gpu-memory-budget, or the stages that stay "
+                "plus the largest that moves).",
+                {}};
   Family held{"omni_device_ledger_held_bytes",
               "gauge",
               "Bytes the device ledger has granted on a device.",
@@ -211,14 +216,14 @@ std::string offload_metrics(const std::string& stats_json) {
     if (name == "device_ledger") {
       for (const auto& [dev, d] : value.items()) {
         const std::string l = "{device=\"" + label(dev) + "\"}";
+        budget.samples.emplace_back(l, d.value("budget", 0.0));
         held.samples.emplace_back(l, d.value("held", 0.0));
         evictions.samples.emplace_back(l, d.value("evictions", 0.0));
       }
       continue;
     }
     const std::string l = "{stage=\"" + label(name) + "\"}";
-    // A worker's Stats RPC wraps the stage's figures: {"server": ..., "stage": {...}}.
-    const Json& s = value.contains("stage") ? value["stage"] : value;
+    const Json& s = value;
     const bool answered = !value.contains("error") && s.contains("bytes_h2d");
     up.samples.emplace_back(l, answered ? 1 : 0);
     if (!answered) continue;
@@ -242,9 +247,11 @@ std::string offload_metrics(const std::string& stats_json) {
   }
   std::ostringstream out;
   out.precision(15);
-  for (const auto* f : {&up, &moved, &loads, &stall, &device, &peak, &host, &params, &held,
-                        &evictions, &expert_hits, &expert_misses, &expert_host, &expert_moved,
-                        &expert_stall, &expert_device, &disk_read, &disk_wait, &disk_entries}) {
+  for (const auto* f :
+       {&up,           &moved,         &loads,         &stall,       &device,
+        &peak,         &host,          &params,        &budget,      &held,
+        &evictions,    &expert_hits,   &expert_misses, &expert_host, &expert_moved,
+        &expert_stall, &expert_device, &disk_read,     &disk_wait,   &disk_entries}) {
     write_family(out, *f);
   }
   out << "# HELP omni_process_resident_bytes Resident memory of the server process.\n"

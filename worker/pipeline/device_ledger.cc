@@ -47,7 +47,8 @@ DeviceLedger::Entry& DeviceLedger::entry(int64_t stage_id) {
 bool DeviceLedger::constrained(int64_t stage_id) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = entries_.find(stage_id);
-  return it != entries_.end() && constrained_devices_.count(it->second.member.device) > 0;
+  return it != entries_.end() && it->second.member.evictable &&
+         constrained_devices_.count(it->second.member.device) > 0;
 }
 
 uint64_t DeviceLedger::held(const std::string& device) const {

@@ -8,9 +8,10 @@
 // several requests may use a stage at once; a stage in use is never evicted, and a grant that
 // must wait for one waits until it is idle.
 //
-// Why this cannot deadlock: a stage takes its grant only when its input is complete (its
-// upstream finished: Pipeline waits for that on constrained devices), so a stage holding a grant
-// never waits for another stage; every grant is released when its run ends.
+// Why this cannot deadlock: a stage that may leave takes its grant only when its input is
+// complete (its upstream finished: Pipeline waits for that on constrained devices), so it never
+// waits for another stage while holding one; a stage that stays holds its bytes either way, so
+// its grant takes no room from anyone. Every grant is released when its run ends.
 #pragma once
 
 #include <condition_variable>
@@ -39,8 +40,9 @@ class DeviceLedger {
   // device's fixed stages plus its largest evictable one exceed its budget (nothing could run).
   DeviceLedger(std::vector<Member> members, std::map<std::string, uint64_t> budgets);
 
-  // True when the stage sits on a device whose stages do not all fit its budget at once: its
-  // grants may have to wait, so the pipeline runs it after its upstream finished.
+  // True when the stage may leave a device whose stages do not all fit its budget at once: it
+  // may hold a grant only while it cannot be evicted, so the pipeline runs it after its upstream
+  // finished. A stage that stays (its bytes always counted) streams as usual.
   bool constrained(int64_t stage_id) const;
 
   // Waits for room (evicting idle stages) and marks the stage in use. Throws StageError

@@ -37,6 +37,8 @@ struct LocalStageOptions {
   // device once loaded, until released. Replaces `offload`.
   bool offload_stage = false;
   offload::DeviceKind device = offload::DeviceKind::kCpuSim;
+  // The stage's transfer engine (the simulated device's bandwidth, for benches).
+  offload::TransferEngineOptions engine;
 };
 
 // Loads the stage's part of the checkpoint. Throws omni::Error naming the file / field, or

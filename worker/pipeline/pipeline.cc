@@ -13,8 +13,7 @@
 #include <thread>
 
 #include "cpu_offload/check.h"
-#include "model_runner/qwen3_omni/talker_handoff.h"
-#include "worker/pipeline/stage_params.h"
+#include "worker/pipeline/stage_kind.h"
 
 namespace omni::pipeline {
 namespace {
@@ -40,10 +39,10 @@ uint64_t packet_bytes(const StagePacket& p) {
   return bytes;
 }
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
 }
 
 std::atomic<uint64_t> next_request{1};
@@ -54,10 +53,8 @@ Pipeline::Pipeline(const std::vector<PipelineStage>& stages) {
   std::map<int64_t, const PipelineStage*> by_id;
   for (const auto& s : stages) {
     OMNI_CHECK(s.stage != nullptr, "pipeline stage ", s.id, " has no stage");
-    OMNI_CHECK(
-        s.model_stage == "thinker" || s.model_stage == "talker" || s.model_stage == "code2wav",
-        "pipeline stage ", s.id, ": model_stage '", s.model_stage,
-        "' is not supported by the Qwen3-Omni pipeline (thinker, talker, code2wav)");
+    OMNI_CHECK(find_stage_kind(s.model_stage) != nullptr, "pipeline stage ", s.id,
+               ": no stage kind is called '", s.model_stage, "' (", stage_kind_names(), ")");
     OMNI_CHECK(by_id.emplace(s.id, &s).second, "pipeline stage id ", s.id, " is used twice");
   }
   // Topological order (the config checks cycles; this keeps the orchestrator honest too).
@@ -66,8 +63,6 @@ Pipeline::Pipeline(const std::vector<PipelineStage>& stages) {
     bool progress = false;
     for (const auto& s : stages) {
       if (placed.count(s.id)) continue;
-      OMNI_CHECK(s.sources.size() <= 1, "pipeline stage ", s.id,
-                 ": more than one engine_input_source is not supported yet");
       bool ready = true;
       for (const auto src : s.sources) {
         OMNI_CHECK(by_id.count(src), "pipeline stage ", s.id, " reads stage ", src,
@@ -81,26 +76,29 @@ Pipeline::Pipeline(const std::vector<PipelineStage>& stages) {
     }
     OMNI_CHECK(progress, "the pipeline's engine_input_source links form a cycle");
   }
-  const auto* thinker = find("thinker");
-  OMNI_CHECK(thinker != nullptr && thinker->sources.empty(),
-             "the pipeline needs a thinker stage with no engine_input_source");
-  const auto* talker = find("talker");
-  const auto* code2wav = find("code2wav");
-  if (talker) {
-    OMNI_CHECK(talker->sources == std::vector<int64_t>{thinker->id}, "the talker stage (",
-               talker->id, ") must read the thinker stage (", thinker->id, ")");
-  }
-  if (code2wav) {
-    OMNI_CHECK(talker && code2wav->sources == std::vector<int64_t>{talker->id},
-               "the code2wav stage (", code2wav->id, ") must read the talker stage");
-  }
-}
-
-const PipelineStage* Pipeline::find(const std::string& model_stage) const {
+  // What each kind reads; the first stage of each kind answers the request.
+  bool entry = false;
+  std::set<std::string> answering;
   for (const auto& s : stages_) {
-    if (s.model_stage == model_stage) return &s;
+    const StageKind& kind = *find_stage_kind(s.model_stage);
+    kinds_.push_back(&kind);
+    primary_.push_back(answering.insert(kind.name).second);
+    if (kind.reads.empty()) {
+      OMNI_CHECK(s.sources.empty(), "pipeline stage ", s.id, " (", kind.name,
+                 ") reads the request and no other stage: it takes no engine_input_source");
+      entry = true;
+      continue;
+    }
+    OMNI_CHECK(!s.sources.empty(), "pipeline stage ", s.id, " (", kind.name,
+               ") needs an engine_input_source of kind ", join(kind.reads));
+    for (const auto src : s.sources) {
+      const std::string& from = by_id.at(src)->model_stage;
+      OMNI_CHECK(std::find(kind.reads.begin(), kind.reads.end(), from) != kind.reads.end(),
+                 "pipeline stage ", s.id, " (", kind.name, ") cannot read stage ", src, " (", from,
+                 "): it reads ", join(kind.reads));
+    }
   }
-  return nullptr;
+  OMNI_CHECK(entry, "the pipeline has no stage that reads the request (", stage_kind_names(), ")");
 }
 
 std::string Pipeline::stats_json() {
@@ -116,24 +114,32 @@ std::string Pipeline::stats_json() {
   return all.dump();
 }
 
-std::string Pipeline::talker_info() {
-  // Asked once: a remote talker's info is a call, and its speakers and code groups are fixed.
+std::string Pipeline::info_of(size_t index) {
+  // Asked once per stage: a remote stage's info is a call, and what it says is fixed.
   std::lock_guard<std::mutex> lock(info_mutex_);
-  if (talker_info_.empty()) {
-    const auto* talker = find("talker");
-    talker_info_ = talker ? talker->stage->info_json() : "{}";
-  }
-  return talker_info_;
+  auto it = info_.find(index);
+  if (it == info_.end()) it = info_.emplace(index, stages_[index].stage->info_json()).first;
+  return it->second;
 }
 
-bool Pipeline::has_speech() const { return find("talker") && find("code2wav"); }
+std::string Pipeline::speaker_info() {
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    if (kinds_[i]->has_speakers) return info_of(i);
+  }
+  return "{}";
+}
+
+bool Pipeline::has_speech() const {
+  return std::any_of(kinds_.begin(), kinds_.end(),
+                     [](const StageKind* k) { return k->answers_audio; });
+}
 
 std::vector<std::string> Pipeline::speakers() {
-  return Json::parse(talker_info()).value("speakers", std::vector<std::string>{});
+  return Json::parse(speaker_info()).value("speakers", std::vector<std::string>{});
 }
 
 std::string Pipeline::default_speaker() {
-  return Json::parse(talker_info()).value("default_speaker", std::string());
+  return Json::parse(speaker_info()).value("default_speaker", std::string());
 }
 
 PipelineResult Pipeline::generate(const models::OmniRequest& request,
@@ -143,59 +149,52 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
   OMNI_CHECK(request.text_output || request.audio_output,
              "the request asks for no output: set text and/or audio");
   OMNI_CHECK(!request.audio_output || has_speech(),
-             "audio output was requested but the pipeline has no talker and code2wav stages");
+             "audio output was requested but no stage of the pipeline answers with audio");
   const bool speak = request.audio_output;
 
-  // The stages this request runs, and what each reads.
+  // The stages this request runs (a speech stage only when audio is asked for, and only when
+  // its sources run), and their parameters; the stages that read the request get its media.
   std::vector<const PipelineStage*> active;
-  for (const auto& s : stages_) {
-    if (s.model_stage == "thinker" || speak) active.push_back(&s);
+  std::map<int64_t, size_t> index;  // stage id -> position in stages_
+  std::set<int64_t> runs;
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    const auto& s = stages_[i];
+    const bool sources_run = std::all_of(s.sources.begin(), s.sources.end(),
+                                         [&](int64_t src) { return runs.count(src) > 0; });
+    if ((kinds_[i]->speech && !speak) || !sources_run) continue;
+    active.push_back(&s);
+    index[s.id] = i;
+    runs.insert(s.id);
   }
   const std::string request_id = "req-" + std::to_string(next_request++);
+  std::vector<MediaFile> request_media;
+  if (media) {
+    request_media = *media;
+  } else {
+    for (const auto& f : request.chat.audio_files) {
+      request_media.push_back({"audio", f, read_media("audio", f)});
+    }
+    for (const auto& f : request.chat.image_files) {
+      request_media.push_back({"image", f, read_media("image", f)});
+    }
+  }
   std::map<int64_t, StageCall> calls;
   for (const auto* s : active) {
+    const StageKind& kind = *kinds_[index[s->id]];
     StageCall call;
     call.request_id = request_id;
     call.deadline = deadline;
-    if (s->model_stage == "thinker") {
-      ThinkerParams p;
-      p.text = request.chat.text;
-      p.system_prompt = request.chat.system_prompt;
-      p.history = request.chat.history;
-      p.sampling = request.sampling.thinker;
-      p.handoff = speak;
-      p.stop = request.stop_strings;
-      call.params_json = to_json(p);
-      if (media) {
-        call.media = *media;
-      } else {
-        for (const auto& f : request.chat.audio_files) {
-          call.media.push_back({"audio", f, read_media("audio", f)});
-        }
-        for (const auto& f : request.chat.image_files) {
-          call.media.push_back({"image", f, read_media("image", f)});
-        }
-      }
-    } else if (s->model_stage == "talker") {
-      TalkerParams p;
-      p.speaker = request.speaker;
-      p.talker = request.sampling.talker;
-      p.code_predictor = request.sampling.code_predictor;
-      p.max_frames = request.max_audio_frames;
-      call.params_json = to_json(p);
-    } else {
-      Code2WavParams p;
-      p.stream_audio = request.stream_audio;
-      p.stream = request.stream;
-      call.params_json = to_json(p);
-    }
+    call.params_json = kind.params(request, speak);
+    if (kind.reads.empty()) call.media = request_media;
     calls[s->id] = std::move(call);
   }
 
   std::map<int64_t, std::unique_ptr<PacketQueue>> inputs;
   std::map<int64_t, std::vector<int64_t>> consumers;
+  std::map<int64_t, size_t> open_sources;  // a stage's input ends when all its sources did
   for (const auto* s : active) {
     inputs[s->id] = std::make_unique<PacketQueue>();
+    open_sources[s->id] = s->sources.size();
     for (const auto src : s->sources) consumers[src].push_back(s->id);
   }
 
@@ -207,7 +206,6 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
   bool user_cancelled = false;  // a callback returned false
   PipelineResult result;
   result.omni.audio_finish_reason = "none";
-  std::vector<std::vector<int64_t>> frames;
 
   const auto record_error = [&](std::exception_ptr e, bool is_cancel) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -223,45 +221,26 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
       metrics["done_ms"] = now_ms;
       for (const auto& [k, v] : p.metrics) metrics[k] = v;
     }
-    bool go_on = true;
-    if (s.model_stage == "thinker") {
-      for (const auto t : p.tokens) {
-        result.omni.tokens.push_back(t);
-        if (request.text_output && callbacks.on_token && !callbacks.on_token(t)) go_on = false;
-      }
-      result.text += p.text;
-      if (request.text_output && !p.text.empty() && callbacks.on_text &&
-          !callbacks.on_text(p.text)) {
-        go_on = false;
-      }
-      if (p.finished) result.omni.finish_reason = p.finish_reason;
-    } else if (s.model_stage == "talker") {
-      for (const auto& f : p.frames) {
-        frames.push_back(f);
-        if (callbacks.on_frame && !callbacks.on_frame(f)) go_on = false;
-      }
-      if (p.finished) result.omni.audio_finish_reason = p.finish_reason;
-    } else {
-      if (p.audio.defined() && p.audio.numel() > 0) {
-        if (result.omni.streamed_samples == 0) {
-          result.omni.timings.time_to_first_audio_ms = now_ms;
-        }
-        result.omni.streamed_samples += p.audio.numel();
-        if (callbacks.on_audio && !callbacks.on_audio(p.audio)) go_on = false;
-      }
-      if (p.finished) {
-        const auto waveform = p.tensor("waveform");
-        if (waveform.defined()) result.omni.waveform = waveform;
-      }
-    }
-    return go_on;
+    const size_t i = index[s.id];
+    StageAnswer answer(request, callbacks, result, s.stage->name(), primary_[i]);
+    answer.now_ms = now_ms;
+    return kinds_[i]->collect(p, answer);
   };
 
   std::vector<std::thread> threads;
   for (const auto* s : active) {
     threads.emplace_back([&, s] {
+      // A failure ends every consumer's input at once; a finished source ends it when the
+      // consumer's last source finishes.
       const auto close_consumers = [&](const std::exception_ptr& e) {
-        for (const auto c : consumers[s->id]) inputs[c]->close(e);
+        for (const auto c : consumers[s->id]) {
+          bool last = true;
+          {
+            std::lock_guard<std::mutex> lock(mutex);
+            if (!e) last = --open_sources[c] == 0;
+          }
+          if (e || last) inputs[c]->close(e);
+        }
       };
       try {
         // A grant on the device, if the stages share one: on a device that cannot hold them
@@ -298,6 +277,7 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
                 throw StageError(StageError::Code::kCancelled, "", "the request was cancelled");
               }
               const auto& cs = consumers[s->id];
+              packet.source = s->id;
               // Copies for all consumers but the last, which takes the packet.
               for (size_t i = 0; i + 1 < cs.size(); ++i) inputs[cs[i]]->push(packet);
               if (!cs.empty()) inputs[cs.back()]->push(std::move(packet));
@@ -329,7 +309,7 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
   // The deadline: stages blocked on their input would not notice it, so the orchestrator
   // cancels them all and names the stages still at work.
   // The caller's cancellation (a client that went away) is polled here too: stages that wait
-  // for their input, or a talker between text rows, would not see it from a callback soon.
+  // for their input, or one between its input's packets, would not see it from a callback soon.
   {
     std::unique_lock<std::mutex> lock(mutex);
     const auto finished = [&] { return running == 0; };
@@ -370,30 +350,12 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
     if (r.finish_reason.empty()) r.finish_reason = "cancelled";
     if (speak) r.audio_finish_reason = "cancelled";
   }
-  if (speak) {
-    const auto groups = Json::parse(talker_info()).value("num_code_groups", 16);
-    r.codes = models::qwen3_omni::frames_to_codes(frames, groups);
-    result.speaker = request.speaker.empty() ? default_speaker() : lower(request.speaker);
-  }
-  auto metric = [&](const std::string& model_stage, const std::string& key) {
-    const auto* s = find(model_stage);
-    if (!s) return 0.0;
-    const auto& m = result.stage_metrics[s->stage->name()];
-    const auto it = m.find(key);
-    return it == m.end() ? 0.0 : it->second;
-  };
-  r.timings.thinker_prefill_ms = metric("thinker", "prefill_ms");
-  r.timings.thinker_decode_tokens_per_s = metric("thinker", "decode_tokens_per_s");
-  if (speak) {
-    r.timings.talker_ms = metric("talker", "talker_ms");
-    r.timings.talker_frames_per_s = metric("talker", "frames_per_s");
-    r.timings.code_predictor_ms = metric("talker", "code_predictor_ms");
-    r.timings.code2wav_ms = metric("code2wav", "code2wav_ms");
-    if (r.waveform.defined() && r.waveform.numel() > 0) {
-      const double audio_s = static_cast<double>(r.waveform.numel()) / r.sample_rate;
-      r.timings.code2wav_real_time_factor = r.timings.code2wav_ms / 1000.0 / audio_s;
-      if (!request.stream_audio) r.timings.time_to_first_audio_ms = metric("code2wav", "done_ms");
-    }
+  for (const auto* s : active) {
+    const size_t i = index[s->id];
+    StageAnswer answer(request, callbacks, result, s->stage->name(), primary_[i]);
+    answer.metrics = &result.stage_metrics[s->stage->name()];
+    answer.info = [this, i] { return info_of(i); };
+    if (kinds_[i]->finish) kinds_[i]->finish(answer);
   }
   r.timings.total_ms = ms_between(start, Clock::now());
   return result;

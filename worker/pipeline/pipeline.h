@@ -17,16 +17,17 @@
 #include <string>
 #include <vector>
 
-#include "model_runner/runner/omni_runner.h"
+#include "model_runner/runner/omni_request.h"
 #include "worker/pipeline/device_ledger.h"
 #include "worker/pipeline/stage.h"
+#include "worker/pipeline/stage_kind.h"
 
 namespace omni::pipeline {
 
 struct PipelineStage {
   int64_t id = 0;
-  std::string model_stage;       // thinker | talker | code2wav
-  std::vector<int64_t> sources;  // engine_input_source (one source per stage today)
+  std::string model_stage;       // a registered stage kind (stage_kind.h)
+  std::vector<int64_t> sources;  // engine_input_source: the stages it reads, any number
   std::shared_ptr<Stage> stage;
 };
 
@@ -51,14 +52,22 @@ struct PipelineResult {
   std::map<std::string, std::map<std::string, double>> stage_metrics;
   // Bytes the orchestrator forwarded from a stage to its consumers (tensors, ids, frames).
   uint64_t bytes_between_stages = 0;
+  // The codec frames of the talker that answers, as they came.
+  std::vector<std::vector<int64_t>> frames;
+  // A stage of a kind another stage already answers with (a second branch of the graph): its
+  // final output by stage name (a code2wav's waveform).
+  std::map<std::string, at::Tensor> branch_outputs;
 };
 
 class Pipeline {
  public:
-  // Checks the graph: known model stages, every source exists, one thinker entry stage.
+  // Checks the graph: registered kinds, every source exists and is of a kind the stage reads, no
+  // cycle, at least one stage that reads the request. Names no kind itself.
   explicit Pipeline(const std::vector<PipelineStage>& stages);
 
-  // Runs `request` (text: the thinker alone; audio: the talker and code2wav too). Throws
+  // Runs `request` through the stages it needs (a speech kind only when audio is asked for).
+  // Every stage reads the packets of all its sources as they come (StagePacket::source says
+  // whose); the first stage of each kind answers, the others' outputs go to branch_outputs. Throws
   // StageError naming the stage that failed (or kDeadlineExceeded / kCancelled), omni::Error
   // for a request the pipeline cannot run (audio from a pipeline without a talker).
   // `media`: the inputs as bytes (a server receives them so) instead of the request's
@@ -69,8 +78,9 @@ class Pipeline {
       std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
       const std::vector<MediaFile>* media = nullptr);
 
+  // A stage of the pipeline answers with audio.
   bool has_speech() const;
-  // The talker stage's speakers and default (from its info), empty without a talker.
+  // The speakers and default of the stage that has them (its info), empty without one.
   std::vector<std::string> speakers();
   std::string default_speaker();
   const std::vector<PipelineStage>& stages() const { return stages_; }
@@ -84,11 +94,13 @@ class Pipeline {
   std::string stats_json();
 
  private:
-  const PipelineStage* find(const std::string& model_stage) const;
-  std::string talker_info();           // the talker stage's info_json, asked once
-  std::vector<PipelineStage> stages_;  // topological order
+  std::string info_of(size_t index);     // stages_[index]'s info_json, asked once
+  std::string speaker_info();            // of the first stage whose kind has speakers
+  std::vector<PipelineStage> stages_;    // topological order
+  std::vector<const StageKind*> kinds_;  // stages_[i]'s kind
+  std::vector<bool> primary_;            // stages_[i] is the first of its kind
   std::mutex info_mutex_;
-  std::string talker_info_;
+  std::map<size_t, std::string> info_;
   std::shared_ptr<DeviceLedger> ledger_;
 };
 

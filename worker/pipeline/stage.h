@@ -39,6 +39,7 @@ struct StagePacket {
   bool finished = false;                  // the stage's last packet for the request
   std::string finish_reason;              // with finished
   std::map<std::string, double> metrics;  // with finished: the stage's timings
+  int64_t source = -1;  // the stage that wrote it (set by the orchestrator as it forwards it)
 
   // The tensor called `name`, or an undefined tensor.
   at::Tensor tensor(const std::string& name) const;

@@ -69,10 +69,6 @@ class SupervisedStage : public Stage {
 
 }  // namespace
 
-std::string stage_name(const config::StageConfig& stage) {
-  return "stage " + std::to_string(stage.stage_id) + " (" + stage.engine.model_stage + ")";
-}
-
 std::string resolved_stage_overrides(const config::StageConfig& s) {
   const auto& e = s.engine;
   Json engine = {{"model", e.model},
@@ -95,46 +91,6 @@ std::string resolved_stage_overrides(const config::StageConfig& s) {
   if (!e.dtype.empty()) engine["dtype"] = e.dtype;
   engine["runtime"] = Json{{"devices", s.runtime.devices}};
   return Json{{std::to_string(s.stage_id), engine}}.dump();
-}
-
-namespace {
-
-// "" (auto) is handled by the caller: the runner then reads the checkpoint's dtype.
-at::ScalarType dtype_of(const std::string& name) {
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float16") return at::kHalf;
-  return at::kFloat;  // float32 (the config normalises the names)
-}
-
-}  // namespace
-
-LocalStageOptions local_stage_options(const config::StageConfig& s, const std::string& device) {
-  LocalStageOptions o;
-  o.name = stage_name(s);
-  o.model_stage = s.engine.model_stage;
-  o.model_dir = s.engine.model;
-  o.dtype = s.engine.dtype.empty() ? at::ScalarType::Undefined : dtype_of(s.engine.dtype);
-  auto& off = o.offload;
-  off.cpu_offload_enabled = s.engine.cpu_offload_enabled;
-  off.components = s.engine.cpu_offload_components;
-  off.strategy = s.engine.cpu_offload_strategy;
-  off.pin_memory = s.engine.cpu_offload_pin_memory;
-  off.device_budget_bytes = s.engine.gpu_memory_budget;
-  off.layerwise = s.engine.enable_layerwise_offload;
-  off.num_gpu_layers = static_cast<int>(s.engine.layerwise_num_gpu_layers);
-  off.cpu_offload_experts = s.engine.cpu_offload_experts;
-  models::parse_expert_cache_budget(s.engine.expert_cache_budget, "expert_cache_budget",
-                                    &off.expert_cache_budget_bytes,
-                                    &off.expert_cache_budget_fraction);
-  off.expert_prefetch = s.engine.expert_prefetch;
-  off.expert_miss_policy = s.engine.expert_miss_policy;
-  off.expert_eviction = s.engine.expert_eviction;
-  off.host_memory_budget_bytes = s.engine.host_memory_budget;
-  off.disk_read = s.engine.disk_read;
-  o.offload_stage = s.engine.offload_stage || s.engine.enable_cpu_offload;
-  const std::string kind = !device.empty() ? device : s.runtime.devices == "cpu" ? "cpu" : "cuda";
-  o.device = offload::parse_device_kind(kind);
-  return o;
 }
 
 StageLauncher::StageLauncher(LauncherOptions options) : options_(std::move(options)) {
@@ -216,39 +172,6 @@ StageLauncher::StageLauncher(LauncherOptions options) : options_(std::move(optio
   }
   pipeline_ = std::make_unique<Pipeline>(std::move(stages));
   make_device_ledger();
-}
-
-std::shared_ptr<DeviceLedger> make_device_ledger(
-    const config::PipelineConfig& config, const std::vector<std::shared_ptr<Stage>>& stages) {
-  OMNI_CHECK(stages.size() == config.stages.size(), "make_device_ledger: ", stages.size(),
-             " stages for a config of ", config.stages.size());
-  // One budget per device: the smallest gpu_memory_budget of the stages on it (the global
-  // --gpu-memory-budget sets them all). Local stages share the devices of this host; a remote
-  // worker's device belongs to its host.
-  std::map<std::string, uint64_t> budgets;
-  std::vector<DeviceLedger::Member> members;
-  bool any_budget = false;
-  for (size_t i = 0; i < config.stages.size(); ++i) {
-    const auto& s = config.stages[i];
-    DeviceLedger::Member m;
-    m.stage_id = s.stage_id;
-    m.stage = stages[i].get();
-    m.device = (s.runtime.address.empty() ? "local" : s.runtime.address) + "/" + s.runtime.devices;
-    m.evictable = s.engine.offload_stage || s.engine.enable_cpu_offload;
-    const auto info = Json::parse(m.stage->info_json());
-    // What the stage holds on the device when loaded (with expert offload, less than all its
-    // weights); a worker from before device_weight_bytes reports param_bytes only.
-    m.bytes = info.value("device_weight_bytes", info.value("param_bytes", uint64_t{0}));
-    const uint64_t budget = s.engine.gpu_memory_budget;
-    if (budget > 0) {
-      any_budget = true;
-      auto& b = budgets[m.device];
-      b = b == 0 ? budget : std::min(b, budget);
-    }
-    members.push_back(m);
-  }
-  if (!any_budget) return nullptr;
-  return std::make_shared<DeviceLedger>(std::move(members), std::move(budgets));
 }
 
 void StageLauncher::make_device_ledger() {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "worker/config/stage_config.h"
-#include "worker/pipeline/local_stages.h"
+#include "worker/pipeline/local_pipeline.h"
 #include "worker/pipeline/pipeline.h"
 #include "worker/pipeline/worker_process.h"
 #include "worker/rpc/stage_client.h"
@@ -65,20 +65,5 @@ class StageLauncher {
 // The stage's settings as a --stage-overrides object for `vllm-omni worker` (every engine key
 // that differs from the YAML default), so that a local worker runs exactly the resolved config.
 std::string resolved_stage_overrides(const config::StageConfig& stage);
-
-// "stage 1 (talker)".
-std::string stage_name(const config::StageConfig& stage);
-
-// The device ledger of `config`'s stages (`stages[i]` runs config.stages[i]), or null when no
-// stage has a gpu_memory_budget. Throws omni::Error when a device's budget cannot hold its
-// fixed stages plus the largest one that moves.
-std::shared_ptr<DeviceLedger> make_device_ledger(const config::PipelineConfig& config,
-                                                 const std::vector<std::shared_ptr<Stage>>& stages);
-
-// What `vllm-omni worker` runs for `stage`: its engine settings as the in-process stage's
-// options. `device` ("cpu" | "cuda") overrides runtime.devices ("cpu": the simulated device,
-// an index: CUDA).
-LocalStageOptions local_stage_options(const config::StageConfig& stage,
-                                      const std::string& device = "");
 
 }  // namespace omni::pipeline

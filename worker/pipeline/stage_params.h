@@ -10,7 +10,7 @@
 
 #include "model_runner/generation/sampler.h"
 #include "model_runner/qwen3_omni/code2wav_stream.h"
-#include "model_runner/runner/omni_runner.h"
+#include "model_runner/runner/omni_request.h"
 
 namespace omni::pipeline {
 
@@ -36,7 +36,7 @@ struct Code2WavParams {
   bool stream_audio = true;  // decode chunks as frames arrive (audio packets)
   models::qwen3_omni::Code2WavStreamOptions stream;
   // At the end, the reference's decode of all frames (chunks of 300, 25 of context) as the
-  // tensor "waveform": what OmniRunner returns and the CLI writes.
+  // tensor "waveform": what Hugging Face's generate returns and the CLI writes.
   bool waveform = true;
 };
 

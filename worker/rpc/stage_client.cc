@@ -2,6 +2,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -310,11 +312,21 @@ void RemoteStage::run(const pipeline::StageCall& call, pipeline::PacketQueue& in
   }
 }
 
+// The Stats RPC answers {"server": <the worker's counters>, "stage": <the stage's figures>}. A
+// pipeline reports every stage alike, in process or not: the figures, with the worker's counters
+// under "worker".
 std::string RemoteStage::stats_json() {
-  return impl_
-      ->unary<proto::StatsRequest, proto::StatsResponse>(name_, &proto::StageService::Stub::Stats,
-                                                         proto::StatsRequest())
-      .json();
+  const std::string wire = impl_
+                               ->unary<proto::StatsRequest, proto::StatsResponse>(
+                                   name_, &proto::StageService::Stub::Stats, proto::StatsRequest())
+                               .json();
+  nlohmann::json answer = nlohmann::json::parse(wire, nullptr, /*allow_exceptions=*/false);
+  if (!answer.is_object()) return wire;
+  nlohmann::json stage = answer.contains("stage") && answer["stage"].is_object()
+                             ? answer["stage"]
+                             : nlohmann::json::object();
+  stage["worker"] = answer.value("server", nlohmann::json::object());
+  return stage.dump();
 }
 
 WorkerInfo RemoteStage::worker_info() {

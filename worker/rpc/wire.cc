@@ -181,6 +181,7 @@ void split_packet(const pipeline::StagePacket& packet,
   proto::Packet& last = out.message();
   last.set_finished(packet.finished);
   last.set_finish_reason(packet.finish_reason);
+  if (packet.source >= 0) last.set_source_stage(packet.source);
   for (const auto& [key, value] : packet.metrics) (*last.mutable_metrics())[key] = value;
   out.finish();
 }
@@ -226,6 +227,7 @@ std::optional<pipeline::StagePacket> PacketAssembler::add(const proto::Packet& m
     }
     packet_.finished = message.finished();
     packet_.finish_reason = message.finish_reason();
+    packet_.source = message.has_source_stage() ? message.source_stage() : -1;
     packet_.metrics.insert(message.metrics().begin(), message.metrics().end());
     pipeline::StagePacket done = std::move(packet_);
     reset();

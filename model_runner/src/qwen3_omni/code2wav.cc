@@ -9,6 +9,7 @@
 
 #include "config_checks.h"
 #include "cpu_offload/check.h"
+#include "model_runner/qwen3_omni/config.h"
 #include "model_runner/qwen3_omni/text_model.h"
 #include "model_runner/weights/hf_config.h"
 
@@ -105,6 +106,23 @@ Code2WavConfig parse_code2wav_config(const HfConfig& root) {
           "must be divisible by 2^len(upsample_rates) = 2^" + std::to_string(blocks) + ", got " +
               std::to_string(cfg.decoder_dim));
   return cfg;
+}
+
+void check_speech_configs(const HfConfig& root) {
+  const ThinkerConfig thinker = parse_thinker_config(root);
+  const TalkerConfig talker = parse_talker_config(root, thinker);
+  const Code2WavConfig code2wav = parse_code2wav_config(root);
+  OMNI_CHECK(code2wav.num_quantizers == talker.num_code_groups, root.source(),
+             ": code2wav_config.num_quantizers ", code2wav.num_quantizers,
+             " differs from talker_config.num_code_groups ", talker.num_code_groups);
+  // The talker may sample ids below vocab - 1024 (the rest are special): all must be codes.
+  OMNI_CHECK(talker.text.vocab_size - 1024 <= code2wav.codebook_size, root.source(),
+             ": talker_config.text_config.vocab_size - 1024 = ", talker.text.vocab_size - 1024,
+             " sampleable codes exceed code2wav_config.codebook_size ", code2wav.codebook_size);
+  OMNI_CHECK(code2wav.codebook_size == talker.code_predictor.vocab_size, root.source(),
+             ": code2wav_config.codebook_size ", code2wav.codebook_size,
+             " differs from talker_config.code_predictor_config.vocab_size ",
+             talker.code_predictor.vocab_size);
 }
 
 void validate_codes(const Code2WavConfig& cfg, const at::Tensor& codes, int64_t first_frame) {

@@ -28,6 +28,7 @@ HfConfig load_speech_config(const std::string& model_dir, const char* part) {
   OMNI_CHECK(qwen3_omni::has_speech_output(config), config.source(), " has no ", part,
              " (enable_audio_output is false or the checkpoint is thinker-only): a ", part,
              " stage cannot run it");
+  qwen3_omni::check_speech_configs(config);
   return config;
 }
 
@@ -60,6 +61,19 @@ std::vector<std::string> thinker_stage_component_names(const std::vector<std::st
     if (std::find(kParts.begin(), kParts.end(), head) != kParts.end()) out.push_back(name);
   }
   return out;
+}
+
+void check_component_names(const std::vector<std::string>& names) {
+  for (const auto& name : names) {
+    OMNI_CHECK(!name.empty(), "cpu_offload_components: an entry is empty");
+    const bool known = name == "thinker" || name == "talker" || name == "code2wav" ||
+                       !thinker_stage_component_names({name}).empty() ||
+                       !talker_stage_component_paths({name}).empty();
+    OMNI_CHECK(known, "cpu_offload_components: no part of the model is called '", name,
+               "' (the stages thinker, talker, code2wav; the thinker's visual, audio_tower, "
+               "language_model, lm_head; the talker's code_predictor; thinker.*, talker.*, "
+               "language_model.layers.*, talker.model.layers.*)");
+  }
 }
 
 // ---------------------------------------------------------------------------- talker

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/load_progress.h"
@@ -89,17 +90,18 @@ ThinkerInputs ThinkerRunner::prepare(const ChatRequest& request) const {
 }
 
 GenerationResult ThinkerRunner::generate(const ThinkerInputs& inputs, SamplingParams params,
-                                         const OnTokenFn& on_token) {
+                                         const OnTokenFn& on_token,
+                                         qwen3_omni::ThinkerState* state) {
   if (params.stop_token_ids.empty()) params.stop_token_ids = stop_tokens_;
   params.max_context = thinker_->config().text.max_position_embeddings;
   at::NoGradGuard no_grad;
   auto forward = backend_->forward_scope();  // one request's forwards (recursive: nests)
-  auto state = thinker_->new_state();
-  at::Tensor first = thinker_->prefill(inputs, state)[0];
+  std::optional<qwen3_omni::ThinkerState> own;
+  if (state == nullptr) state = &own.emplace(thinker_->new_state());
   return generate_tokens(
       [&](int64_t step, const std::vector<int64_t>& generated) -> at::Tensor {
-        if (step == 0) return first;
-        return thinker_->decode(generated.back(), state);
+        if (step == 0) return thinker_->prefill(inputs, *state)[0];
+        return thinker_->decode(generated.back(), *state);
       },
       params, on_token, inputs.input_ids);
 }

@@ -142,6 +142,23 @@ def main():
         assert turns.choices[0].message.content, turns
         assert turns.choices[1].message.audio.data, turns
         assert turns.usage.prompt_tokens > r.usage.prompt_tokens + 10, (turns.usage, r.usage)
+        # `generate --messages` answers the same conversation with the same text and tokens.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "conversation.json")
+            with open(path, "w") as f:
+                json.dump(history, f)
+            gen = subprocess.run(
+                [VLLM_OMNI, "generate", "--model", FIXTURE, "--messages", path, "--temperature",
+                 "0", "--max-tokens", "8", "--max-audio-frames", "4", "--json"],
+                capture_output=True, text=True, timeout=120)
+            assert gen.returncode == 0, gen.stderr
+            assert json.loads(gen.stdout)["text"] == turns.choices[0].message.content, gen.stdout
+            with open(path, "w") as f:
+                f.write('{"messages": [{"role": "user", "content": [{"type": "video"}]}]}')
+            bad = subprocess.run([VLLM_OMNI, "generate", "--model", FIXTURE, "--messages", path],
+                                 capture_output=True, text=True, timeout=60)
+            assert bad.returncode == 2 and "--messages" in bad.stderr and "messages[0]" in \
+                bad.stderr, (bad.returncode, bad.stderr)
 
         # -- streamed: text deltas join to the same text; each audio chunk is a WAV of its own
         stream = client.chat.completions.create(
@@ -278,6 +295,17 @@ def main():
             assert sample(body, "omni_offload_bytes_moved_total", stage=stage) > 0, body
             assert sample(body, "omni_host_weight_bytes", stage=stage) > 0, body
         assert sample(body, "omni_device_ledger_evictions_total", device="local/cpu") >= 1, body
+        # --gpu-memory-budget means the same on serve and generate: the one budget the stages
+        # of the device share.
+        assert sample(body, "omni_device_ledger_budget_bytes", device="local/cpu") == 3000000, body
+        gen = subprocess.run(
+            [VLLM_OMNI, "generate", "--model", FIXTURE, "--prompt", PROMPT, "--max-tokens", "4",
+             "--modalities", "text", "--json", "--cpu-offload-components", "thinker,talker",
+             "--gpu-memory-budget", "3000000"],
+            capture_output=True, text=True, timeout=120)
+        assert gen.returncode == 0, gen.stderr
+        ledger = json.loads(gen.stdout)["offload"]["device_ledger"]["local/cpu"]
+        assert ledger["budget"] == 3000000, ledger
         assert sample(body, "omni_process_resident_bytes") > 0, body
         # A second answer moves the weights again (they take turns): the counter grows.
         moved = sample(body, "omni_offload_bytes_moved_total", stage=names["thinker"])

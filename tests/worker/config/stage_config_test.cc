@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "worker/config/stage_config.h"
 #include "worker/config/stage_overrides.h"
+#include "worker/config/stage_yaml.h"
 
 namespace omni::config {
 namespace {

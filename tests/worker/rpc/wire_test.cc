@@ -79,6 +79,7 @@ StagePacket big_packet() {
   p.finished = true;
   p.finish_reason = "stop";
   p.metrics = {{"decode_ms", 12.5}, {"tokens", 300000}};
+  p.source = 0;  // stage 0: an id the wire must tell from "none"
   return p;
 }
 
@@ -96,6 +97,7 @@ void expect_same(const StagePacket& a, const StagePacket& b) {
   EXPECT_EQ(a.finished, b.finished);
   EXPECT_EQ(a.finish_reason, b.finish_reason);
   EXPECT_EQ(a.metrics, b.metrics);
+  EXPECT_EQ(a.source, b.source);
 }
 
 TEST(WireTest, BigPacketRoundTripIsBitwiseExact) {

@@ -54,6 +54,11 @@ struct Code2WavConfig {
 // dotted field (e.g. "code2wav_config.hidden_act") on a missing or inconsistent value.
 Code2WavConfig parse_code2wav_config(const HfConfig& root);
 
+// The fields that tie a speaking checkpoint's talker to its code2wav (code groups against
+// quantizers, sampleable codes against the codebook): every loader of a talker or code2wav runs
+// it, so that each command refuses a mixed checkpoint with the same message naming both fields.
+void check_speech_configs(const HfConfig& root);
+
 // Throws omni::Error unless `codes` is an integer [num_quantizers, T] tensor with every code in
 // [0, codebook_size). `first_frame` is added to the frame index in the message (streaming).
 void validate_codes(const Code2WavConfig& cfg, const at::Tensor& codes, int64_t first_frame = 0);

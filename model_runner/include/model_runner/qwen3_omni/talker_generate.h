@@ -1,6 +1,5 @@
-// The talker's generation loop over a built hand-off, shared by the in-process runner
-// (OmniRunner) and the talker stage of the pipeline (TalkerRunner), so that both produce the
-// same frames from the same rows: group 0 from the talker (suppressed special ids, codec EOS
+// The talker's generation loop over a built hand-off (the only one: TalkerRunner runs it for
+// the talker stage): group 0 from the talker (suppressed special ids, codec EOS
 // stops), groups 1..15 from the code predictor, the last code sampled within the cap never fed
 // back (as the reference).
 #pragma once

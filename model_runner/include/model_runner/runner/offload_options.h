@@ -1,6 +1,6 @@
 // Offload of a Qwen3-Omni runner, with the names of the stage config (vLLM-Omni's keys), and
-// how they become the engine's OffloadConfig and ModelSpec. Shared by ThinkerRunner (the thinker
-// alone is the root) and OmniRunner (thinker, talker and code2wav under one root).
+// how they become the engine's OffloadConfig and ModelSpec. Shared by the runners of each stage
+// (thinker, talker, code2wav).
 #pragma once
 
 #include <cstddef>
@@ -18,7 +18,7 @@ struct RunnerOffloadOptions {
   // cpu_offload_enabled: component offload of `components`.
   bool cpu_offload_enabled = false;
   // cpu_offload_components: module names or globs as the checkpoint names them (each runner
-  // documents its names: thinker_component_paths, omni_component_paths).
+  // documents its names: thinker_stage_component_names, talker_stage_component_paths).
   std::vector<std::string> components = {"visual", "audio_tower"};
   // cpu_offload_strategy: "alternating" (the component about to run comes on, others leave as
   // the budget requires) or "sequential" (each leaves right after its forward).

@@ -128,5 +128,8 @@ class Code2WavRunner {
 std::vector<std::string> talker_stage_component_paths(const std::vector<std::string>& names);
 // The thinker stage's share of the same list (thinker parts only, "thinker." optional).
 std::vector<std::string> thinker_stage_component_names(const std::vector<std::string>& names);
+// Throws omni::Error naming the first of `names` that no stage of Qwen3-Omni claims (a typo in
+// --cpu-offload-components would otherwise offload nothing, silently).
+void check_component_names(const std::vector<std::string>& names);
 
 }  // namespace omni::models

@@ -42,10 +42,14 @@ class ThinkerRunner {
 
   // The chat-template prompt with audio / image placeholders expanded, plus the inputs.
   qwen3_omni::ThinkerInputs prepare(const ChatRequest& request) const;
-  // Generates from `inputs`; `on_token` sees each token as it is sampled. Stop tokens default
-  // to the checkpoint's <|im_end|> / eos when params.stop_token_ids is empty.
+  // The thinker's decode loop (the only one): generates from `inputs`; `on_token` sees each
+  // token as it is sampled, when `state` holds the rows of the forward that gave its logits.
+  // Stop tokens default to the checkpoint's <|im_end|> / eos when params.stop_token_ids is
+  // empty. `state`: the caller's, to read the hidden rows a talker needs
+  // (model().new_state(capture_layer)); null: a fresh one.
   GenerationResult generate(const qwen3_omni::ThinkerInputs& inputs, SamplingParams params,
-                            const OnTokenFn& on_token = nullptr);
+                            const OnTokenFn& on_token = nullptr,
+                            qwen3_omni::ThinkerState* state = nullptr);
   // Logits [L, vocab] for every prompt position (float32): for parity checks.
   at::Tensor prompt_logits(const qwen3_omni::ThinkerInputs& inputs);
 

@@ -1,6 +1,6 @@
-// A build without the server parts (no gRPC / yaml-cpp): stage pipelines cannot run.
+// A build without the server parts (no gRPC / yaml-cpp): no stage workers.
 #include "cpu_offload/check.h"
-#include "worker/cli/generate_pipeline.h"
+#include "worker/cli/generate_backend.h"
 
 namespace omni::cli {
 

@@ -1,42 +1,19 @@
-// Runs a whole Qwen3-Omni checkpoint in one process: the thinker answers in text, the talker
-// turns its hidden states into codec frames (group 0 from the talker, groups 1..15 from the code
-// predictor), code2wav turns frames into a 24 kHz waveform in chunks as they arrive. One offload
-// backend covers the three parts, so `thinker` and `talker` can take turns on the device.
+// A request to a Qwen3-Omni checkpoint (prompt, modalities, speaker, sampling of each part,
+// streaming) and its result (tokens, codes, waveform, timings): what every command hands the
+// stage pipeline, and what the pipeline gives back.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <functional>
-#include <map>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "cpu_offload/expert_cache.h"
-#include "cpu_offload/offload_backend.h"
-#include "cpu_offload/transfer_engine.h"
 #include "model_runner/generation/sampler.h"
 #include "model_runner/qwen3_omni/code2wav_stream.h"
-#include "model_runner/runner/offload_options.h"
-#include "model_runner/runner/thinker_runner.h"
+#include "model_runner/runner/chat_inputs.h"
 
 namespace omni::models {
-
-namespace qwen3_omni {
-class Qwen3Omni;
-}
-
-// Offload of the whole model; component names: see omni_component_paths.
-using OmniOffloadOptions = RunnerOffloadOptions;
-
-struct OmniRunnerOptions {
-  std::string model_dir;
-  // Compute dtype; weights of another dtype are converted at load. Undefined ("auto"): the
-  // checkpoint's own (resolve_dtype).
-  at::ScalarType dtype = at::ScalarType::Undefined;
-  OmniOffloadOptions offload;
-};
 
 // Sampling of each stage; the defaults are the reference's (Qwen3-Omni generation defaults).
 struct OmniSampling {
@@ -66,8 +43,7 @@ struct OmniRequest {
   int64_t max_audio_frames = 4096;  // talker frames cap (80 ms each)
   OmniSampling sampling;
   // The thinker stops when its text contains one of these (OpenAI's `stop`); the text ends
-  // before it and the talker speaks what came before. The stage pipeline (Pipeline) applies
-  // them; OmniRunner refuses a request that has any.
+  // before it and the talker speaks what came before.
   std::vector<std::string> stop_strings;
   // Decode audio chunks while the talker runs (for on_audio and time to first audio), with the
   // `stream` schedule. The result's waveform is decoded as the reference decodes it either way.
@@ -75,15 +51,6 @@ struct OmniRequest {
   // Frames per chunk: a small first chunk so that audio starts early (4, then 25, with 25 frames
   // of left context by default).
   qwen3_omni::Code2WavStreamOptions stream;
-};
-
-// Called as results appear; return false to cancel the request.
-struct OmniCallbacks {
-  std::function<bool(int64_t token)> on_token;
-  // One codec frame: num_code_groups codes (group 0 first).
-  std::function<bool(const std::vector<int64_t>& frame)> on_frame;
-  // Waveform samples (float32, CPU, 24 kHz mono) of one decoded chunk.
-  std::function<bool(const at::Tensor& samples)> on_audio;
 };
 
 struct OmniTimings {
@@ -114,47 +81,5 @@ struct OmniResult {
   std::string audio_finish_reason;  // stop (codec EOS) | length | cancelled | none
   OmniTimings timings;
 };
-
-class OmniRunner {
- public:
-  // Loads config.json, the weights (thinker.*, talker.*, code2wav.*), the tokenizer and the
-  // processor settings; applies offload. A checkpoint without a talker (enable_audio_output
-  // false, or a thinker-only architecture) loads for text only. Throws omni::Error naming the
-  // file / field / tensor on any problem.
-  static std::unique_ptr<OmniRunner> load(const OmniRunnerOptions& options,
-                                          std::shared_ptr<offload::TransferEngine> engine);
-  ~OmniRunner();
-
-  // Runs the request through the stages it asks for; concurrent calls run one after the other.
-  // Throws omni::Error on a bad request
-  // (unknown speaker, audio asked of a text-only checkpoint, unreadable input file, ...).
-  OmniResult generate(const OmniRequest& request, const OmniCallbacks& callbacks = {});
-
-  bool has_talker() const;
-  // The speaker names of config.json (lower case, sorted) and the default one.
-  std::vector<std::string> speakers() const;
-  std::string default_speaker() const;
-  const Tokenizer& tokenizer() const;
-  offload::OffloadBackend& offload();
-  // The thinker's device expert cache with cpu_offload_experts; null without.
-  offload::ExpertCache* expert_cache();
-  qwen3_omni::Qwen3Omni& model();
-  int64_t sample_rate() const { return 24000; }
-
- private:
-  OmniRunner();
-  struct State;
-  std::unique_ptr<State> s_;
-};
-
-// Maps the names users write onto module paths of the whole model (a '*' matches within one path
-// segment); the thinker's short names work too:
-//   thinker, talker, code2wav            the three parts
-//   thinker.*                            every part of the thinker (audio_tower, visual, model,
-//                                        lm_head)
-//   visual, audio_tower, language_model, lm_head   the thinker's parts (thinker. optional)
-//   code_predictor                       talker.code_predictor
-//   talker.*, talker.model.layers.*      the talker's parts, each talker decoder layer
-std::vector<std::string> omni_component_paths(const std::vector<std::string>& names);
 
 }  // namespace omni::models

@@ -1,0 +1,113 @@
+#include "worker/cli/generate_backend.h"
+
+#include <chrono>
+#include <sstream>
+
+#include "worker/cli/sampling_defaults.h"
+#include "worker/pipeline/local_pipeline.h"
+
+namespace omni::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class PipelineBackend : public GenerateBackend {
+ public:
+  PipelineBackend(const GenerateOptions& o, config::PipelineConfig config,
+                  std::shared_ptr<void> owner, pipeline::Pipeline& pipeline)
+      : options_(o), config_(std::move(config)), owner_(std::move(owner)), pipeline_(pipeline) {}
+
+  bool has_talker() override { return pipeline_.has_speech(); }
+  std::string default_speaker() override { return pipeline_.default_speaker(); }
+  Answer generate(const models::OmniRequest& request,
+                  const std::function<void(const std::string&)>& on_text,
+                  const std::vector<pipeline::MediaFile>* media) override {
+    pipeline::PipelineCallbacks callbacks;
+    callbacks.on_text = [&](const std::string& text) {
+      on_text(text);
+      return true;
+    };
+    auto deadline = Clock::time_point::max();
+    if (options_.request_timeout_s > 0) {
+      deadline = Clock::now() +
+                 std::chrono::milliseconds(static_cast<int64_t>(options_.request_timeout_s * 1000));
+    }
+    models::OmniRequest with_defaults = request;
+    apply_sampling_defaults(with_defaults, config_, sampling_given_by_flags(options_.given));
+    pipeline::PipelineResult result;
+    try {
+      result = pipeline_.generate(with_defaults, callbacks, deadline, media);
+    } catch (const pipeline::StageError& e) {
+      if (e.code() != pipeline::StageError::Code::kDeadlineExceeded) throw;
+      std::ostringstream why;
+      why << "the request ran past --request-timeout (" << options_.request_timeout_s
+          << " s) while " << (e.stage().empty() ? "the pipeline" : e.stage()) << " was at work";
+      throw std::runtime_error(why.str());
+    }
+    Answer answer;
+    answer.result = std::move(result.omni);
+    answer.text = std::move(result.text);
+    return answer;
+  }
+  std::string offload_json() override { return pipeline_.stats_json(); }
+
+ private:
+  GenerateOptions options_;
+  config::PipelineConfig config_;
+  std::shared_ptr<void> owner_;
+  pipeline::Pipeline& pipeline_;
+};
+
+}  // namespace
+
+config::GlobalStageFlags stage_flags(const GenerateOptions& o) {
+  config::GlobalStageFlags f;
+  const auto given = [&](const char* name) { return o.given.count(name) > 0; };
+  if (given("--cpu-offload-enabled")) f.cpu_offload_enabled = o.cpu_offload_enabled;
+  if (given("--cpu-offload-components")) f.cpu_offload_components = o.cpu_offload_components;
+  if (given("--cpu-offload-strategy")) f.cpu_offload_strategy = o.cpu_offload_strategy;
+  if (given("--no-pin-memory")) f.cpu_offload_pin_memory = false;
+  if (given("--cpu-offload-pin-memory")) f.cpu_offload_pin_memory = true;
+  if (given("--enable-cpu-offload")) f.enable_cpu_offload = o.enable_cpu_offload;
+  if (given("--enable-layerwise-offload")) f.enable_layerwise_offload = o.enable_layerwise_offload;
+  if (given("--layerwise-num-gpu-layers")) {
+    f.layerwise_num_gpu_layers = o.layerwise_num_gpu_layers;
+  }
+  if (given("--cpu-offload-budget")) f.gpu_memory_budget = o.cpu_offload_budget;
+  if (given("--dtype")) f.dtype = o.dtype;
+  if (given("--cpu-offload-experts")) f.cpu_offload_experts = o.cpu_offload_experts;
+  if (given("--expert-cache-budget")) f.expert_cache_budget = o.expert_cache_budget;
+  if (given("--no-expert-prefetch")) f.expert_prefetch = false;
+  if (given("--expert-miss-policy")) f.expert_miss_policy = o.expert_miss_policy;
+  if (given("--expert-eviction")) f.expert_eviction = o.expert_eviction;
+  if (given("--host-memory-budget")) f.host_memory_budget = o.host_memory_budget;
+  if (given("--disk-read")) f.disk_read = o.disk_read;
+  return f;
+}
+
+std::unique_ptr<GenerateBackend> make_backend(const GenerateOptions& o,
+                                              config::PipelineConfig config,
+                                              std::shared_ptr<void> owner,
+                                              pipeline::Pipeline& pipeline) {
+  return std::make_unique<PipelineBackend>(o, std::move(config), std::move(owner), pipeline);
+}
+
+config::PipelineConfig model_stage_config(const GenerateOptions& o, const std::string& device) {
+  config::PipelineConfig config = pipeline::checkpoint_stage_config(o.model, device, o.dtype);
+  try {
+    config::apply_stage_flags(config, stage_flags(o), o.stage_overrides);
+  } catch (const config::ConfigError& e) {
+    throw BadInput(e.what());
+  }
+  return config;
+}
+
+std::unique_ptr<GenerateBackend> make_model_backend(const GenerateOptions& o,
+                                                    const std::string& device) {
+  config::PipelineConfig config = model_stage_config(o, device);
+  std::shared_ptr<pipeline::Pipeline> local = pipeline::make_local_pipeline(config, device);
+  pipeline::Pipeline& p = *local;
+  return make_backend(o, std::move(config), std::move(local), p);
+}
+
+}  // namespace omni::cli

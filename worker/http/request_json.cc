@@ -1,0 +1,211 @@
+#include "worker/http/request_json.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace omni::http::detail {
+
+using nlohmann::json;
+
+// --- errors -------------------------------------------------------------------------------
+
+[[noreturn]] void fail(const std::string& param, std::string message, std::string code) {
+  throw ApiException(bad_request(std::move(message), param, std::move(code)));
+}
+
+// A value from the request, quoted for a message: long values are cut (a message must not echo
+// megabytes back).
+std::string quote_value(std::string_view value) {
+  constexpr size_t kMax = 64;
+  if (value.size() <= kMax) return "'" + std::string(value) + "'";
+  return "'" + std::string(value.substr(0, kMax)) + "...'";
+}
+
+const char* type_of(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+      return "an integer";
+    case json::value_t::number_float:
+      return "a number";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    default:
+      return "an unknown value";
+  }
+}
+
+[[noreturn]] void wrong_type(const std::string& param, const std::string& expected,
+                             const json& got) {
+  const std::string what = param.empty() ? "the request body" : "'" + param + "'";
+  fail(param, "invalid type for " + what + ": expected " + expected + ", got " + type_of(got),
+       "invalid_type");
+}
+
+[[noreturn]] void invalid_value(const std::string& param, const std::string& why) {
+  fail(param, "invalid value for '" + param + "': " + why, "invalid_value");
+}
+
+[[noreturn]] void unsupported(const std::string& param, const std::string& why) {
+  fail(param, why, "unsupported");
+}
+
+// --- JSON access --------------------------------------------------------------------------
+
+std::string join_path(const std::string& parent, const std::string& key) {
+  return parent.empty() ? key : parent + "." + key;
+}
+std::string index_path(const std::string& parent, size_t i) {
+  return parent + "[" + std::to_string(i) + "]";
+}
+
+// The field, or nullptr when it is absent or null (clients send null for "not set").
+const json* field(const json& object, const char* key) {
+  const auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+// Rejects keys outside `known` with code unknown_field.
+void check_keys(const json& object, const std::string& path,
+                std::initializer_list<const char*> known) {
+  for (const auto& item : object.items()) {
+    const bool ok =
+        std::any_of(known.begin(), known.end(), [&](const char* k) { return item.key() == k; });
+    if (!ok) {
+      fail(join_path(path, item.key()),
+           "unknown field " + quote_value(item.key()) + (path.empty() ? "" : " in '" + path + "'"),
+           "unknown_field");
+    }
+  }
+}
+
+const std::string& get_string(const json& v, const std::string& param) {
+  if (!v.is_string()) wrong_type(param, "a string", v);
+  return v.get_ref<const std::string&>();
+}
+
+bool get_bool(const json& v, const std::string& param) {
+  if (!v.is_boolean()) wrong_type(param, "a boolean", v);
+  return v.get<bool>();
+}
+
+double get_number(const json& v, const std::string& param) {
+  if (!v.is_number()) wrong_type(param, "a number", v);
+  const double x = v.get<double>();
+  if (!std::isfinite(x)) invalid_value(param, "must be a finite number");
+  return x;
+}
+
+// An integer, also written as a float without fraction (1.0, 1e3), as Python clients may.
+int64_t get_int(const json& v, const std::string& param) {
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      invalid_value(param, "out of range");
+    }
+    return static_cast<int64_t>(u);
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || d != std::floor(d)) wrong_type(param, "an integer", v);
+    // [-2^63, 2^63): both bounds are exact doubles.
+    if (d < -9223372036854775808.0 || d >= 9223372036854775808.0) {
+      invalid_value(param, "out of range");
+    }
+    return static_cast<int64_t>(d);
+  }
+  wrong_type(param, "an integer", v);
+}
+
+uint64_t get_seed(const json& v, const std::string& param) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  if (v.is_number_integer()) invalid_value(param, "must be >= 0");
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || d != std::floor(d)) wrong_type(param, "an integer", v);
+    if (d < 0) invalid_value(param, "must be >= 0");
+    if (d >= 18446744073709551616.0) invalid_value(param, "out of range");  // 2^64
+    return static_cast<uint64_t>(d);
+  }
+  wrong_type(param, "an integer", v);
+}
+
+// --- the body -----------------------------------------------------------------------------
+
+namespace {
+
+// nlohmann's parser and destructor keep heap stacks, but copying or dumping a value recurses,
+// and building a DOM 100000 levels deep is wasted work anyway: bodies nested deeper than any
+// request can be are refused first, by a byte scan that tracks strings exactly as JSON does (so
+// it agrees with the parser on every prefix the parser accepts).
+void check_depth(std::string_view body, size_t max_depth) {
+  size_t depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) {
+        fail("",
+             "the request body nests JSON more than " + std::to_string(max_depth) +
+                 " levels deep (at byte " + std::to_string(i) + ")",
+             "invalid_json");
+      }
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+}
+
+// nlohmann's messages start with "[json.exception.parse_error.101] ": the part after it is for
+// people.
+std::string without_exception_id(const char* what) {
+  const char* p = std::strchr(what, ']');
+  std::string s = p != nullptr && what[0] == '[' ? std::string(p + 1) : std::string(what);
+  if (!s.empty() && s[0] == ' ') s.erase(0, 1);
+  constexpr size_t kMax = 300;  // "last read: '...'" quotes the token, which may be huge
+  if (s.size() > kMax) s = s.substr(0, kMax) + "...";
+  return s;
+}
+
+}  // namespace
+
+json parse_body(std::string_view body, size_t max_depth) {
+  check_depth(body, max_depth);
+  try {
+    return json::parse(body.data(), body.data() + body.size());
+  } catch (const json::parse_error& e) {
+    fail("",
+         "the request body is not valid JSON (byte " + std::to_string(e.byte) +
+             "): " + without_exception_id(e.what()),
+         "invalid_json");
+  } catch (const json::out_of_range& e) {
+    // 406: a number beyond the range of a double (1e400).
+    fail("", "the request body holds a number out of range: " + without_exception_id(e.what()),
+         "invalid_value");
+  } catch (const json::exception& e) {
+    fail("", "the request body is not valid JSON: " + without_exception_id(e.what()),
+         "invalid_json");
+  }
+}
+
+}  // namespace omni::http::detail

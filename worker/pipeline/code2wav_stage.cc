@@ -1,0 +1,114 @@
+// The code2wav stage: codec frames in, audio chunks out as they are decoded, and the whole
+// waveform at the end.
+#include <ATen/ATen.h>
+
+#include <optional>
+
+#include "cpu_offload/logging.h"
+#include "model_runner/qwen3_omni/code2wav_stream.h"
+#include "model_runner/runner/speech_runners.h"
+#include "worker/pipeline/local_stage_base.h"
+#include "worker/pipeline/stage_params.h"
+
+namespace omni::pipeline::local {
+namespace {
+
+class Code2WavStage : public LocalStageBase {
+ public:
+  explicit Code2WavStage(const LocalStageOptions& o) : LocalStageBase(o) {
+    models::SpeechRunnerOptions ro{o.model_dir, o.dtype, o.offload};
+    if (o.offload_stage) {
+      ro.offload = whole_stage_offload(o.offload.pin_memory);
+      ro.offload.components = {"code2wav"};
+    }
+    runner_ = models::Code2WavRunner::load(ro, engine_);
+  }
+
+  std::string info_json() override {
+    return info_with_bytes(
+        Json{{"model_stage", "code2wav"}, {"sample_rate", runner_->sample_rate()}});
+  }
+
+  void run(const StageCall& call, PacketQueue& input, const PacketSink& sink,
+           const CancelToken& cancel) override {
+    const auto params = code2wav_params(call.params_json);
+    translate_errors([&] { params.stream.validate(); });
+    std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
+    std::optional<offload::OffloadBackend::ForwardScope> forward;  // with the lock
+    std::unique_ptr<models::qwen3_omni::Code2WavStreamer> streamer;
+    std::vector<std::vector<int64_t>> frames;
+    std::string upstream_reason = "none";
+    double code2wav_ms = 0;
+    const int64_t groups = runner_->num_quantizers();
+    const auto emit = [&](const at::Tensor& samples) {
+      if (samples.numel() == 0) return;
+      StagePacket packet;
+      packet.audio = samples.to(at::kCPU, at::kFloat).contiguous();
+      sink(std::move(packet));
+    };
+    while (auto packet = input.pop(&cancel)) {
+      if (packet->finished) upstream_reason = packet->finish_reason;
+      if (packet->frames.empty()) continue;
+      check_going(call, cancel);
+      if (!lock.owns_lock()) {  // the first frame: this request takes the model
+        lock.lock();
+        forward.emplace(backend().forward_scope());
+      }
+      frames.insert(frames.end(), packet->frames.begin(), packet->frames.end());
+      if (!params.stream_audio) continue;
+      translate_errors([&] {
+        at::NoGradGuard no_grad;
+        if (!streamer) {
+          streamer = std::make_unique<models::qwen3_omni::Code2WavStreamer>(runner_->model(),
+                                                                            params.stream);
+        }
+        const auto start = Clock::now();
+        const auto samples =
+            streamer->push(models::qwen3_omni::frames_to_codes(packet->frames, groups));
+        code2wav_ms += ms_since(start);
+        emit(samples);
+      });
+    }
+    StagePacket last;
+    last.finished = true;
+    last.finish_reason = upstream_reason;
+    if (!frames.empty() && upstream_reason != "cancelled") {
+      if (!lock.owns_lock()) {
+        lock.lock();
+        forward.emplace(backend().forward_scope());
+      }
+      translate_errors([&] {
+        at::NoGradGuard no_grad;
+        if (streamer) {
+          const auto start = Clock::now();
+          emit(streamer->finish());
+          code2wav_ms += ms_since(start);
+        }
+        if (params.waveform) {
+          const auto codes = models::qwen3_omni::frames_to_codes(frames, groups);
+          const auto start = Clock::now();
+          last.tensors.emplace_back(
+              "waveform", cpu(models::qwen3_omni::chunked_decode(runner_->model(), codes, 300, 25)
+                                  .to(at::kFloat)));
+          if (!streamer) code2wav_ms += ms_since(start);
+        }
+      });
+    }
+    last.metrics = {{"code2wav_ms", code2wav_ms}, {"frames", static_cast<double>(frames.size())}};
+    sink(std::move(last));
+  }
+
+ protected:
+  offload::OffloadBackend& backend() override { return runner_->offload(); }
+
+ private:
+  std::unique_ptr<models::Code2WavRunner> runner_;
+};
+
+}  // namespace
+
+std::unique_ptr<Stage> make_code2wav_stage(const LocalStageOptions& options) {
+  return std::make_unique<Code2WavStage>(options);
+}
+
+}  // namespace omni::pipeline::local

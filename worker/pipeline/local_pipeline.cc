@@ -1,0 +1,161 @@
+#include "worker/pipeline/local_pipeline.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "cpu_offload/check.h"
+#include "cpu_offload/option_names.h"
+#include "model_runner/qwen3_omni/config.h"
+#include "model_runner/runner/expert_offload.h"
+#include "model_runner/weights/hf_config.h"
+
+namespace omni::pipeline {
+namespace {
+
+using Json = nlohmann::json;
+
+// "" (auto) is handled by the caller: the runner then reads the checkpoint's dtype.
+at::ScalarType dtype_of(const std::string& name) {
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  return at::kFloat;  // float32 (the config normalises the names)
+}
+
+config::StageConfig checkpoint_stage(int64_t id, const char* model_stage,
+                                     std::vector<int64_t> sources, const char* final_type,
+                                     const std::string& model, const std::string& devices,
+                                     const std::string& dtype, const std::string& where) {
+  config::StageConfig s;
+  s.stage_id = id;
+  s.runtime.devices = devices;
+  s.engine.model_stage = model_stage;
+  s.engine.model = model;
+  s.engine.dtype = dtype == "auto" ? "" : dtype;
+  s.engine_input_source = std::move(sources);
+  s.final_output = final_type != nullptr;
+  if (final_type) s.final_output_type = final_type;
+  s.location = {where, 0, 0};
+  return s;
+}
+
+}  // namespace
+
+config::PipelineConfig checkpoint_stage_config(const std::string& model_dir,
+                                               const std::string& device,
+                                               const std::string& dtype) {
+  const bool speech = models::qwen3_omni::has_speech_output(models::HfConfig::load(model_dir));
+  const std::string model = std::filesystem::absolute(model_dir).lexically_normal().string();
+  const std::string devices = device == "cpu" ? "cpu" : "0";
+  config::PipelineConfig c;
+  c.path = "--model " + model_dir;
+  const auto stage = [&](int64_t id, const char* name, std::vector<int64_t> sources,
+                         const char* final_type) {
+    c.stages.push_back(
+        checkpoint_stage(id, name, std::move(sources), final_type, model, devices, dtype, c.path));
+  };
+  stage(0, "thinker", {}, "text");
+  if (speech) {
+    stage(1, "talker", {0}, nullptr);
+    stage(2, "code2wav", {1}, "audio");
+  }
+  config::detail::validate_pipeline(c);
+  return c;
+}
+
+std::unique_ptr<Pipeline> make_local_pipeline(const config::PipelineConfig& config,
+                                              const std::string& device,
+                                              const offload::TransferEngineOptions& engine) {
+  std::vector<PipelineStage> stages;
+  std::vector<std::shared_ptr<Stage>> runners;
+  for (const auto& s : config.stages) {
+    LocalStageOptions options = local_stage_options(s, device);
+    options.engine = engine;
+    auto stage = std::shared_ptr<Stage>(make_local_stage(options));
+    runners.push_back(stage);
+    stages.push_back({s.stage_id, s.engine.model_stage, s.engine_input_source, stage});
+  }
+  auto p = std::make_unique<Pipeline>(std::move(stages));
+  if (auto ledger = make_device_ledger(config, runners)) p->set_device_ledger(ledger);
+  return p;
+}
+
+std::string stage_name(const config::StageConfig& stage) {
+  return "stage " + std::to_string(stage.stage_id) + " (" + stage.engine.model_stage + ")";
+}
+
+LocalStageOptions local_stage_options(const config::StageConfig& s, const std::string& device) {
+  LocalStageOptions o;
+  o.name = stage_name(s);
+  o.model_stage = s.engine.model_stage;
+  o.model_dir = s.engine.model;
+  o.dtype = s.engine.dtype.empty() ? at::ScalarType::Undefined : dtype_of(s.engine.dtype);
+  auto& off = o.offload;
+  off.cpu_offload_enabled = s.engine.cpu_offload_enabled;
+  off.components = s.engine.cpu_offload_components;
+  off.strategy = s.engine.cpu_offload_strategy;
+  off.pin_memory = s.engine.cpu_offload_pin_memory;
+  off.device_budget_bytes = s.engine.gpu_memory_budget;
+  off.layerwise = s.engine.enable_layerwise_offload;
+  off.num_gpu_layers = static_cast<int>(s.engine.layerwise_num_gpu_layers);
+  off.cpu_offload_experts = s.engine.cpu_offload_experts;
+  models::parse_expert_cache_budget(s.engine.expert_cache_budget, "expert_cache_budget",
+                                    &off.expert_cache_budget_bytes,
+                                    &off.expert_cache_budget_fraction);
+  off.expert_prefetch = s.engine.expert_prefetch;
+  off.expert_miss_policy = s.engine.expert_miss_policy;
+  off.expert_eviction = s.engine.expert_eviction;
+  off.host_memory_budget_bytes = s.engine.host_memory_budget;
+  off.disk_read = s.engine.disk_read;
+  o.offload_stage = s.engine.offload_stage || s.engine.enable_cpu_offload;
+  const std::string kind = !device.empty() ? device : s.runtime.devices == "cpu" ? "cpu" : "cuda";
+  o.device = offload::parse_device_kind(kind);
+  return o;
+}
+
+std::shared_ptr<DeviceLedger> make_device_ledger(
+    const config::PipelineConfig& config, const std::vector<std::shared_ptr<Stage>>& stages) {
+  OMNI_CHECK(stages.size() == config.stages.size(), "make_device_ledger: ", stages.size(),
+             " stages for a config of ", config.stages.size());
+  // One budget per device: the smallest gpu_memory_budget of the stages on it (the global
+  // --gpu-memory-budget sets them all). Local stages share the devices of this host; a remote
+  // worker's device belongs to its host.
+  std::map<std::string, uint64_t> budgets;
+  std::vector<DeviceLedger::Member> members;
+  bool any_budget = false;
+  for (size_t i = 0; i < config.stages.size(); ++i) {
+    const auto& s = config.stages[i];
+    DeviceLedger::Member m;
+    m.stage_id = s.stage_id;
+    m.stage = stages[i].get();
+    m.device = (s.runtime.address.empty() ? "local" : s.runtime.address) + "/" + s.runtime.devices;
+    m.evictable = s.engine.offload_stage || s.engine.enable_cpu_offload;
+    const auto info = Json::parse(m.stage->info_json());
+    // What the stage holds on the device when loaded (with expert offload, less than all its
+    // weights); a worker from before device_weight_bytes reports param_bytes only.
+    m.bytes = info.value("device_weight_bytes", info.value("param_bytes", uint64_t{0}));
+    const uint64_t budget = s.engine.gpu_memory_budget;
+    if (budget > 0) {
+      any_budget = true;
+      auto& b = budgets[m.device];
+      b = b == 0 ? budget : std::min(b, budget);
+    }
+    members.push_back(m);
+  }
+  // A device with stages that may leave (offload_stage, enable_cpu_offload) and no budget: those
+  // stages exclude each other, as model-level offload's components do. The budget holds the
+  // stages that stay plus the largest that moves.
+  std::map<std::string, uint64_t> fixed, largest_moving;
+  for (const auto& m : members) {
+    auto& bytes = m.evictable ? largest_moving[m.device] : fixed[m.device];
+    bytes = m.evictable ? std::max(bytes, m.bytes) : bytes + m.bytes;
+  }
+  for (const auto& [device, moving] : largest_moving) {
+    if (budgets.count(device) == 0) budgets[device] = fixed[device] + moving;
+  }
+  if (!any_budget && largest_moving.empty()) return nullptr;
+  return std::make_shared<DeviceLedger>(std::move(members), std::move(budgets));
+}
+
+}  // namespace omni::pipeline

@@ -1,0 +1,72 @@
+// What the orchestrator knows of a kind of stage (a stage config's model_stage): which kinds it
+// reads, whether a request runs it, its parameters for a request, what its packets add to the
+// answer, and how this process runs one. The orchestrator (pipeline.cc) names no kind: each model
+// family registers its own (qwen3_omni_kinds.cc: thinker, talker, code2wav).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model_runner/runner/omni_request.h"
+#include "worker/pipeline/local_stages.h"
+#include "worker/pipeline/stage.h"
+
+namespace omni::pipeline {
+
+struct PipelineCallbacks;
+struct PipelineResult;
+
+// What a kind's collect and finish see of the request and its answer.
+struct StageAnswer {
+  StageAnswer(const models::OmniRequest& r, const PipelineCallbacks& c, PipelineResult& out,
+              std::string name, bool first)
+      : request(r), callbacks(c), result(out), stage(std::move(name)), primary(first) {}
+
+  const models::OmniRequest& request;
+  const PipelineCallbacks& callbacks;
+  PipelineResult& result;
+  std::string stage;  // the stage's name, "stage 2 (code2wav)"
+  // The first stage of its kind in the graph answers the request; another of the same kind (on
+  // a second branch) keeps its output under result.branch_outputs[stage].
+  bool primary = true;
+  double now_ms = 0;  // collect: since the request started
+  // finish: the stage's metrics (its last packet's, first_packet_ms, done_ms) and its info_json.
+  const std::map<std::string, double>* metrics = nullptr;
+  std::function<std::string()> info;
+
+  double metric(const std::string& key) const;  // 0 when absent
+};
+
+struct StageKind {
+  std::string name;
+  // The kinds a stage of this kind reads from; empty: an entry stage, which reads the request
+  // (its text and media) and no other stage.
+  std::vector<std::string> reads;
+  // Runs only when the request asks for audio (and its sources run).
+  bool speech = false;
+  // Its stages answer with audio: a pipeline that has one can speak.
+  bool answers_audio = false;
+  // Its info_json lists "speakers" and a "default_speaker".
+  bool has_speakers = false;
+  // The stage's parameters for `request` (StageCall::params_json); `speak`: audio was asked for.
+  std::function<std::string(const models::OmniRequest& request, bool speak)> params;
+  // Adds one packet of the stage to the answer; false: a callback cancelled the request.
+  std::function<bool(const StagePacket& packet, StageAnswer& answer)> collect;
+  // After every stage finished: the stage's figures into the answer (timings, codes, speaker).
+  std::function<void(StageAnswer& answer)> finish;
+  // Runs a stage of this kind in this process.
+  std::function<std::unique_ptr<Stage>(const LocalStageOptions& options)> make_local;
+};
+
+// The kind called `name`, or null.
+const StageKind* find_stage_kind(const std::string& name);
+// "code2wav, talker, thinker": for messages.
+std::string stage_kind_names();
+
+// The families' tables (one function per model family).
+const std::vector<StageKind>& qwen3_omni_stage_kinds();
+
+}  // namespace omni::pipeline
