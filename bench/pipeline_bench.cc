@@ -88,7 +88,7 @@ int run(const Options& o) {
     local.push_back({s.stage_id, s.engine.model_stage, s.engine_input_source,
                      pipeline::make_local_stage(pipeline::local_stage_options(s))});
   }
-  pipeline::Pipeline in_process(std::move(local));
+  pipeline::Pipeline in_process(local);
   auto a = measure("in_process_stages", in_process, o);
   std::cout << a.line.dump() << std::endl;
 

@@ -53,9 +53,9 @@ std::string read_file(const std::string& path) {
 }
 
 fs::path temp_dir() {
-  const auto dir = fs::temp_directory_path() /
-                   ("omni-workers-" + std::to_string(::getpid()) + "-" +
-                    std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  auto dir = fs::temp_directory_path() /
+             ("omni-workers-" + std::to_string(::getpid()) + "-" +
+              std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
   fs::create_directories(dir);
   return dir;
 }

@@ -133,8 +133,9 @@ void validate_stages(const PipelineConfig& config, const std::vector<StageMarks>
     }
     if (s.final_output && s.final_output_type.empty()) {
       const std::string types = join(output_type_names());
-      fail(marks[i].final_output,
-           name + ": final_output is true but final_output_type is not set (" + types + ")");
+      std::string message = name;
+      message += ": final_output is true but final_output_type is not set (" + types + ")";
+      fail(marks[i].final_output, message);
     }
     std::set<int64_t> seen;
     for (size_t j = 0; j < s.engine_input_source.size(); ++j) {

@@ -144,7 +144,7 @@ std::vector<std::string> to_string_list(const std::string& key, const RawValue& 
 
 std::string one_of(const std::string& key, const RawValue& v,
                    const std::vector<std::string>& valid) {
-  const std::string s = to_string(key, v);
+  std::string s = to_string(key, v);
   if (contains(valid, s)) return s;
   std::string message = key + ": unknown value '" + s + "'";
   const std::string close = detail::closest_match(s, valid);
@@ -153,7 +153,7 @@ std::string one_of(const std::string& key, const RawValue& v,
 }
 
 std::string to_dtype(const std::string& key, const RawValue& v) {
-  const std::string s = lower(trim(to_string(key, v)));
+  std::string s = lower(trim(to_string(key, v)));
   if (s == "float32" || s == "float" || s == "fp32") return "float32";
   if (s == "bfloat16" || s == "bf16") return "bfloat16";
   if (s == "float16" || s == "fp16" || s == "half") return "float16";
@@ -164,7 +164,7 @@ std::string to_dtype(const std::string& key, const RawValue& v) {
 }
 
 std::string to_devices(const std::string& key, const RawValue& v) {
-  const std::string s = trim(to_string(key, v));
+  std::string s = trim(to_string(key, v));
   bool ok = !s.empty();
   if (s != "cpu") {
     std::stringstream in(s);
@@ -184,7 +184,7 @@ std::string to_devices(const std::string& key, const RawValue& v) {
 }
 
 std::string to_address(const std::string& key, const RawValue& v) {
-  const std::string s = trim(to_string(key, v));
+  std::string s = trim(to_string(key, v));
   if (s.empty()) return s;
   const auto colon = s.rfind(':');
   bool ok = colon != std::string::npos && colon > 0 && colon + 1 < s.size();
@@ -206,7 +206,7 @@ std::string to_model_dir(const std::string& key, const RawValue& v, const SetCon
   if (path.is_relative()) path = fs::path(context.base_dir) / path;
   path = fs::absolute(path).lexically_normal();
   if (path.has_parent_path() && path.filename().empty()) path = path.parent_path();
-  const std::string resolved = path.string();
+  std::string resolved = path.string();
   if (context.check_model_dirs) {
     std::error_code ec;
     const std::string from = fs::path(given).is_relative()
@@ -236,7 +236,7 @@ std::string to_expert_budget(const std::string& key, const RawValue& v) {
   if (v.kind != Kind::kScalar) {
     wrong_type(key, v, "a percentage of the experts' bytes (\"25%\") or a byte size");
   }
-  const std::string text = trim(v.text);
+  std::string text = trim(v.text);
   if (!text.empty() && text.back() == '%') {
     double percent = 0;
     size_t used = 0;

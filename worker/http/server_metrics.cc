@@ -84,7 +84,7 @@ std::string ServerMetrics::prometheus() const {
     // One histogram per stage: label every sample line with the stage.
     std::istringstream lines(labelled.str());
     for (std::string line; std::getline(lines, line);) {
-      if (line.rfind("#", 0) == 0) {
+      if (line.rfind('#', 0) == 0) {
         if (&stage == &stage_done_.begin()->first) out << line << "\n";
         continue;
       }

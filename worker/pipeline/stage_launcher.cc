@@ -195,7 +195,10 @@ bool StageLauncher::healthy(std::string* why) {
         index >= 0 ? supervisor_->address(static_cast<size_t>(index)) : s.runtime.address;
     std::string reason;
     if (!rpc::wait_healthy(address, client, std::chrono::milliseconds(1000), &reason)) {
-      if (why) *why = stage_name(s) + " at " + address + ": " + reason;
+      if (why) {
+        *why = stage_name(s);
+        *why += " at " + address + ": " + reason;
+      }
       return false;
     }
   }

@@ -100,7 +100,8 @@ std::string resolve_program(const std::string& program) {
     size_t end = dirs.find(':', pos);
     if (end == std::string::npos) end = dirs.size();
     const std::string dir = end > pos ? dirs.substr(pos, end - pos) : ".";
-    const std::string candidate = dir + "/" + program;
+    std::string candidate = dir;
+    candidate += "/" + program;
     struct stat st {};
     if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
         ::access(candidate.c_str(), X_OK) == 0) {

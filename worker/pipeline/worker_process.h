@@ -148,7 +148,7 @@ class WorkerSupervisor {
 
  private:
   struct Slot;
-  void watch(size_t index, std::shared_ptr<Slot> slot);
+  void watch(size_t index, const std::shared_ptr<Slot>& slot);
   std::shared_ptr<Slot> slot_locked(size_t index) const;
 
   const Options options_;

@@ -148,7 +148,7 @@ std::vector<std::string> WorkerSupervisor::start_all(std::vector<WorkerSpec> spe
   return addresses;
 }
 
-void WorkerSupervisor::watch(size_t index, std::shared_ptr<Slot> slot) {
+void WorkerSupervisor::watch(size_t index, const std::shared_ptr<Slot>& slot) {
   try {
     std::string address = slot->process.start_impl(&cancel_);
     std::lock_guard<std::mutex> lock(mu_);
@@ -199,8 +199,9 @@ void WorkerSupervisor::watch(size_t index, std::shared_ptr<Slot> slot) {
       if (stopping_) return;
       if (slot->restarts_in_a_row >= options_.max_restarts) {
         slot->state = Slot::State::kFailed;
-        slot->failure = name + " is down: gave up after " + std::to_string(options_.max_restarts) +
-                        " restart(s) in a row (last: " + last_error + ")";
+        slot->failure = name;
+        slot->failure += " is down: gave up after " + std::to_string(options_.max_restarts) +
+                         " restart(s) in a row (last: " + last_error + ")";
         cv_.notify_all();
         auto on_failed = on_restart_failed_;
         const std::string message = slot->failure;

@@ -316,10 +316,10 @@ void RemoteStage::run(const pipeline::StageCall& call, pipeline::PacketQueue& in
 // pipeline reports every stage alike, in process or not: the figures, with the worker's counters
 // under "worker".
 std::string RemoteStage::stats_json() {
-  const std::string wire = impl_
-                               ->unary<proto::StatsRequest, proto::StatsResponse>(
-                                   name_, &proto::StageService::Stub::Stats, proto::StatsRequest())
-                               .json();
+  std::string wire = impl_
+                         ->unary<proto::StatsRequest, proto::StatsResponse>(
+                             name_, &proto::StageService::Stub::Stats, proto::StatsRequest())
+                         .json();
   nlohmann::json answer = nlohmann::json::parse(wire, nullptr, /*allow_exceptions=*/false);
   if (!answer.is_object()) return wire;
   nlohmann::json stage = answer.contains("stage") && answer["stage"].is_object()

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <utility>
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/load_progress.h"
@@ -85,7 +86,7 @@ std::unique_ptr<TalkerRunner> TalkerRunner::load(const SpeechRunnerOptions& opti
   OMNI_CHECK(engine != nullptr, "TalkerRunner::load needs a transfer engine");
   const auto config = load_speech_config(options.model_dir, "talker");
   std::unique_ptr<TalkerRunner> r(new TalkerRunner());
-  r->engine_ = engine;
+  r->engine_ = std::move(engine);
   r->thinker_cfg_ = qwen3_omni::parse_thinker_config(config);
   r->cfg_ = qwen3_omni::parse_talker_config(config, r->thinker_cfg_);
   r->ids_ = qwen3_omni::parse_omni_token_ids(config, r->thinker_cfg_);
@@ -118,8 +119,8 @@ std::unique_ptr<TalkerRunner> TalkerRunner::load(const SpeechRunnerOptions& opti
   oc.validate();
   offload::LoadProgress progress("placing the talker weights of " + options.model_dir,
                                  offload::module_tensor_bytes(*r->talker_));
-  r->backend_ = offload::apply_offload(*r->talker_, spec, oc, engine);
-  r->talker_->set_device(engine->compute_device());
+  r->backend_ = offload::apply_offload(*r->talker_, spec, oc, r->engine_);
+  r->talker_->set_device(r->engine_->compute_device());
   return r;
 }
 
@@ -244,7 +245,7 @@ std::unique_ptr<Code2WavRunner> Code2WavRunner::load(
   OMNI_CHECK(engine != nullptr, "Code2WavRunner::load needs a transfer engine");
   const auto config = load_speech_config(options.model_dir, "code2wav");
   std::unique_ptr<Code2WavRunner> r(new Code2WavRunner());
-  r->engine_ = engine;
+  r->engine_ = std::move(engine);
   r->cfg_ = qwen3_omni::parse_code2wav_config(config);
   const auto checkpoint = SafetensorsCheckpoint::open(options.model_dir);
   r->code2wav_ = std::make_shared<qwen3_omni::Code2Wav>(
@@ -271,7 +272,7 @@ std::unique_ptr<Code2WavRunner> Code2WavRunner::load(
   oc.validate();
   offload::LoadProgress progress("placing the code2wav weights of " + options.model_dir,
                                  offload::module_tensor_bytes(*r->root_));
-  r->backend_ = offload::apply_offload(*r->root_, offload::ModelSpec{}, oc, engine);
+  r->backend_ = offload::apply_offload(*r->root_, offload::ModelSpec{}, oc, r->engine_);
   return r;
 }
 

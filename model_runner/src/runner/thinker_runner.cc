@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <optional>
+#include <utility>
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/load_progress.h"
@@ -38,7 +39,7 @@ std::unique_ptr<ThinkerRunner> ThinkerRunner::load(
              " does not exist or is not a directory");
   std::unique_ptr<ThinkerRunner> r(new ThinkerRunner());
   r->options_ = options;
-  r->engine_ = engine;
+  r->engine_ = std::move(engine);
 
   const auto config = HfConfig::load(options.model_dir);
   const auto cfg = qwen3_omni::parse_thinker_config(config);
@@ -68,16 +69,17 @@ std::unique_ptr<ThinkerRunner> ThinkerRunner::load(
     // The checkpoint is read here, as the weights are placed: for a large one, the long part.
     offload::LoadProgress progress("placing the weights of " + options.model_dir,
                                    offload::module_tensor_bytes(*r->thinker_));
-    r->backend_ = offload::apply_offload(*r->thinker_, spec, oc, engine);
+    r->backend_ = offload::apply_offload(*r->thinker_, spec, oc, r->engine_);
     // The experts the plan carved out (cpu_offload_experts) go to a device expert cache.
-    r->expert_cache_ = offload::make_expert_cache(*r->thinker_, r->backend_->plan(), oc, engine);
+    r->expert_cache_ =
+        offload::make_expert_cache(*r->thinker_, r->backend_->plan(), oc, r->engine_);
   }
   if (r->expert_cache_) {
     r->expert_offload_ =
         std::make_unique<ExpertOffload>(r->thinker_->language_model(), "model.", *r->expert_cache_,
                                         options.offload.expert_prefetch);
   }
-  r->thinker_->set_device(engine->compute_device());
+  r->thinker_->set_device(r->engine_->compute_device());
 
   for (const char* name : {"<|im_end|>", "<|endoftext|>"}) {
     if (auto id = r->tokenizer_->find_token(name)) r->stop_tokens_.push_back(*id);

@@ -92,7 +92,7 @@ class StageRpcTest : public ::testing::Test {
  protected:
   void SetUp() override { start(ServerOptions{}); }
 
-  void start(ServerOptions options) {
+  void start(const ServerOptions& options) {
     server_.reset();
     server_ = std::make_unique<StageServer>(stage_, 1, "fake", options);
     server_->start();

@@ -25,7 +25,7 @@ bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
 }
 
 // Random bit patterns: NaNs, infinities and denormals too, which a value-level copy could alter.
-at::Tensor random_bits(std::vector<int64_t> shape, at::ScalarType type) {
+at::Tensor random_bits(const std::vector<int64_t>& shape, at::ScalarType type) {
   const int64_t bytes = c10::elementSize(type);
   std::vector<int64_t> byte_shape = shape;
   byte_shape.push_back(bytes);
