@@ -197,7 +197,7 @@ bool StageLauncher::healthy(std::string* why) {
     if (!rpc::wait_healthy(address, client, std::chrono::milliseconds(1000), &reason)) {
       if (why) {
         *why = stage_name(s);
-        *why += " at " + address + ": " + reason;
+        why->append(" at ").append(address).append(": ").append(reason);
       }
       return false;
     }
