@@ -47,6 +47,7 @@ models::RunnerOffloadOptions whole_stage_offload(bool pin_memory) {
 
 MediaFolder::MediaFolder(const std::vector<MediaFile>& media) {
   if (media.empty()) return;
+  // mkdtemp replaces the trailing XXXXXX with a unique suffix and creates the folder (0700).
   std::string pattern = (fs::temp_directory_path() / "omni-media-XXXXXX").string();
   OMNI_CHECK(::mkdtemp(pattern.data()) != nullptr, "cannot create a folder for the media in ",
              fs::temp_directory_path().string());
