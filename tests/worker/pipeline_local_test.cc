@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cpu_offload/check.h"
+#include "tiny_request.h"
 #include "worker/pipeline/local_stages.h"
 #include "worker/pipeline/pipeline.h"
 #include "worker/pipeline/stop_strings.h"
@@ -27,19 +28,7 @@ namespace {
 
 const std::string kDir = std::string(OMNI_FIXTURES_DIR) + "/qwen3_omni_tiny";
 
-models::OmniRequest request(bool media = true) {
-  models::OmniRequest r;
-  r.chat.system_prompt = "You are a helpful voice.";
-  r.chat.text = "What do you hear and see?";
-  if (media) {
-    r.chat.audio_files = {kDir + "/audio.wav"};
-    r.chat.image_files = {kDir + "/image.png"};
-  }
-  r.sampling.set_greedy(true);
-  r.sampling.thinker.max_new_tokens = 12;
-  r.max_audio_frames = 10;
-  return r;
-}
+models::OmniRequest request(bool media = true) { return testing::tiny_request(kDir, media); }
 
 std::shared_ptr<Stage> local(const std::string& model_stage, int id,
                              const models::RunnerOffloadOptions& offload = {}) {

@@ -14,6 +14,7 @@
 #include "../common/test_devices.h"
 #include "cpu_offload/check.h"
 #include "model_runner/runner/speech_runners.h"
+#include "tiny_request.h"
 #include "worker/config/stage_overrides.h"
 #include "worker/pipeline/local_pipeline.h"
 
@@ -28,17 +29,7 @@ const char* const kThinker = "stage 0 (thinker)";
 const char* const kTalker = "stage 1 (talker)";
 
 // Text + audio + image in, text + speech out: every part of the model runs.
-models::OmniRequest request() {
-  models::OmniRequest r;
-  r.chat.system_prompt = "You are a helpful voice.";
-  r.chat.text = "What do you hear and see?";
-  r.chat.audio_files = {kDir + "/audio.wav"};
-  r.chat.image_files = {kDir + "/image.png"};
-  r.sampling.set_greedy(true);
-  r.sampling.thinker.max_new_tokens = 12;
-  r.max_audio_frames = 10;
-  return r;
-}
+models::OmniRequest request() { return testing::tiny_request(kDir); }
 
 struct Answer {
   models::OmniResult result;
