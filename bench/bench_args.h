@@ -13,18 +13,13 @@
 #include <vector>
 
 #include "cpu_offload/check.h"
+#include "cpu_offload/dtype_name.h"
 
 namespace omni::bench {
 
-// --dtype values: float32 (fp32), bfloat16 (bf16), float16 (fp16).
-// "auto" is Undefined: the runners then take the checkpoint's dtype.
-inline at::ScalarType parse_dtype(const std::string& s) {
-  if (s == "auto") return at::ScalarType::Undefined;
-  if (s == "float32" || s == "fp32") return at::kFloat;
-  if (s == "bfloat16" || s == "bf16") return at::kBFloat16;
-  if (s == "float16" || s == "fp16") return at::kHalf;
-  OMNI_THROW("unknown dtype '", s, "' (auto, float32, bfloat16, float16)");
-}
+// --dtype values: auto, float32 (fp32), bfloat16 (bf16), float16 (fp16); auto is Undefined (the
+// runners then take the checkpoint's dtype).
+inline at::ScalarType parse_dtype(const std::string& s) { return offload::scalar_type_of(s); }
 
 // "a,b,,c" -> {"a", "b", "c"}: the comma-separated lists of the benchmarks' flags.
 inline std::vector<std::string> split_list(const std::string& list) {

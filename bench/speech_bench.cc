@@ -49,12 +49,12 @@ struct Options {
 };
 
 // The strategy as the command line's flags (--cpu-offload-components and friends).
-config::GlobalStageFlags flags_for(const std::string& strategy, const Options& o) {
-  config::GlobalStageFlags f;
-  f.cpu_offload_pin_memory = !o.no_pin;
+config::EngineFlags flags_for(const std::string& strategy, const Options& o) {
+  using config::engine_flag;
+  config::EngineFlags f = {engine_flag("cpu_offload_pin_memory", {o.no_pin ? "false" : "true"})};
   const auto components = [&](std::vector<std::string> names, const char* policy) {
-    f.cpu_offload_components = std::move(names);
-    f.cpu_offload_strategy = policy;
+    f.push_back(engine_flag("cpu_offload_components", std::move(names)));
+    f.push_back(engine_flag("cpu_offload_strategy", {policy}));
   };
   if (strategy == "none") return f;
   if (strategy == "thinker-talker")
@@ -64,7 +64,7 @@ config::GlobalStageFlags flags_for(const std::string& strategy, const Options& o
   else if (strategy == "talker-layers")
     components({"talker.model.layers.*"}, "sequential");
   else if (strategy == "layerwise")
-    f.enable_layerwise_offload = true;
+    f.push_back(engine_flag("enable_layerwise_offload", {"true"}));
   else {
     OMNI_THROW("--strategies: unknown strategy '", strategy,
                "' (none, thinker-talker, talker-code2wav, talker-layers, layerwise)");

@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <functional>
+#include <map>
 #include <ostream>
 #include <sstream>
 #include <string>
@@ -13,6 +16,8 @@
 
 #include "worker/cli/app.h"
 #include "worker/cli/generate_backend.h"
+#include "worker/config/engine_options.h"
+#include "worker/config/stage_overrides.h"
 #include "worker/pipeline/local_pipeline.h"
 
 namespace omni::cli {
@@ -396,7 +401,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "--modalities: expected one of text, audio; got 'video'" + kSee},
         BadCase{{"--device", "tpu"}, "--device: expected one of auto, cpu, cuda; got 'tpu'" + kSee},
         BadCase{{"--dtype", "int8"},
-                "--dtype: expected one of auto, float32, bfloat16, float16; got 'int8'" + kSee},
+                "--dtype: unknown value 'int8' (valid: auto, float32, bfloat16, float16)" + kSee},
         BadCase{{"--seed", "-1"}, "--seed: expected an unsigned 64-bit integer, got '-1'" + kSee},
         BadCase{{"--seed", "99999999999999999999"},
                 "--seed: expected an unsigned 64-bit integer, got '99999999999999999999'" + kSee},
@@ -413,16 +418,101 @@ INSTANTIATE_TEST_SUITE_P(
                 "--cpu-offload-strategy requires --cpu-offload-components" + kSee},
         BadCase{
             {"--cpu-offload-components", "talker", "--cpu-offload-strategy", "lru"},
-            "--cpu-offload-strategy: expected one of alternating, sequential; got 'lru'" + kSee},
+            "--cpu-offload-strategy: unknown value 'lru' (valid: alternating, sequential)" + kSee},
         BadCase{{"--cpu-offload-components", "talker", "--cpu-offload-budget", "-5"},
-                "--cpu-offload-budget: expected a byte count (suffixes KB, MB, GB: powers of "
-                "1000; KiB, MiB, GiB: powers of 1024), got '-5'" +
-                    kSee},
+                "--cpu-offload-budget: a byte size cannot be negative: '-5'" + kSee},
         BadCase{{"--messages", "m.json"}, "--prompt excludes --messages" + kSee},
         BadCase{{"--layerwise-num-gpu-layers", "2"},
                 "--layerwise-num-gpu-layers requires --enable-layerwise-offload" + kSee},
         BadCase{{"--enable-layerwise-offload", "--layerwise-num-gpu-layers", "0"},
-                "--layerwise-num-gpu-layers: expected an integer >= 1, got '0'" + kSee}));
+                "--layerwise-num-gpu-layers: must be >= 1, got 0" + kSee}));
+
+// One table registers the engine flags of every command: each flag, under each of its names,
+// gives the same recorded value on generate, serve and worker, and the stage ends up with the
+// same field whichever command parsed it.
+TEST(EngineFlags, EveryCommandRegistersTheWholeTableWithOneMeaning) {
+  const std::map<std::string, std::string> sample = {{"cpu_offload_components", "visual"},
+                                                     {"cpu_offload_strategy", "sequential"},
+                                                     {"layerwise_num_gpu_layers", "2"},
+                                                     {"gpu_memory_budget", "1GiB"},
+                                                     {"dtype", "bf16"},
+                                                     {"expert_cache_budget", "10%"},
+                                                     {"expert_miss_policy", "host"},
+                                                     {"expert_eviction", "lru"},
+                                                     {"host_memory_budget", "2GiB"},
+                                                     {"disk_read", "mmap"}};
+  const auto generate_flags = [](CommandLine& c) -> config::EngineFlags& {
+    return c.generate.engine;
+  };
+  std::vector<
+      std::pair<std::vector<std::string>, std::function<config::EngineFlags&(CommandLine&)>>>
+      bases = {{{"generate", "--model", "m", "--prompt", "p"}, generate_flags}};
+#if defined(OMNI_HAVE_SERVER)
+  bases.push_back({{"worker", "--stage-configs-path", "s.yaml", "--stage-id", "0"},
+                   [](CommandLine& c) -> config::EngineFlags& { return c.worker.engine; }});
+#endif
+#if defined(OMNI_HAVE_HTTP)
+  bases.push_back({{"serve", "--model", "m"},
+                   [](CommandLine& c) -> config::EngineFlags& { return c.serve.engine; }});
+#endif
+  size_t checked = 0;
+  for (const config::EngineOption& option : config::engine_options()) {
+    std::vector<std::pair<std::string, std::string>> names;  // flag, the value it records
+    for (const auto& f : option.flags) {
+      names.push_back(
+          {f, option.type == config::EngineOption::Type::kFlag ? "true" : sample.at(option.key)});
+    }
+    for (const auto& f : option.negated) names.push_back({f, "false"});
+    for (const auto& [flag, value] : names) {
+      for (const auto& [base, flags_of] : bases) {
+        SCOPED_TRACE(base.front() + " " + flag);
+        std::vector<std::string> args = base;
+        args.push_back(flag);
+        if (option.type != config::EngineOption::Type::kFlag) args.push_back(value);
+        // What the flag refines, where no stage config could have turned it on.
+        if (!option.needs_any.empty()) {
+          const auto* needed = config::find_engine_option(option.needs_any.front());
+          args.push_back(needed->flags.front());
+          if (needed->type != config::EngineOption::Type::kFlag) args.push_back("visual");
+        }
+        Parsed p = parse(args);
+        ASSERT_FALSE(p.status.has_value()) << p.err;
+        const config::EngineFlags& got = flags_of(p.commands);
+        const auto it = std::find_if(got.begin(), got.end(), [&](const config::EngineFlag& f) {
+          return f.key == option.key;
+        });
+        ASSERT_NE(it, got.end());
+        // A value names the flag typed (its errors do); a switch its group's first name.
+        const bool negated =
+            std::find(option.negated.begin(), option.negated.end(), flag) != option.negated.end();
+        EXPECT_EQ(it->flag, option.type != config::EngineOption::Type::kFlag ? flag
+                            : negated ? option.negated.front()
+                                      : option.flags.front());
+        EXPECT_EQ(it->values, std::vector<std::string>{value});
+        // The stage's field, as config::apply_stage_flags sets it from this command's flags.
+        config::PipelineConfig one;
+        one.stages.emplace_back();
+        one.stages[0].stage_id = 0;
+        one.stages[0].engine.model_stage = "thinker";
+        one.stages[0].engine.model = "m";
+        one.stages[0].final_output = true;
+        one.stages[0].final_output_type = "text";
+        config::EngineFlags just_this = {*it};
+        config::apply_stage_flags(one, just_this, "");
+        config::StageEngineArgs want;
+        config::detail::RawValue raw;
+        raw.kind = config::detail::RawValue::Kind::kScalar;
+        raw.text = value;
+        option.set(want, raw, {});
+        if (option.key != "cpu_offload_components") {
+          EXPECT_EQ(option.get(one.stages[0].engine), option.get(want));
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GE(checked, bases.size() * 18);
+}
 
 TEST(GenerateOptions, HelpIsStatusZeroOnStdout) {
   const Parsed p = parse({"generate", "--help"});

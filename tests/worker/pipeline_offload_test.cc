@@ -36,7 +36,7 @@ struct Answer {
   Json stats;  // Pipeline::stats_json after the request
 };
 
-Answer run(DeviceKind kind, const config::GlobalStageFlags& flags) {
+Answer run(DeviceKind kind, const config::EngineFlags& flags) {
   const std::string device = offload::to_string(kind);
   auto config = checkpoint_stage_config(kDir, device, "auto");
   config::apply_stage_flags(config, flags, "");
@@ -92,12 +92,12 @@ TEST_P(PipelineOffload, SameTextCodesAndWaveformWithTheNamedPartsStreamed) {
   OMNI_SKIP_IF_DEVICE_MISSING(kind);
   const Answer& b = baseline(kind);
   ASSERT_GE(b.result.codes.size(1), 4);
-  config::GlobalStageFlags flags;
+  config::EngineFlags flags;
   if (c.components.empty()) {
-    flags.enable_layerwise_offload = true;
+    flags = {config::engine_flag("enable_layerwise_offload", {"true"})};
   } else {
-    flags.cpu_offload_components = c.components;
-    flags.cpu_offload_strategy = c.strategy;
+    flags = {config::engine_flag("cpu_offload_components", c.components),
+             config::engine_flag("cpu_offload_strategy", {c.strategy})};
   }
   const Answer got = run(kind, flags);
   EXPECT_EQ(got.result.tokens, b.result.tokens);
@@ -157,8 +157,7 @@ TEST(PipelineOffloadNames, EachStageTakesItsShareOfTheNamesAndUnknownNamesAreRef
   EXPECT_EQ(models::talker_stage_component_paths(names),
             (std::vector<std::string>{"code_predictor", "model.layers.*"}));
   EXPECT_NO_THROW(models::check_component_names(names));
-  config::GlobalStageFlags flags;
-  flags.cpu_offload_components = std::vector<std::string>{"vocoder"};
+  const config::EngineFlags flags = {config::engine_flag("cpu_offload_components", {"vocoder"})};
   auto config = checkpoint_stage_config(kDir, "cpu", "auto");
   config::apply_stage_flags(config, flags, "");
   try {

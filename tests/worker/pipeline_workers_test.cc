@@ -530,9 +530,8 @@ TEST(PipelineWorkers, ASharedDeviceBudgetMakesTheThinkerAndTalkerTakeTurns) {
   const auto want2 = plain.pipeline().generate(request("Name a colour."));
 
   auto options = launcher_options();
-  config::GlobalStageFlags flags;
-  flags.cpu_offload_components = std::vector<std::string>{"thinker", "talker"};
-  flags.gpu_memory_budget = 3000000;
+  config::EngineFlags flags = {config::engine_flag("cpu_offload_components", {"thinker", "talker"}),
+                               config::engine_flag("gpu_memory_budget", {"3000000"})};
   config::apply_stage_flags(options.config, flags, "");
   StageLauncher shared(options);
   ASSERT_NE(shared.pipeline().device_ledger(), nullptr);
@@ -566,8 +565,8 @@ TEST(PipelineWorkers, ASharedDeviceBudgetMakesTheThinkerAndTalkerTakeTurns) {
   // All three stages give their weights back: a budget for the largest alone runs them one
   // after the other, each evicting the one before.
   auto one_at_a_time = launcher_options();
-  flags.cpu_offload_components = std::vector<std::string>{"thinker", "talker", "code2wav"};
-  flags.gpu_memory_budget = 2100000;
+  flags = {config::engine_flag("cpu_offload_components", {"thinker", "talker", "code2wav"}),
+           config::engine_flag("gpu_memory_budget", {"2100000"})};
   config::apply_stage_flags(one_at_a_time.config, flags, "");
   {
     StageLauncher turns(one_at_a_time);
@@ -584,8 +583,8 @@ TEST(PipelineWorkers, ASharedDeviceBudgetMakesTheThinkerAndTalkerTakeTurns) {
 
   // A budget that cannot hold code2wav plus the largest stage that moves is refused up front.
   auto tight = launcher_options();
-  flags.cpu_offload_components = std::vector<std::string>{"thinker", "talker"};
-  flags.gpu_memory_budget = 2000000;
+  flags = {config::engine_flag("cpu_offload_components", {"thinker", "talker"}),
+           config::engine_flag("gpu_memory_budget", {"2000000"})};
   config::apply_stage_flags(tight.config, flags, "");
   try {
     StageLauncher refused(tight);

@@ -60,31 +60,6 @@ class PipelineBackend : public GenerateBackend {
 
 }  // namespace
 
-config::GlobalStageFlags stage_flags(const GenerateOptions& o) {
-  config::GlobalStageFlags f;
-  const auto given = [&](const char* name) { return o.given.count(name) > 0; };
-  if (given("--cpu-offload-enabled")) f.cpu_offload_enabled = o.cpu_offload_enabled;
-  if (given("--cpu-offload-components")) f.cpu_offload_components = o.cpu_offload_components;
-  if (given("--cpu-offload-strategy")) f.cpu_offload_strategy = o.cpu_offload_strategy;
-  if (given("--no-pin-memory")) f.cpu_offload_pin_memory = false;
-  if (given("--cpu-offload-pin-memory")) f.cpu_offload_pin_memory = true;
-  if (given("--enable-cpu-offload")) f.enable_cpu_offload = o.enable_cpu_offload;
-  if (given("--enable-layerwise-offload")) f.enable_layerwise_offload = o.enable_layerwise_offload;
-  if (given("--layerwise-num-gpu-layers")) {
-    f.layerwise_num_gpu_layers = o.layerwise_num_gpu_layers;
-  }
-  if (given("--cpu-offload-budget")) f.gpu_memory_budget = o.cpu_offload_budget;
-  if (given("--dtype")) f.dtype = o.dtype;
-  if (given("--cpu-offload-experts")) f.cpu_offload_experts = o.cpu_offload_experts;
-  if (given("--expert-cache-budget")) f.expert_cache_budget = o.expert_cache_budget;
-  if (given("--no-expert-prefetch")) f.expert_prefetch = false;
-  if (given("--expert-miss-policy")) f.expert_miss_policy = o.expert_miss_policy;
-  if (given("--expert-eviction")) f.expert_eviction = o.expert_eviction;
-  if (given("--host-memory-budget")) f.host_memory_budget = o.host_memory_budget;
-  if (given("--disk-read")) f.disk_read = o.disk_read;
-  return f;
-}
-
 std::unique_ptr<GenerateBackend> make_backend(const GenerateOptions& o,
                                               config::PipelineConfig config,
                                               std::shared_ptr<void> owner,
@@ -93,9 +68,9 @@ std::unique_ptr<GenerateBackend> make_backend(const GenerateOptions& o,
 }
 
 config::PipelineConfig model_stage_config(const GenerateOptions& o, const std::string& device) {
-  config::PipelineConfig config = pipeline::checkpoint_stage_config(o.model, device, o.dtype);
+  config::PipelineConfig config = pipeline::checkpoint_stage_config(o.model, device, "auto");
   try {
-    config::apply_stage_flags(config, stage_flags(o), o.stage_overrides);
+    config::apply_stage_flags(config, o.engine, o.stage_overrides);
   } catch (const config::ConfigError& e) {
     throw BadInput(e.what());
   }

@@ -20,9 +20,6 @@ class BadInput : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The global flags the user gave (only those: the stage config keeps the rest).
-config::GlobalStageFlags stage_flags(const GenerateOptions& options);
-
 // Runs requests through `pipeline`, which stays valid while `owner` lives; `config` gives the
 // stages' default_sampling_params.
 std::unique_ptr<GenerateBackend> make_backend(const GenerateOptions& options,

@@ -166,7 +166,8 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
       backend = make_pipeline_backend(o);
     } else {
       const std::string device = resolved_device(o.device);
-      progress("loading " + o.model + " (" + device + ", " + o.dtype + ")");
+      progress("loading " + o.model + " (" + device + ", " +
+               config::given_value(o.engine, "dtype").value_or("auto") + ")");
       backend = make_model_backend(o, device);
     }
     const double load_ms = ms_since(load_start);

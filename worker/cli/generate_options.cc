@@ -10,7 +10,8 @@
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
 #include "cpu_offload/option_names.h"
-#include "model_runner/runner/expert_offload.h"
+#include "cpu_offload/transfer_engine.h"
+#include "worker/cli/engine_flags.h"
 #include "worker/cli/validators.h"
 
 namespace omni::cli {
@@ -33,16 +34,6 @@ GenerateOptions::GenerateOptions() {
   stream_first_chunk = stream.first_chunk_frames;
   stream_chunk = stream.chunk_frames;
   stream_left_context = stream.left_context_frames;
-  const models::RunnerOffloadOptions offload;
-  cpu_offload_strategy = offload.strategy;
-  cpu_offload_budget = offload.device_budget_bytes;
-  no_pin_memory = !offload.pin_memory;
-  enable_layerwise_offload = offload.layerwise;
-  layerwise_num_gpu_layers = offload.num_gpu_layers;
-  no_expert_prefetch = !offload.expert_prefetch;
-  expert_miss_policy = offload.expert_miss_policy;
-  expert_eviction = offload.expert_eviction;
-  disk_read = offload.disk_read;
 }
 
 bool GenerateOptions::wants_text() const {
@@ -96,15 +87,8 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
     if (model->count() == 0 && stage_configs->count() == 0) {
       throw CLI::RequiredError("--model or --stage-configs-path");
     }
-    // With --model, a strategy without components would do nothing; with a stage config it
-    // applies to the YAML's components.
-    const bool components = app.get_option("--cpu-offload-components")->count() > 0 ||
-                            app.get_option("--cpu-offload-enabled")->count() > 0 ||
-                            app.get_option("--enable-cpu-offload")->count() > 0;
-    if (stage_configs->count() == 0 && !components &&
-        app.get_option("--cpu-offload-strategy")->count() > 0) {
-      throw CLI::RequiresError("--cpu-offload-strategy", "--cpu-offload-components");
-    }
+    // With a stage config, the YAML may have turned on what a flag refines.
+    if (stage_configs->count() == 0) check_engine_flag_needs(app);
     if (app.get_option("--prompt")->count() == 0 && app.get_option("--messages")->count() == 0) {
       throw CLI::RequiredError("--prompt or --messages");
     }
@@ -215,100 +199,14 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
       ->type_name("N")
       ->check(integer_at_least(0));
 
-  app.add_option("--cpu-offload-components", o.cpu_offload_components,
-                 "enable component offload of these parts (comma-separated; thinker, talker, "
-                 "code2wav, thinker.*, visual, audio_tower, language_model, lm_head, "
-                 "code_predictor, talker.model.layers.*, ...) (default: none)")
-      ->type_name("PATTERNS")
-      ->delimiter(',')
-      ->allow_extra_args(false);
-  app.add_option("--cpu-offload-strategy", o.cpu_offload_strategy,
-                 "alternating: a component leaves when another needs the room; sequential: "
-                 "right after its forward")
-      ->type_name("alternating|sequential")
-      ->check(one_of(offload::names::component_policies()));
-  app.add_flag("--cpu-offload-enabled", o.cpu_offload_enabled,
-               "component offload of --cpu-offload-components, or of visual and audio_tower "
-               "when that is not given");
-  app.add_flag("--enable-cpu-offload", o.enable_cpu_offload,
-               "model-level offload: thinker, talker and code2wav take turns on the device (in a "
-               "stage pipeline: every stage gives its weights back when another needs the room)");
-  app.add_option("--cpu-offload-budget,--gpu-memory-budget", o.cpu_offload_budget,
-                 "alternating: device bytes the offloaded components may hold together before "
-                 "the least recently used leave (0 = one at a time)")
-      ->type_name("BYTES")
-      ->transform(byte_size());
-  app.add_flag("--no-pin-memory,--no-cpu-offload-pin-memory", o.no_pin_memory,
-               "pageable host memory for offloaded weights (default: pinned)");
-  app.add_flag("--cpu-offload-pin-memory", o.pin_memory_flag,
-               "pinned host memory for offloaded weights (the default)");
-  auto* layerwise =
-      app.add_flag("--enable-layerwise-offload", o.enable_layerwise_offload,
-                   "stream the decoder layers of the thinker and the talker through the device");
-  app.add_option("--layerwise-num-gpu-layers", o.layerwise_num_gpu_layers,
-                 "layerwise: layers copied ahead of the one computing")
-      ->type_name("N")
-      ->check(integer_at_least(1))
-      ->needs(layerwise);
-
-  auto* experts = app.add_flag(
-      "--cpu-offload-experts", o.cpu_offload_experts,
-      "expert-level MoE offload: the thinker's experts live in a device expert cache "
-      "(fetched when routed, next layer's predicted experts prefetched); the rest of each layer "
-      "follows the other offload flags");
-  app.add_option("--expert-cache-budget", o.expert_cache_budget,
-                 "device bytes of the expert cache: a percentage of all experts' bytes (25%) or "
-                 "bytes (805306368, 768MiB, 1.5GiB)")
-      ->type_name("PERCENT|BYTES")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            try {
-              size_t bytes = 0;
-              double fraction = 0;
-              models::parse_expert_cache_budget(text, "--expert-cache-budget", &bytes, &fraction);
-              return "";
-            } catch (const std::exception& e) {
-              return e.what();
-            }
-          },
-          ""))
-      ->needs(experts);
-  app.add_flag("--no-expert-prefetch", o.no_expert_prefetch,
-               "experts: do not predict and prefetch the next MoE layer's experts")
-      ->needs(experts);
-  app.add_option("--expert-miss-policy", o.expert_miss_policy,
-                 "experts: what a miss does: fetch it to the device, compute it on the host "
-                 "where it lies, or auto (whichever the measured link and host rates say is "
-                 "faster)")
-      ->type_name("fetch|host|auto")
-      ->check(one_of(offload::names::expert_miss_policies()))
-      ->needs(experts);
-  app.add_option("--expert-eviction", o.expert_eviction,
-                 "experts: which expert leaves a full cache: layer (by the layers' run order) or "
-                 "lru")
-      ->type_name("layer|lru")
-      ->check(one_of(offload::names::expert_evictions()))
-      ->needs(experts);
-  app.add_option("--host-memory-budget", o.host_memory_budget,
-                 "host bytes for the streamed weights (layerwise layers, experts); beyond it "
-                 "they stay in the checkpoint's files and are read when needed (0 = no limit)")
-      ->type_name("BYTES")
-      ->transform(byte_size());
-  app.add_option("--disk-read", o.disk_read,
-                 "how weights beyond --host-memory-budget are read: pread (a bounded pinned "
-                 "cache, reader threads, read-ahead) or mmap (the OS page cache)")
-      ->type_name("pread|mmap")
-      ->check(one_of(offload::names::disk_reads()));
+  add_engine_flags(app, o.engine);
 
   app.add_option("--device", o.device,
-                 "auto (cuda when a CUDA device is usable), cpu (the simulated device) or cuda")
+                 "with --model: auto (cuda when a CUDA device is usable), cpu (the simulated "
+                 "device) or cuda (a stage YAML names its devices in runtime.devices)")
       ->type_name("auto|cpu|cuda")
-      ->check(one_of(offload::names::device_kinds()));
-  app.add_option("--dtype", o.dtype,
-                 "compute dtype; checkpoint weights of another dtype are converted to it (auto: "
-                 "the checkpoint's own)")
-      ->type_name("auto|float32|bfloat16|float16")
-      ->check(one_of({"auto", "float32", "bfloat16", "float16"}));
+      ->check(one_of(offload::names::device_kinds()))
+      ->excludes(stage_configs);
 }
 
 models::OmniRequest to_request(const GenerateOptions& o) {

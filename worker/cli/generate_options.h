@@ -13,10 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "cpu_offload/transfer_engine.h"
 #include "model_runner/output/wav_writer.h"
-#include "model_runner/runner/offload_options.h"
 #include "model_runner/runner/omni_request.h"
+#include "worker/config/engine_options.h"
 
 namespace CLI {
 class App;
@@ -75,29 +74,11 @@ struct GenerateOptions {
   // a stage config, only these override the YAML.
   std::set<std::string> given;
 
-  // Offload (OmniOffloadOptions). A component list enables component offload.
-  bool cpu_offload_enabled = false;  // component offload (default components when none given)
-  bool enable_cpu_offload = false;   // model-level: thinker, talker, code2wav as components
-  bool pin_memory_flag = false;      // --cpu-offload-pin-memory (the default anyway)
-  std::vector<std::string> cpu_offload_components;
-  std::string cpu_offload_strategy = "alternating";
-  size_t cpu_offload_budget = 0;  // bytes
-  bool no_pin_memory = false;
-  bool enable_layerwise_offload = false;
-  int layerwise_num_gpu_layers = 1;
-  // Expert-level MoE offload of the thinker (RunnerOffloadOptions::cpu_offload_experts).
-  bool cpu_offload_experts = false;
-  std::string expert_cache_budget = "25%";   // "25%" of all experts' bytes, or bytes
-  bool no_expert_prefetch = false;           // RunnerOffloadOptions::expert_prefetch = false
-  std::string expert_miss_policy = "fetch";  // fetch | host | auto
-  std::string expert_eviction = "layer";     // layer | lru
-  // The disk tier: host bytes for the streamed weights (0 = no limit); beyond it they are read
-  // from the checkpoint's files when needed (RunnerOffloadOptions::host_memory_budget_bytes).
-  size_t host_memory_budget = 0;
-  std::string disk_read = "pread";  // pread | mmap (RunnerOffloadOptions::disk_read)
+  // The engine option flags given (--cpu-offload-*, --enable-*-offload, --dtype, ...), applied
+  // to every stage by config::apply_stage_flags.
+  config::EngineFlags engine;
 
   std::string device = "auto";  // auto | cpu (the simulated device) | cuda
-  std::string dtype = "auto";
 
   // Every default from the runner's headers.
   GenerateOptions();

@@ -17,7 +17,7 @@ std::unique_ptr<GenerateBackend> make_pipeline_backend(const GenerateOptions& o)
   pipeline::LauncherOptions options;
   try {
     options.config = config::load_pipeline_config(o.stage_configs_path);
-    config::apply_stage_flags(options.config, stage_flags(o), o.stage_overrides);
+    config::apply_stage_flags(options.config, o.engine, o.stage_overrides);
   } catch (const config::ConfigError& e) {
     throw BadInput(e.what());
   }

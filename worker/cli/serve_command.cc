@@ -13,8 +13,8 @@
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
 #include "cpu_offload/option_names.h"
-#include "model_runner/runner/expert_offload.h"
 #include "model_runner/weights/hf_config.h"
+#include "worker/cli/engine_flags.h"
 #include "worker/cli/generate_command.h"
 #include "worker/cli/generate_options.h"
 #include "worker/cli/process_control.h"
@@ -41,105 +41,7 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
                  "per-stage settings as JSON, e.g. '{\"1\": {\"cpu_offload_enabled\": true}}' "
                  "(with --model the stages are 0 thinker, 1 talker, 2 code2wav)")
       ->type_name("JSON");
-  // The global offload flags: only those given change the stages' settings.
-  auto& f = o.flags;
-  app.add_flag_callback(
-      "--cpu-offload-enabled", [&f] { f.cpu_offload_enabled = true; },
-      "component offload inside every stage");
-  app.add_option_function<std::vector<std::string>>(
-         "--cpu-offload-components",
-         [&f](const std::vector<std::string>& v) { f.cpu_offload_components = v; },
-         "thinker, talker, code2wav select stages that give their weights back; other names "
-         "(visual, audio_tower, code_predictor, globs) modules inside every stage")
-      ->type_name("NAMES")
-      ->delimiter(',');
-  app.add_option_function<std::string>(
-         "--cpu-offload-strategy", [&f](const std::string& v) { f.cpu_offload_strategy = v; },
-         "alternating or sequential")
-      ->check(one_of(offload::names::component_policies()));
-  app.add_flag_callback(
-      "--cpu-offload-pin-memory", [&f] { f.cpu_offload_pin_memory = true; },
-      "pinned host memory for offloaded weights (the default)");
-  app.add_flag_callback(
-      "--no-cpu-offload-pin-memory", [&f] { f.cpu_offload_pin_memory = false; },
-      "pageable host memory for offloaded weights");
-  app.add_flag_callback(
-      "--enable-cpu-offload", [&f] { f.enable_cpu_offload = true; },
-      "every stage gives its weights back when another needs the room");
-  app.add_flag_callback(
-      "--enable-layerwise-offload", [&f] { f.enable_layerwise_offload = true; },
-      "stream the decoder layers of the thinker and the talker");
-  app.add_option_function<int64_t>(
-         "--layerwise-num-gpu-layers", [&f](const int64_t& n) { f.layerwise_num_gpu_layers = n; },
-         "layerwise: layers copied ahead")
-      ->check(CLI::PositiveNumber);
-  app.add_option_function<std::string>(
-         "--gpu-memory-budget",
-         [&f](const std::string& v) { f.gpu_memory_budget = config::parse_byte_size(v); },
-         "one device budget shared by the stages on a device (20GiB, 8GB, bytes)")
-      ->type_name("BYTES")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            try {
-              config::parse_byte_size(text);
-              return "";
-            } catch (const std::exception& e) {
-              return e.what();
-            }
-          },
-          ""));
-
-  app.add_flag_callback(
-      "--cpu-offload-experts", [&f] { f.cpu_offload_experts = true; },
-      "expert-level MoE offload of the thinker's experts (a device expert cache)");
-  app.add_option_function<std::string>(
-         "--expert-cache-budget", [&f](const std::string& v) { f.expert_cache_budget = v; },
-         "device bytes of the expert cache: a percentage of all experts' bytes (25%) or bytes "
-         "(768MiB)")
-      ->type_name("PERCENT|BYTES")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            try {
-              size_t bytes = 0;
-              double fraction = 0;
-              models::parse_expert_cache_budget(text, "--expert-cache-budget", &bytes, &fraction);
-              return "";
-            } catch (const std::exception& e) {
-              return e.what();
-            }
-          },
-          ""));
-  app.add_flag_callback(
-      "--no-expert-prefetch", [&f] { f.expert_prefetch = false; },
-      "experts: do not predict and prefetch the next MoE layer's experts");
-  app.add_option_function<std::string>(
-         "--expert-miss-policy", [&f](const std::string& v) { f.expert_miss_policy = v; },
-         "experts: what a miss does: fetch it, compute it on the host, or auto")
-      ->check(one_of(offload::names::expert_miss_policies()));
-  app.add_option_function<std::string>(
-         "--expert-eviction", [&f](const std::string& v) { f.expert_eviction = v; },
-         "experts: which expert leaves a full cache: by the layers' run order, or lru")
-      ->check(one_of(offload::names::expert_evictions()));
-  app.add_option_function<std::string>(
-         "--host-memory-budget",
-         [&f](const std::string& v) { f.host_memory_budget = config::parse_byte_size(v); },
-         "host bytes for the streamed weights (layerwise layers, experts); beyond it they are "
-         "read from the checkpoint's files when needed (20GiB, bytes; 0 = no limit)")
-      ->type_name("BYTES")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            try {
-              config::parse_byte_size(text);
-              return "";
-            } catch (const std::exception& e) {
-              return e.what();
-            }
-          },
-          ""));
-  app.add_option_function<std::string>(
-         "--disk-read", [&f](const std::string& v) { f.disk_read = v; },
-         "how weights beyond --host-memory-budget are read: our pinned cache, or the page cache")
-      ->check(one_of(offload::names::disk_reads()));
+  add_engine_flags(app, o.engine);
 
   app.add_option("--stage-init-timeout", o.stage_init_timeout_s,
                  "with --stage-configs-path: seconds a stage worker may take to come up")
@@ -215,16 +117,15 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
       ->capture_default_str();
   app.add_option("--device", o.device,
                  "with --model: auto (cuda when a CUDA device is usable), cpu (the simulated "
-                 "device) or cuda")
+                 "device) or cuda (a stage YAML names its devices in runtime.devices)")
       ->check(one_of(offload::names::device_kinds()))
+      ->excludes(configs)
       ->capture_default_str();
-  app.add_option("--dtype", o.dtype, "with --model: compute dtype (auto: the checkpoint's)")
-      ->check(one_of({"auto", "float32", "bfloat16", "float16"}))
-      ->capture_default_str();
-  app.parse_complete_callback([model, configs] {
+  app.parse_complete_callback([&app, model, configs] {
     if (model->count() == 0 && configs->count() == 0) {
       throw CLI::RequiredError("--model or --stage-configs-path");
     }
+    if (configs->count() == 0) check_engine_flag_needs(app);
   });
 }
 
@@ -281,7 +182,7 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
     if (!o.stage_configs_path.empty()) {
       pipeline::LauncherOptions lo;
       lo.config = config::load_pipeline_config(o.stage_configs_path);
-      config::apply_stage_flags(lo.config, o.flags, o.stage_overrides);
+      config::apply_stage_flags(lo.config, o.engine, o.stage_overrides);
       lo.worker_executable = self_executable();
       lo.init_timeout =
           std::chrono::milliseconds(static_cast<int64_t>(o.stage_init_timeout_s * 1000));
@@ -298,8 +199,8 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
     } else {
       server.model_name = o.served_model_name.empty() ? folder_name(o.model) : o.served_model_name;
       const std::string device = resolved_device(o.device);
-      auto cfg = pipeline::checkpoint_stage_config(o.model, device, o.dtype);
-      config::apply_stage_flags(cfg, o.flags, o.stage_overrides);
+      auto cfg = pipeline::checkpoint_stage_config(o.model, device, "auto");
+      config::apply_stage_flags(cfg, o.engine, o.stage_overrides);
       server.sampling_defaults = yaml_sampling(cfg);
       local = pipeline::make_local_pipeline(cfg, device);
     }

@@ -39,11 +39,9 @@ struct ServeOptions {
   size_t max_media_items = 16;                    // audio and image parts per request
   uint64_t max_image_pixels = uint64_t{1} << 25;  // all images of a request together
   std::string device = "auto";
-  std::string dtype = "auto";
-  // The pipeline's global offload flags (the ones given; stage names select stages, other names
-  // modules, as for generate --stage-configs-path). With --model they apply to the checkpoint's
-  // three stages in this process, with the same device ledger as the workers.
-  config::GlobalStageFlags flags;
+  // The engine option flags given (--cpu-offload-*, --dtype, ...): they apply to every stage,
+  // the checkpoint's own (--model) or the YAML's, as on generate.
+  config::EngineFlags engine;
 };
 
 void add_serve_options(CLI::App& app, ServeOptions& options);

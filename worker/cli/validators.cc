@@ -88,20 +88,4 @@ CLI::Validator one_of(std::vector<std::string> names) {
       "");
 }
 
-CLI::Validator byte_size() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        const std::string original = text;
-        const std::string bad =
-            "expected a byte count (suffixes KB, MB, GB: powers of 1000; KiB, "
-            "MiB, GiB: powers of 1024), got '" +
-            original + "'";
-        if (text.empty() || text[0] == '-' || text[0] == '+') return bad;
-        // AsSizeValue rewrites `text` to the plain number of bytes.
-        if (!CLI::AsSizeValue(/*kb_is_1000=*/true)(text).empty()) return bad;
-        return "";
-      },
-      "");
-}
-
 }  // namespace omni::cli

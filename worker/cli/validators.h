@@ -20,8 +20,5 @@ CLI::Validator unsigned_integer();  // digits only, fits 64 bits
 CLI::Validator number_in(double min, double max, bool min_open = false);
 // One of `names` exactly (for the engine's options, cpu_offload/option_names.h lists them).
 CLI::Validator one_of(std::vector<std::string> names);
-// Bytes, with an optional SI or binary suffix: 8000000000, 8GB (10^9), 8GiB (2^30); rewrites
-// the text to the plain number.
-CLI::Validator byte_size();
 
 }  // namespace omni::cli

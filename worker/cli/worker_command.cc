@@ -11,6 +11,7 @@
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
 #include "cpu_offload/option_names.h"
+#include "worker/cli/engine_flags.h"
 #include "worker/cli/generate_command.h"
 #include "worker/cli/generate_options.h"
 #include "worker/cli/process_control.h"
@@ -62,6 +63,7 @@ void add_worker_options(CLI::App& app, WorkerOptions& o) {
       ->type_name("SECONDS")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  add_engine_flags(app, o.engine);
   app.add_option("--device", o.device, "instead of runtime.devices: auto, cpu or cuda")
       ->type_name("auto|cpu|cuda")
       ->check(one_of(offload::names::device_kinds()));
@@ -73,7 +75,7 @@ int run_worker(const WorkerOptions& o, std::ostream& err) {
   config::StageConfig stage;
   try {
     auto cfg = config::load_pipeline_config(o.stage_configs_path);
-    config::apply_stage_flags(cfg, {}, o.stage_overrides);
+    config::apply_stage_flags(cfg, o.engine, o.stage_overrides);
     stage = cfg.stage(o.stage_id);
   } catch (const config::ConfigError& e) {
     err << "vllm-omni worker: error: " << one_line(e.what()) << std::endl;

@@ -10,6 +10,8 @@
 #include <iosfwd>
 #include <string>
 
+#include "worker/config/engine_options.h"
+
 namespace CLI {
 class App;
 }
@@ -27,6 +29,7 @@ struct WorkerOptions {
   double drain_timeout_s = 10;
   // Instead of runtime.devices: cpu (the simulated device) or cuda.
   std::string device;
+  config::EngineFlags engine;  // the engine option flags given, applied to the stage
 };
 
 void add_worker_options(CLI::App& app, WorkerOptions& options);

@@ -7,7 +7,7 @@
 #include <set>
 #include <sstream>
 
-#include "cpu_offload/option_names.h"
+#include "worker/config/engine_options.h"
 #include "worker/config/stage_config.h"
 #include "worker/config/stage_overrides.h"
 #include "worker/config/stage_values.h"
@@ -33,12 +33,6 @@ const std::vector<std::string> kStageKeys = {
     "stage_id", "stage_type", "runtime", "engine_args", "engine_input_source", "final_output",
     "final_output_type", "default_sampling_params", "custom_process_input_func",
     "is_comprehension"};
-const std::vector<std::string> kEngineKeys = {
-    "model_stage", "model_arch", "model", "cpu_offload_enabled", "cpu_offload_components",
-    "cpu_offload_strategy", "cpu_offload_pin_memory", "enable_cpu_offload",
-    "enable_layerwise_offload", "layerwise_num_gpu_layers", "gpu_memory_budget", "dtype",
-    "offload_stage", "cpu_offload_experts", "expert_cache_budget", "expert_prefetch",
-    "expert_miss_policy", "expert_eviction", "host_memory_budget", "disk_read"};
 const std::vector<std::string> kRuntimeKeys = {"devices", "address", "max_batch_size", "process"};
 const std::vector<std::string> kSamplingKeys = {
     "temperature", "top_p", "top_k", "max_tokens", "seed", "repetition_penalty",
@@ -71,6 +65,16 @@ const std::vector<std::string> kIgnoredSamplingKeys = {
     "logit_bias", "allowed_token_ids", "output_kind"};
 // `dtype` at the top level is not among them: it is the default of the stages that set none.
 // clang-format on
+
+// engine_args' keys are the engine option table's.
+const std::vector<std::string>& engine_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> out;
+    for (const EngineOption& o : engine_options()) out.push_back(o.key);
+    return out;
+  }();
+  return keys;
+}
 
 bool contains(const std::vector<std::string>& list, const std::string& s) {
   return std::find(list.begin(), list.end(), s) != list.end();
@@ -127,54 +131,8 @@ bool set_stage_key(StageConfig& s, const std::string& key, const RawValue& v) {
 
 bool set_engine_key(StageEngineArgs& e, const std::string& key, const RawValue& v,
                     const SetContext& context) {
-  const StageEngineArgs d;
-  const bool null = v.kind == Kind::kNull;
-  if (key == "model_stage") {
-    e.model_stage = null ? d.model_stage : one_of(key, v, kModelStages);
-  } else if (key == "model_arch") {
-    e.model_arch = null ? d.model_arch : to_string(key, v);
-  } else if (key == "model") {
-    e.model = null ? d.model : to_model_dir(key, v, context);
-  } else if (key == "cpu_offload_enabled") {
-    e.cpu_offload_enabled = null ? d.cpu_offload_enabled : to_bool(key, v);
-  } else if (key == "cpu_offload_components") {
-    e.cpu_offload_components = null ? d.cpu_offload_components : to_string_list(key, v);
-  } else if (key == "cpu_offload_strategy") {
-    e.cpu_offload_strategy =
-        null ? d.cpu_offload_strategy : one_of(key, v, offload::names::component_policies());
-  } else if (key == "cpu_offload_pin_memory") {
-    e.cpu_offload_pin_memory = null ? d.cpu_offload_pin_memory : to_bool(key, v);
-  } else if (key == "enable_cpu_offload") {
-    e.enable_cpu_offload = null ? d.enable_cpu_offload : to_bool(key, v);
-  } else if (key == "enable_layerwise_offload") {
-    e.enable_layerwise_offload = null ? d.enable_layerwise_offload : to_bool(key, v);
-  } else if (key == "layerwise_num_gpu_layers") {
-    e.layerwise_num_gpu_layers = null ? d.layerwise_num_gpu_layers : to_int(key, v);
-    if (e.layerwise_num_gpu_layers < 1) {
-      fail(v.where, key + " must be >= 1, got " + std::to_string(e.layerwise_num_gpu_layers));
-    }
-  } else if (key == "gpu_memory_budget") {
-    e.gpu_memory_budget = null ? d.gpu_memory_budget : to_byte_size(key, v);
-  } else if (key == "dtype") {
-    e.dtype = null ? d.dtype : to_dtype(key, v);
-  } else if (key == "offload_stage") {
-    e.offload_stage = null ? d.offload_stage : to_bool(key, v);
-  } else if (key == "cpu_offload_experts") {
-    e.cpu_offload_experts = null ? d.cpu_offload_experts : to_bool(key, v);
-  } else if (key == "expert_cache_budget") {
-    e.expert_cache_budget = null ? d.expert_cache_budget : to_expert_budget(key, v);
-  } else if (key == "expert_prefetch") {
-    e.expert_prefetch = null ? d.expert_prefetch : to_bool(key, v);
-  } else if (key == "expert_miss_policy") {
-    e.expert_miss_policy =
-        null ? d.expert_miss_policy : one_of(key, v, offload::names::expert_miss_policies());
-  } else if (key == "expert_eviction") {
-    e.expert_eviction =
-        null ? d.expert_eviction : one_of(key, v, offload::names::expert_evictions());
-  } else if (key == "host_memory_budget") {
-    e.host_memory_budget = null ? d.host_memory_budget : to_byte_size(key, v);
-  } else if (key == "disk_read") {
-    e.disk_read = null ? d.disk_read : one_of(key, v, offload::names::disk_reads());
+  if (const EngineOption* option = find_engine_option(key)) {
+    option->set(e, v, context);
   } else if (contains(kIgnoredEngineKeys, key)) {
     e.ignored[key] = v.text;
   } else {
@@ -288,7 +246,7 @@ const std::vector<std::string>& section_keys(Section section) {
     case Section::kStage:
       return kStageKeys;
     case Section::kEngine:
-      return kEngineKeys;
+      return engine_keys();
     case Section::kRuntime:
       return kRuntimeKeys;
     case Section::kSampling:

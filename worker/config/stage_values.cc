@@ -11,15 +11,13 @@
 #include <filesystem>
 
 #include "cpu_offload/option_names.h"
-#include "worker/config/stage_overrides.h"
+#include "cpu_offload/option_values.h"
 
 namespace omni::config::detail {
 namespace {
 
 namespace fs = std::filesystem;
 using Kind = RawValue::Kind;
-
-const std::vector<std::string> kDtypes = {"float32", "bfloat16", "float16"};
 
 bool contains(const std::vector<std::string>& list, const std::string& s) {
   return std::find(list.begin(), list.end(), s) != list.end();
@@ -153,14 +151,15 @@ std::string one_of(const std::string& key, const RawValue& v,
 }
 
 std::string to_dtype(const std::string& key, const RawValue& v) {
-  std::string s = lower(trim(to_string(key, v)));
-  if (s == "float32" || s == "float" || s == "fp32") return "float32";
-  if (s == "bfloat16" || s == "bf16") return "bfloat16";
-  if (s == "float16" || s == "fp16" || s == "half") return "float16";
-  if (s == "auto" || s.empty()) return "";
-  RawValue named = v;
-  named.text = s;
-  return one_of(key, named, kDtypes);  // fails with the suggestion
+  const std::string given = trim(to_string(key, v));
+  try {
+    const std::string name = offload::values::canonical_dtype(given);
+    return name == "auto" ? "" : name;
+  } catch (const std::invalid_argument&) {
+    RawValue named = v;
+    named.text = lower(given);
+    return one_of(key, named, offload::values::dtype_names());  // fails with the suggestion
+  }
 }
 
 std::string to_devices(const std::string& key, const RawValue& v) {
@@ -225,7 +224,7 @@ std::string to_model_dir(const std::string& key, const RawValue& v, const SetCon
 uint64_t to_byte_size(const std::string& key, const RawValue& v) {
   if (v.kind != Kind::kScalar) wrong_type(key, v, "a byte size (an integer or e.g. \"20GiB\")");
   try {
-    return parse_byte_size(v.text);
+    return offload::values::parse_byte_size(v.text);
   } catch (const std::invalid_argument& e) {
     fail(v.where, key + ": " + e.what());
   }

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cpu_offload/check.h"
+#include "cpu_offload/dtype_name.h"
 #include "cpu_offload/option_names.h"
 #include "model_runner/qwen3_omni/config.h"
 #include "model_runner/runner/expert_offload.h"
@@ -15,13 +16,6 @@ namespace omni::pipeline {
 namespace {
 
 using Json = nlohmann::json;
-
-// "" (auto) is handled by the caller: the runner then reads the checkpoint's dtype.
-at::ScalarType dtype_of(const std::string& name) {
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float16") return at::kHalf;
-  return at::kFloat;  // float32 (the config normalises the names)
-}
 
 config::StageConfig checkpoint_stage(int64_t id, const char* model_stage,
                                      std::vector<int64_t> sources, const char* final_type,
@@ -90,7 +84,7 @@ LocalStageOptions local_stage_options(const config::StageConfig& s, const std::s
   o.name = stage_name(s);
   o.model_stage = s.engine.model_stage;
   o.model_dir = s.engine.model;
-  o.dtype = s.engine.dtype.empty() ? at::ScalarType::Undefined : dtype_of(s.engine.dtype);
+  o.dtype = offload::scalar_type_of(s.engine.dtype);  // "" (auto): Undefined
   auto& off = o.offload;
   off.cpu_offload_enabled = s.engine.cpu_offload_enabled;
   off.components = s.engine.cpu_offload_components;

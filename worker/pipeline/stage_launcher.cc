@@ -8,7 +8,7 @@
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
-#include "model_runner/runner/expert_offload.h"
+#include "worker/config/engine_options.h"
 
 namespace omni::pipeline {
 namespace {
@@ -70,25 +70,7 @@ class SupervisedStage : public Stage {
 }  // namespace
 
 std::string resolved_stage_overrides(const config::StageConfig& s) {
-  const auto& e = s.engine;
-  Json engine = {{"model", e.model},
-                 {"cpu_offload_enabled", e.cpu_offload_enabled},
-                 {"cpu_offload_components", e.cpu_offload_components},
-                 {"cpu_offload_strategy", e.cpu_offload_strategy},
-                 {"cpu_offload_pin_memory", e.cpu_offload_pin_memory},
-                 {"enable_cpu_offload", e.enable_cpu_offload},
-                 {"enable_layerwise_offload", e.enable_layerwise_offload},
-                 {"layerwise_num_gpu_layers", e.layerwise_num_gpu_layers},
-                 {"gpu_memory_budget", e.gpu_memory_budget},
-                 {"offload_stage", e.offload_stage},
-                 {"cpu_offload_experts", e.cpu_offload_experts},
-                 {"expert_cache_budget", e.expert_cache_budget},
-                 {"expert_prefetch", e.expert_prefetch},
-                 {"expert_miss_policy", e.expert_miss_policy},
-                 {"expert_eviction", e.expert_eviction},
-                 {"host_memory_budget", e.host_memory_budget},
-                 {"disk_read", e.disk_read}};
-  if (!e.dtype.empty()) engine["dtype"] = e.dtype;
+  Json engine = config::engine_args_json(s.engine);
   engine["runtime"] = Json{{"devices", s.runtime.devices}};
   return Json{{std::to_string(s.stage_id), engine}}.dump();
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "cpu_offload/check.h"
+#include "cpu_offload/option_values.h"
 
 namespace omni::models {
 
@@ -21,35 +22,24 @@ void parse_expert_cache_budget(const std::string& text, const std::string& optio
                "bytes such as 805306368, 768MiB, 1.5GiB)");
   };
   if (t.empty()) bad();
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(t, &used);
-  } catch (const std::exception&) {
-    bad();
-  }
-  if (!std::isfinite(value) || value < 0) bad();
-  const std::string unit = t.substr(used);
-  if (unit == "%") {
+  if (t.back() == '%') {
+    size_t used = 0;
+    double value = 0;
+    try {
+      value = std::stod(t.substr(0, t.size() - 1), &used);
+    } catch (const std::exception&) {
+      bad();
+    }
+    if (used + 1 != t.size() || !std::isfinite(value)) bad();
     OMNI_CHECK(value > 0 && value <= 100, option, ": '", text, "' must be in (0%, 100%]");
     *fraction = value / 100.0;
     return;
   }
-  // The units of the stage config's byte sizes (worker/config: parse_byte_size).
-  std::string u;
-  for (char c : unit) u += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  double scale = 0;
-  if (u.empty() || u == "b") scale = 1;
-  if (u == "kb") scale = 1e3;
-  if (u == "mb") scale = 1e6;
-  if (u == "gb") scale = 1e9;
-  if (u == "tb") scale = 1e12;
-  if (u == "kib") scale = 1024.0;
-  if (u == "mib") scale = 1024.0 * 1024;
-  if (u == "gib") scale = 1024.0 * 1024 * 1024;
-  if (u == "tib") scale = 1024.0 * 1024 * 1024 * 1024;
-  if (scale == 0) bad();
-  *bytes = static_cast<size_t>(std::llround(value * scale));
+  try {
+    *bytes = offload::values::parse_byte_size(t);
+  } catch (const std::invalid_argument&) {
+    bad();
+  }
   OMNI_CHECK(*bytes > 0, option, ": '", text, "' is 0 bytes");
 }
 

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "cpu_offload/option_values.h"
+#include "worker/config/engine_options.h"
 #include "worker/config/stage_overrides.h"
 #include "worker/config/stage_yaml.h"
 
@@ -557,9 +559,10 @@ TEST_F(StageConfigTest, UnknownEnumValues) {
   EXPECT_TRUE(IsError(parse_error(yaml), pos_of(yaml, "sequental"), "did you mean 'sequential'?"));
 
   yaml = one_stage("      dtype: float64\n");
-  EXPECT_TRUE(IsError(parse_error(yaml), pos_of(yaml, "float64"),
-                      "dtype: unknown value 'float64'; did you mean 'float32'? (valid: float32, "
-                      "bfloat16, float16)"));
+  EXPECT_TRUE(
+      IsError(parse_error(yaml), pos_of(yaml, "float64"),
+              "dtype: unknown value 'float64'; did you mean 'float32'? (valid: auto, float32, "
+              "bfloat16, float16)"));
 }
 
 const char kTwoStages[] = R"(stage_args:
@@ -728,9 +731,8 @@ const char kThree[] = R"(stage_args:
 
 TEST_F(StageConfigTest, PrecedenceOverridesThenFlagsThenYamlThenDefaults) {
   auto config = parse(kThree);
-  GlobalStageFlags flags;
-  flags.dtype = "bf16";
-  flags.layerwise_num_gpu_layers = 3;
+  const EngineFlags flags = {engine_flag("dtype", {"bf16"}),
+                             engine_flag("layerwise_num_gpu_layers", {"3"})};
   apply_stage_flags(config, flags,
                     R"({"0": {"dtype": "float16", "gpu_memory_budget": "20GiB",
                               "default_sampling_params": {"temperature": 0.7, "max_tokens": 9},
@@ -771,8 +773,7 @@ TEST_F(StageConfigTest, PrecedenceOverridesThenFlagsThenYamlThenDefaults) {
 TEST_F(StageConfigTest, ComponentFlagSelectsStagesOrModules) {
   {  // Stage names only: offload_stage on those stages, components and enabled untouched.
     auto config = parse(kThree);
-    GlobalStageFlags flags;
-    flags.cpu_offload_components = std::vector<std::string>{"thinker", "code2wav"};
+    const EngineFlags flags = {engine_flag("cpu_offload_components", {"thinker", "code2wav"})};
     apply_stage_flags(config, flags, "");
     EXPECT_TRUE(config.stage(0).engine.offload_stage);
     EXPECT_FALSE(config.stage(1).engine.offload_stage);
@@ -786,9 +787,8 @@ TEST_F(StageConfigTest, ComponentFlagSelectsStagesOrModules) {
   }
   {  // Mixed: the module names replace every stage's components and enable component offload.
     auto config = parse(kThree);
-    GlobalStageFlags flags;
-    flags.cpu_offload_components =
-        std::vector<std::string>{"talker", "visual", "thinker.*, visual"};
+    const EngineFlags flags = {
+        engine_flag("cpu_offload_components", {"talker", "visual", "thinker.*, visual"})};
     apply_stage_flags(config, flags, "");
     for (const auto& s : config.stages) {
       EXPECT_EQ(s.engine.cpu_offload_components, std::vector<std::string>({"visual", "thinker.*"}));
@@ -798,14 +798,13 @@ TEST_F(StageConfigTest, ComponentFlagSelectsStagesOrModules) {
   }
   {  // An explicit --cpu-offload-enabled wins over the one the module names imply; overrides win.
     auto config = parse(kThree);
-    GlobalStageFlags flags;
-    flags.cpu_offload_components = std::vector<std::string>{"visual"};
-    flags.cpu_offload_enabled = false;
-    flags.cpu_offload_strategy = "sequential";
-    flags.cpu_offload_pin_memory = false;
-    flags.enable_cpu_offload = true;
-    flags.enable_layerwise_offload = true;
-    flags.gpu_memory_budget = 123;
+    const EngineFlags flags = {engine_flag("cpu_offload_components", {"visual"}),
+                               engine_flag("cpu_offload_enabled", {"false"}),
+                               engine_flag("cpu_offload_strategy", {"sequential"}),
+                               engine_flag("cpu_offload_pin_memory", {"false"}),
+                               engine_flag("enable_cpu_offload", {"true"}),
+                               engine_flag("enable_layerwise_offload", {"true"}),
+                               engine_flag("gpu_memory_budget", {"123"})};
     apply_stage_flags(config, flags, R"({"1": {"cpu_offload_enabled": true,
                                                "cpu_offload_components": "audio_tower"}})");
     EXPECT_FALSE(config.stage(0).engine.cpu_offload_enabled);
@@ -824,22 +823,22 @@ TEST_F(StageConfigTest, ComponentFlagSelectsStagesOrModules) {
 
 TEST_F(StageConfigTest, FlagErrorsNameTheFlag) {
   auto config = parse(kThree);
-  GlobalStageFlags flags;
-  flags.cpu_offload_strategy = "alternatin";
+  EngineFlags flags = {engine_flag("cpu_offload_strategy", {"alternatin"})};
   EXPECT_TRUE(IsError(error_of([&] { apply_stage_flags(config, flags, ""); }),
                       "--cpu-offload-strategy", "did you mean 'alternating'?"));
-  flags = {};
-  flags.dtype = "int8";
+  flags = {engine_flag("dtype", {"int8"})};
   EXPECT_TRUE(IsError(error_of([&] { apply_stage_flags(config, flags, ""); }), "--dtype",
                       "unknown value 'int8'"));
-  flags = {};
-  flags.layerwise_num_gpu_layers = 0;
+  flags = {engine_flag("layerwise_num_gpu_layers", {"0"})};
   EXPECT_TRUE(IsError(error_of([&] { apply_stage_flags(config, flags, ""); }),
                       "--layerwise-num-gpu-layers", "must be >= 1"));
-  flags = {};
-  flags.cpu_offload_components = std::vector<std::string>{"visual", ""};
+  flags = {engine_flag("cpu_offload_components", {"visual", ""})};
   EXPECT_TRUE(IsError(error_of([&] { apply_stage_flags(config, flags, ""); }),
                       "--cpu-offload-components", "an empty name"));
+  // The alias names the flag the user typed.
+  flags = {{"gpu_memory_budget", "--cpu-offload-budget", {"lots"}}};
+  EXPECT_TRUE(IsError(error_of([&] { apply_stage_flags(config, flags, ""); }),
+                      "--cpu-offload-budget", "'lots' is not a byte size"));
 }
 
 TEST_F(StageConfigTest, OverridesErrors) {
@@ -895,25 +894,25 @@ TEST_F(StageConfigTest, OverridesErrors) {
 // --- byte sizes --------------------------------------------------------------------------------
 
 TEST(ParseByteSize, UnitsAndErrors) {
-  EXPECT_EQ(parse_byte_size("0"), 0u);
-  EXPECT_EQ(parse_byte_size("123"), 123u);
-  EXPECT_EQ(parse_byte_size("512B"), 512u);
-  EXPECT_EQ(parse_byte_size("20GiB"), 20ull << 30);
-  EXPECT_EQ(parse_byte_size("8GB"), 8000000000ull);
-  EXPECT_EQ(parse_byte_size("1 KiB"), 1024u);
-  EXPECT_EQ(parse_byte_size("3kb"), 3000u);
-  EXPECT_EQ(parse_byte_size("5MiB"), 5ull << 20);
-  EXPECT_EQ(parse_byte_size("7MB"), 7000000u);
-  EXPECT_EQ(parse_byte_size("2TiB"), 2ull << 40);
-  EXPECT_EQ(parse_byte_size("2TB"), 2000000000000ull);
-  EXPECT_EQ(parse_byte_size("1.5GB"), 1500000000ull);
-  EXPECT_EQ(parse_byte_size("0.5GiB"), 1ull << 29);
-  EXPECT_EQ(parse_byte_size(" 42 "), 42u);
-  EXPECT_EQ(parse_byte_size("18446744073709551615"), 18446744073709551615ull);
+  EXPECT_EQ(offload::values::parse_byte_size("0"), 0u);
+  EXPECT_EQ(offload::values::parse_byte_size("123"), 123u);
+  EXPECT_EQ(offload::values::parse_byte_size("512B"), 512u);
+  EXPECT_EQ(offload::values::parse_byte_size("20GiB"), 20ull << 30);
+  EXPECT_EQ(offload::values::parse_byte_size("8GB"), 8000000000ull);
+  EXPECT_EQ(offload::values::parse_byte_size("1 KiB"), 1024u);
+  EXPECT_EQ(offload::values::parse_byte_size("3kb"), 3000u);
+  EXPECT_EQ(offload::values::parse_byte_size("5MiB"), 5ull << 20);
+  EXPECT_EQ(offload::values::parse_byte_size("7MB"), 7000000u);
+  EXPECT_EQ(offload::values::parse_byte_size("2TiB"), 2ull << 40);
+  EXPECT_EQ(offload::values::parse_byte_size("2TB"), 2000000000000ull);
+  EXPECT_EQ(offload::values::parse_byte_size("1.5GB"), 1500000000ull);
+  EXPECT_EQ(offload::values::parse_byte_size("0.5GiB"), 1ull << 29);
+  EXPECT_EQ(offload::values::parse_byte_size(" 42 "), 42u);
+  EXPECT_EQ(offload::values::parse_byte_size("18446744073709551615"), 18446744073709551615ull);
 
   const auto reason = [](const std::string& text) -> std::string {
     try {
-      parse_byte_size(text);
+      offload::values::parse_byte_size(text);
     } catch (const std::invalid_argument& e) {
       return e.what();
     }
@@ -956,15 +955,14 @@ TEST_F(StageConfigTest, ExpertOffloadKeysAndFlags) {
 
   // The global flags set every stage; a bad budget names the flag.
   config = parse(kThree);
-  GlobalStageFlags flags;
-  flags.cpu_offload_experts = true;
-  flags.expert_cache_budget = "50%";
+  EngineFlags flags = {engine_flag("cpu_offload_experts", {"true"}),
+                       engine_flag("expert_cache_budget", {"50%"})};
   apply_stage_flags(config, flags, "");
   for (const auto& stage : config.stages) {
     EXPECT_TRUE(stage.engine.cpu_offload_experts);
     EXPECT_EQ(stage.engine.expert_cache_budget, "50%");
   }
-  flags.expert_cache_budget = "lots";
+  flags = {engine_flag("expert_cache_budget", {"lots"})};
   EXPECT_TRUE(IsError(error_of([&] { apply_stage_flags(config, flags, ""); }),
                       "--expert-cache-budget", "expert_cache_budget"));
 }
@@ -990,8 +988,7 @@ TEST_F(StageConfigTest, ExpertEvictionAndDiskTierKeysAndFlags) {
 
   // --host-memory-budget sets every stage; --stage-overrides one of them.
   config = parse(kThree);
-  GlobalStageFlags flags;
-  flags.host_memory_budget = 8ull << 30;
+  EngineFlags flags = {engine_flag("host_memory_budget", {"8GiB"})};
   apply_stage_flags(config, flags, R"({"0": {"expert_eviction": "lru", "disk_read": "mmap"}})");
   for (const auto& stage : config.stages) EXPECT_EQ(stage.engine.host_memory_budget, 8ull << 30);
   EXPECT_EQ(config.stages.at(0).engine.expert_eviction, "lru");
@@ -1002,11 +999,8 @@ TEST_F(StageConfigTest, ExpertEvictionAndDiskTierKeysAndFlags) {
               "--stage-overrides", "disk_read"));
   // The expert policy and disk read flags set every stage; a bad value names the flag.
   config = parse(kThree);
-  flags = {};
-  flags.expert_prefetch = false;
-  flags.expert_miss_policy = "host";
-  flags.expert_eviction = "lru";
-  flags.disk_read = "mmap";
+  flags = {engine_flag("expert_prefetch", {"false"}), engine_flag("expert_miss_policy", {"host"}),
+           engine_flag("expert_eviction", {"lru"}), engine_flag("disk_read", {"mmap"})};
   apply_stage_flags(config, flags, R"({"1": {"expert_miss_policy": "auto"}})");
   for (const auto& stage : config.stages) {
     EXPECT_FALSE(stage.engine.expert_prefetch);
@@ -1015,12 +1009,10 @@ TEST_F(StageConfigTest, ExpertEvictionAndDiskTierKeysAndFlags) {
   }
   EXPECT_EQ(config.stages.at(0).engine.expert_miss_policy, "host");
   EXPECT_EQ(config.stages.at(1).engine.expert_miss_policy, "auto");  // the override wins
-  flags = {};
-  flags.expert_eviction = "fifo";
+  flags = {engine_flag("expert_eviction", {"fifo"})};
   EXPECT_TRUE(IsError(error_of([&] { apply_stage_flags(config, flags, ""); }), "--expert-eviction",
                       "fifo"));
-  flags = {};
-  flags.disk_read = "tape";
+  flags = {engine_flag("disk_read", {"tape"})};
   EXPECT_TRUE(
       IsError(error_of([&] { apply_stage_flags(config, flags, ""); }), "--disk-read", "tape"));
 }
