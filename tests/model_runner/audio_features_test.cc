@@ -1,15 +1,18 @@
-// Audio inputs: decoding with libsndfile (mono mix-down, FLAC, errors that name the file),
-// Whisper log-mel features against Hugging Face's WhisperFeatureExtractor output in
+// Audio inputs: decoding with libsndfile (mono mix-down, FLAC, from memory, errors that name
+// the file), Whisper log-mel features against Hugging Face's WhisperFeatureExtractor output in
 // tests/fixtures/qwen3_omni_tiny/reference.safetensors, and resampling with libsoxr against
 // librosa.load(sr=16000) / python-soxr in tests/fixtures/audio_resample
 // (make_audio_resample_fixture.py).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+
 #include <sndfile.h>
 
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -229,6 +232,34 @@ TEST_F(AudioFileTest, FlacDecodesLikeWav) {
   for (size_t i = 0; i < pcm.size(); ++i) {
     ASSERT_EQ(wav.samples[i], static_cast<float>(pcm[i]) / 32768.0f) << "sample " << i;
   }
+}
+
+// An upload decodes from memory to the samples its file gives, in every format; its errors name
+// it.
+TEST_F(AudioFileTest, BytesInMemoryDecodeLikeTheFile) {
+  const std::vector<int16_t> pcm = pcm_ramp(2 * 3000, 7);
+  for (const int format : {SF_FORMAT_WAV, SF_FORMAT_FLAC}) {
+    const std::string file = path(format == SF_FORMAT_WAV ? "m.wav" : "m.flac");
+    write_pcm16(file, pcm, /*channels=*/2, /*sample_rate=*/24000, format);
+    std::ifstream in(file, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const AudioClip from_file = read_audio_file(file);
+    const AudioClip from_memory =
+        decode_audio(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "upload");
+    EXPECT_EQ(from_memory.samples, from_file.samples);
+    EXPECT_EQ(from_memory.sample_rate, 24000);
+    AudioLimits limits;
+    limits.max_seconds = 0.05;  // 3000 frames at 24 kHz last 0.125 s
+    const std::string err = error_of([&] {
+      decode_audio(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "upload", limits);
+    });
+    EXPECT_CONTAINS(err, "audio 'upload' lasts");
+  }
+  const std::string text = "this is not a RIFF file at all, just some text\n";
+  const std::string err = error_of([&] {
+    decode_audio(reinterpret_cast<const uint8_t*>(text.data()), text.size(), "input-0.wav");
+  });
+  EXPECT_CONTAINS(err, "audio 'input-0.wav' cannot be decoded");
 }
 
 TEST_F(AudioFileTest, FileErrorsNameThePath) {

@@ -366,8 +366,10 @@ TEST(ThinkerRunnerChat, EarlierTurnsRenderInOrderWithTheirMedia) {
   const auto tokenizer = Tokenizer::load(kDir);
   ChatRequest request;
   request.system_prompt = "be nice";
-  request.history = {
-      {"user", "hello", 0, 0}, {"assistant", "hi there", 0, 0}, {"system", "be brief", 0, 0}};
+  using Kind = ChatPart::Kind;
+  request.history = {{"user", {{Kind::kText, "hello"}}},
+                     {"assistant", {{Kind::kText, "hi there"}}},
+                     {"system", {{Kind::kText, "be brief"}}}};
   request.text = "bye";
   const auto want = tokenizer.encode(
       "<|im_start|>system\nbe nice<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n"
@@ -378,7 +380,7 @@ TEST(ThinkerRunnerChat, EarlierTurnsRenderInOrderWithTheirMedia) {
   // The audio belongs to the first user turn, the image to the last.
   request.audio_files = {kDir + "/audio.wav"};
   request.image_files = {kDir + "/image.png"};
-  request.history[0].audio_count = 1;
+  request.history[0].parts.insert(request.history[0].parts.begin(), {Kind::kAudio, ""});
   const auto in = runner->prepare(request);
   const auto& ids = in.input_ids;
   const auto at = [&](const char* token) {
@@ -399,13 +401,31 @@ TEST(ThinkerRunnerChat, EarlierTurnsRenderInOrderWithTheirMedia) {
   EXPECT_EQ(in.audio_lengths.size(), 1u);
   EXPECT_EQ(in.image_grids.size(), 1u);
 
-  // Turns that name more media than the chat has.
-  request.history[0].image_count = 2;
+  // Parts in their order: the answer's turn may put its image after its text.
+  ChatRequest ordered = request;
+  ordered.parts = {{Kind::kText, "bye"}, {Kind::kImage, ""}};
+  const auto after = runner->prepare(ordered).input_ids;
+  const auto vision = std::find(after.begin(), after.end(), tokenizer.token_id("<|vision_start|>"));
+  ASSERT_NE(vision, after.end());
+  EXPECT_EQ(*(vision - 1), tokenizer.encode("bye", /*allow_special=*/false).back());
+
+  // Turns that name more media than the chat has, or fewer.
+  request.history[0].parts.push_back({Kind::kImage, ""});
+  request.history[0].parts.push_back({Kind::kImage, ""});
   try {
     runner->prepare(request);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("name more media"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("name more images than it has"), std::string::npos)
+        << e.what();
+  }
+  ordered.parts = {{Kind::kText, "bye"}};
+  try {
+    runner->prepare(ordered);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("but its turns name 1 and 0"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -185,8 +185,13 @@ TEST(GenerateOptions, EveryFlagReachesItsField) {
                                       "--seed",
                                       "42"});
   const models::OmniRequest r = to_request(o);
-  EXPECT_EQ(r.chat.audio_files, (std::vector<std::string>{"a.wav", "b.flac"}));
-  EXPECT_EQ(r.chat.image_files, (std::vector<std::string>{"i.png"}));
+  const auto paths = [](const std::vector<models::ChatMedia>& files) {
+    std::vector<std::string> out;
+    for (const auto& f : files) out.push_back(f.path);
+    return out;
+  };
+  EXPECT_EQ(paths(r.chat.audio_files), (std::vector<std::string>{"a.wav", "b.flac"}));
+  EXPECT_EQ(paths(r.chat.image_files), (std::vector<std::string>{"i.png"}));
   EXPECT_EQ(r.chat.system_prompt, "be brief");
   EXPECT_EQ(r.speaker, "Chelsie");
   EXPECT_TRUE(o.modalities_given);

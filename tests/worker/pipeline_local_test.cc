@@ -21,6 +21,7 @@
 #include "tiny_request.h"
 #include "worker/pipeline/local_stages.h"
 #include "worker/pipeline/pipeline.h"
+#include "worker/pipeline/stage_params.h"
 #include "worker/pipeline/stop_strings.h"
 
 namespace omni::pipeline {
@@ -50,6 +51,52 @@ std::vector<PipelineStage> local_stages() {
 const models::OmniResult& reference() {
   static const models::OmniResult result = Pipeline(local_stages()).generate(request()).omni;
   return result;
+}
+
+// A stage's parameters: in one process the struct itself reaches the stage (no JSON); from the
+// wire, its JSON reads back to the same values, ordered parts included.
+TEST(StageParams, TheStructInProcessAndItsJsonOverTheWire) {
+  ThinkerParams p;
+  p.text = "unused";
+  p.system_prompt = "be brief";
+  using Kind = models::ChatPart::Kind;
+  p.history = {{"user", {{Kind::kText, "hi"}, {Kind::kAudio, ""}}},
+               {"assistant", {{Kind::kText, "<|im_start|>"}}}};
+  p.parts = {{Kind::kImage, ""}, {Kind::kText, "and this?"}};
+  p.sampling.top_k = 7;
+  p.handoff = true;
+  p.stop = {"\n\n"};
+  const auto typed = std::make_shared<const ThinkerParams>(p);
+  StageCall call;
+  call.params = typed;
+  EXPECT_EQ(params_as<ThinkerParams>(call, thinker_params).get(), typed.get());
+
+  call.params = std::make_shared<const JsonParams>(typed->to_json());
+  const auto back = params_as<ThinkerParams>(call, thinker_params);
+  EXPECT_NE(back.get(), typed.get());
+  EXPECT_EQ(back->to_json(), typed->to_json());
+  ASSERT_EQ(back->history.size(), 2u);
+  ASSERT_EQ(back->history[0].parts.size(), 2u);
+  EXPECT_EQ(back->history[0].parts[1].kind, Kind::kAudio);
+  EXPECT_EQ(back->history[1].parts[0].text, "<|im_start|>");
+  ASSERT_EQ(back->parts.size(), 2u);
+  EXPECT_EQ(back->parts[0].kind, Kind::kImage);
+  EXPECT_EQ(back->sampling.top_k, 7);
+  EXPECT_TRUE(back->handoff);
+
+  // No parameters: the kind's defaults; malformed JSON: a bad request naming the kind.
+  call.params = nullptr;
+  EXPECT_EQ(params_as<Code2WavParams>(call, code2wav_params)->stream.chunk_frames,
+            Code2WavParams{}.stream.chunk_frames);
+  call.params = std::make_shared<const JsonParams>(R"({"history": [{"role": "user",
+      "parts": [{"type": "video"}]}]})");
+  try {
+    params_as<ThinkerParams>(call, thinker_params);
+    FAIL() << "expected an error";
+  } catch (const StageError& e) {
+    EXPECT_EQ(e.code(), StageError::Code::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("thinker parameters"), std::string::npos) << e.what();
+  }
 }
 
 TEST(PipelineLocal, StreamsTextAndAudioWhileTheStagesOverlap) {
@@ -105,7 +152,7 @@ class SlowStage : public Stage {
         cancel);
   }
   std::string stats_json() override { return inner_->stats_json(); }
-  std::string info_json() override { return inner_->info_json(); }
+  StageInfo info() override { return inner_->info(); }
   uint64_t set_device_released(bool r) override { return inner_->set_device_released(r); }
   uint64_t device_bytes() override { return inner_->device_bytes(); }
 
@@ -194,9 +241,11 @@ TEST(PipelineLocal, TextOnlyRunsTheThinkerAlone) {
 TEST(PipelineLocal, AResidentStageReportsNoOffloadableBytes) {
   for (const char* model_stage : {"thinker", "talker", "code2wav"}) {
     SCOPED_TRACE(model_stage);
-    const auto info = nlohmann::json::parse(local(model_stage, 0)->info_json());
-    EXPECT_GT(info.at("param_bytes").get<uint64_t>(), 0u);
-    EXPECT_EQ(info.at("offloadable_bytes").get<uint64_t>(), 0u);
+    const StageInfo info = local(model_stage, 0)->info();
+    EXPECT_EQ(info.model_stage, model_stage);
+    EXPECT_GT(info.param_bytes, 0u);
+    EXPECT_EQ(info.offloadable_bytes, 0u);
+    EXPECT_EQ(info.device_weight_bytes, info.param_bytes);
   }
 }
 
@@ -280,8 +329,11 @@ class BrokenStage : public Stage {
     (void)input;
   }
   std::string stats_json() override { return "{}"; }
-  std::string info_json() override {
-    return R"({"speakers": ["ethan"], "default_speaker": "ethan"})";
+  StageInfo info() override {
+    StageInfo i;
+    i.speakers = {"ethan"};
+    i.default_speaker = "ethan";
+    return i;
   }
   uint64_t set_device_released(bool) override { return 0; }
   uint64_t device_bytes() override { return 0; }
@@ -354,7 +406,8 @@ TEST(PipelineLocal, ASecondCode2WavBranchRunsBesideTheFirst) {
   EXPECT_EQ(got.stage_metrics.size(), 4u);
 }
 
-// Each stage reads the packets of its sources, marked with the stage that wrote them.
+// Each stage reads the packets of its sources, marked with the stage that wrote them, as its
+// hand-off gives them: the talker gets the thinker's tokens and rows but not its text.
 TEST(PipelineLocal, PacketsCarryTheStageThatWroteThem) {
   class Recorder : public Stage {
    public:
@@ -366,6 +419,8 @@ TEST(PipelineLocal, PacketsCarryTheStageThatWroteThem) {
       std::thread copy([&] {
         while (auto p = input.pop(&cancel)) {
           sources.insert(p->source);
+          tokens += p->tokens.size();
+          text += p->text;
           seen.push(std::move(*p));
         }
         seen.close();
@@ -379,20 +434,31 @@ TEST(PipelineLocal, PacketsCarryTheStageThatWroteThem) {
       copy.join();
     }
     std::string stats_json() override { return inner_->stats_json(); }
-    std::string info_json() override { return inner_->info_json(); }
+    StageInfo info() override { return inner_->info(); }
     uint64_t set_device_released(bool r) override { return inner_->set_device_released(r); }
     uint64_t device_bytes() override { return inner_->device_bytes(); }
     std::set<int64_t> sources;
+    size_t tokens = 0;
+    std::string text;
 
    private:
     std::shared_ptr<Stage> inner_;
   };
   auto stages = local_stages();
+  auto talker = std::make_shared<Recorder>(stages[1].stage);
   auto recorder = std::make_shared<Recorder>(stages[2].stage);
+  stages[1].stage = talker;
   stages[2].stage = recorder;
+  // As the shipped YAML names it (vLLM-Omni's dotted path).
+  stages[1].input_func =
+      "vllm_omni.model_executor.stage_input_processors.qwen3_omni.thinker2talker";
   Pipeline pipeline(stages);
-  pipeline.generate(request(false));
+  const auto got = pipeline.generate(request(false));
   EXPECT_EQ(recorder->sources, (std::set<int64_t>{1}));
+  EXPECT_EQ(talker->sources, (std::set<int64_t>{0}));
+  EXPECT_FALSE(got.text.empty());
+  EXPECT_EQ(talker->tokens, got.omni.tokens.size());
+  EXPECT_EQ(talker->text, "");
 }
 
 TEST(PipelineLocal, RejectsAGraphItCannotRun) {
@@ -402,6 +468,26 @@ TEST(PipelineLocal, RejectsAGraphItCannotRun) {
   stages = local_stages();
   stages.erase(stages.begin());
   EXPECT_THROW(Pipeline{stages}, omni::Error);
+  // A hand-off that does not exist, or that connects other kinds.
+  const auto error = [](const std::vector<PipelineStage>& s) {
+    try {
+      Pipeline p(s);
+    } catch (const omni::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  stages = local_stages();
+  stages[1].input_func = "my.module.thinker2speech";
+  EXPECT_NE(error(stages).find("no hand-off is called 'my.module.thinker2speech' "
+                               "(custom_process_input_func: thinker2talker, talker2code2wav)"),
+            std::string::npos)
+      << error(stages);
+  stages[1].input_func = "talker2code2wav";
+  EXPECT_NE(error(stages).find("custom_process_input_func talker2code2wav hands talker to "
+                               "code2wav, not stage 0 (thinker) to talker"),
+            std::string::npos)
+      << error(stages);
 }
 
 }  // namespace

@@ -35,6 +35,7 @@
 #include "worker/config/stage_overrides.h"
 #include "worker/config/stage_yaml.h"
 #include "worker/pipeline/stage_launcher.h"
+#include "worker/pipeline/stage_params.h"
 #include "worker/rpc/stage_client.h"
 
 namespace omni::pipeline {
@@ -616,8 +617,7 @@ TEST(PipelineWorkers, AWorkerWithATokenRefusesOthersAndKeepsServing) {
   input.close();
   CancelToken cancel;
   StageCall call;
-  call.params_json = R"({"stream_audio": true, "first_chunk_frames": 4, "chunk_frames": 25,
-                         "left_context_frames": 25, "waveform": true})";
+  call.params = std::make_shared<const Code2WavParams>();
   EXPECT_THROW(intruder.run(
                    call, input, [](StagePacket&&) {}, cancel),
                StageError);

@@ -212,8 +212,8 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
 models::OmniRequest to_request(const GenerateOptions& o) {
   models::OmniRequest r;
   r.chat.text = o.prompt;
-  r.chat.audio_files = o.audio;
-  r.chat.image_files = o.image;
+  r.chat.audio_files.assign(o.audio.begin(), o.audio.end());
+  r.chat.image_files.assign(o.image.begin(), o.image.end());
   r.chat.system_prompt = o.system;
   r.text_output = o.wants_text();
   r.audio_output = o.wants_audio();

@@ -100,7 +100,7 @@ struct StageConfig {
   bool final_output = false;
   std::string final_output_type;          // text | audio | image (required when final_output)
   SamplingDefaults sampling;              // default_sampling_params
-  std::string custom_process_input_func;  // vLLM-Omni key; accepted, no effect
+  std::string custom_process_input_func;  // the hand-off by name (pipeline/stage_kind.h)
   bool is_comprehension = false;          // vLLM-Omni key; accepted
   SourceLocation location;                // where the stage's mapping starts
 };

@@ -6,11 +6,19 @@ namespace omni::http {
 
 void to_conversation(const ChatCompletionRequest& r, models::ChatRequest& chat,
                      std::vector<pipeline::MediaFile>& media) {
-  chat.text = r.text;
   chat.system_prompt = r.system_prompt;
-  for (const auto& t : r.history) {
-    chat.history.push_back({t.role, t.text, t.audio_count, t.image_count});
-  }
+  const auto parts = [](const std::vector<ContentPart>& from) {
+    std::vector<models::ChatPart> to;
+    for (const auto& p : from) {
+      to.push_back({p.kind == ContentPart::Kind::kText    ? models::ChatPart::Kind::kText
+                    : p.kind == ContentPart::Kind::kAudio ? models::ChatPart::Kind::kAudio
+                                                          : models::ChatPart::Kind::kImage,
+                    p.text});
+    }
+    return to;
+  };
+  for (const auto& t : r.history) chat.history.push_back({t.role, parts(t.parts)});
+  chat.parts = parts(r.parts);
   // The name keeps the format: the decoders report formats by name.
   for (size_t i = 0; i < r.audio.size(); ++i) {
     media.push_back(

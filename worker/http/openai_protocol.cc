@@ -36,11 +36,6 @@ using nlohmann::json;
 
 // --- messages -----------------------------------------------------------------------------
 
-void append_line(std::string& to, const std::string& text) {
-  if (!to.empty()) to += "\n";
-  to += text;
-}
-
 // A text part's text ({"type": "text", "text": ...}).
 const std::string& text_part(const json& part, const std::string& path) {
   check_keys(part, path, {"type", "text"});
@@ -68,65 +63,40 @@ bool is_known_unsupported_part(const std::string& type) {
   return false;
 }
 
-// System and developer messages: a string, or text parts.
-void read_system(const json& content, const std::string& path, std::string& system_prompt) {
-  if (content.is_string()) {
-    append_line(system_prompt, content.get_ref<const std::string&>());
-    return;
-  }
+// A message's content: a string (one text part), or parts; other than text, only a user turn's
+// media parts are taken (appended to out.audio and out.images).
+std::vector<ContentPart> read_content(const json& content, const std::string& path,
+                                      const std::string& role, MediaReader& media,
+                                      ChatCompletionRequest& out) {
+  if (content.is_string()) return {{ContentPart::Kind::kText, content.get<std::string>()}};
   if (!content.is_array()) wrong_type(path, "a string or an array of content parts", content);
-  for (size_t j = 0; j < content.size(); ++j) {
-    const std::string part_path = index_path(path, j);
-    const std::string& type = part_type(content[j], part_path);
-    if (type != "text") {
-      unsupported(join_path(part_path, "type"),
-                  part_path + ": system and developer messages hold text parts only, got " +
-                      quote_value(type));
-    }
-    append_line(system_prompt, text_part(content[j], part_path));
-  }
-}
-
-// An assistant turn of the history: its text (a string, or text parts).
-std::string read_assistant(const json& content, const std::string& path) {
-  if (content.is_string()) return content.get_ref<const std::string&>();
-  if (!content.is_array()) wrong_type(path, "a string or an array of content parts", content);
-  std::string text;
-  for (size_t j = 0; j < content.size(); ++j) {
-    const std::string part_path = index_path(path, j);
-    const std::string& type = part_type(content[j], part_path);
-    if (type != "text") {
-      unsupported(join_path(part_path, "type"),
-                  part_path + ": assistant turns hold text parts only, got " + quote_value(type));
-    }
-    append_line(text, text_part(content[j], part_path));
-  }
-  return text;
-}
-
-// A user turn: its text into `text`, its media appended to out.audio and out.images.
-void read_user(const json& content, const std::string& path, MediaReader& media, std::string& text,
-               ChatCompletionRequest& out) {
-  if (content.is_string()) {
-    text = content.get_ref<const std::string&>();
-    return;
-  }
-  if (!content.is_array()) wrong_type(path, "a string or an array of content parts", content);
+  std::vector<ContentPart> parts;
   for (size_t j = 0; j < content.size(); ++j) {
     const std::string part_path = index_path(path, j);
     const json& part = content[j];
     const std::string& type = part_type(part, part_path);
     if (type == "text") {
-      append_line(text, text_part(part, part_path));
-    } else if (type == "image_url") {
+      parts.push_back({ContentPart::Kind::kText, text_part(part, part_path)});
+      continue;
+    }
+    if (role != "user") {
+      const std::string who =
+          role == "assistant" ? "assistant turns" : "system and developer messages";
+      unsupported(join_path(part_path, "type"),
+                  part_path + ": " + who + " hold text parts only, got " + quote_value(type));
+    }
+    if (type == "image_url") {
       check_keys(part, part_path, {"type", "image_url"});
       out.images.push_back(media.image_url(part, part_path));
+      parts.push_back({ContentPart::Kind::kImage, ""});
     } else if (type == "input_audio") {
       check_keys(part, part_path, {"type", "input_audio"});
       out.audio.push_back(media.input_audio(part, part_path));
+      parts.push_back({ContentPart::Kind::kAudio, ""});
     } else if (type == "audio_url") {
       check_keys(part, part_path, {"type", "audio_url"});
       out.audio.push_back(media.audio_url(part, part_path));
+      parts.push_back({ContentPart::Kind::kAudio, ""});
     } else if (is_known_unsupported_part(type)) {
       unsupported(join_path(part_path, "type"),
                   part_path + ": content parts of type " + quote_value(type) +
@@ -136,6 +106,7 @@ void read_user(const json& content, const std::string& path, MediaReader& media,
                                                       " (text, image_url, input_audio, audio_url)");
     }
   }
+  return parts;
 }
 
 void read_messages(const json& root, const ParseLimits& limits, ChatCompletionRequest& out) {
@@ -170,21 +141,13 @@ void read_messages(const json& root, const ParseLimits& limits, ChatCompletionRe
     if (content == nullptr)
       fail(path + ".content", "'" + path + ".content' is required", "missing_field");
     const std::string content_path = path + ".content";
-    if (role == "system" && turns.empty()) {
-      read_system(*content, content_path, out.system_prompt);
-      continue;
-    }
     EarlierTurn turn;
     turn.role = role;
-    if (role == "system") {
-      read_system(*content, content_path, turn.text);
-    } else if (role == "assistant") {
-      turn.text = read_assistant(*content, content_path);
-    } else {
-      const size_t audio = out.audio.size(), images = out.images.size();
-      read_user(*content, content_path, media, turn.text, out);
-      turn.audio_count = out.audio.size() - audio;
-      turn.image_count = out.images.size() - images;
+    turn.parts = read_content(*content, content_path, role, media, out);
+    // The first message, when it is a system one, is the system prompt; any later one a turn.
+    if (role == "system" && i == 0) {
+      out.system_prompt = text_of(turn.parts);
+      continue;
     }
     turns.push_back(std::move(turn));
   }
@@ -194,7 +157,7 @@ void read_messages(const json& root, const ParseLimits& limits, ChatCompletionRe
                   "the last message must be a user turn (the one to answer), not " +
                       quote_value(turns.back().role));
   }
-  out.text = std::move(turns.back().text);
+  out.parts = std::move(turns.back().parts);
   turns.pop_back();
   out.history = std::move(turns);
 }
@@ -360,6 +323,14 @@ void read_stream(const json& root, ChatCompletionRequest& out) {
 }
 
 }  // namespace
+
+std::string text_of(const std::vector<ContentPart>& parts) {
+  std::string text;
+  for (const auto& part : parts) {
+    if (part.kind == ContentPart::Kind::kText) text += part.text;
+  }
+  return text;
+}
 
 ChatCompletionRequest parse_chat_completion(std::string_view body, const ParseLimits& limits) {
   const json root = parse_body(body, limits.max_depth);

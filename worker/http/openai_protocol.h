@@ -25,21 +25,30 @@ struct MediaInput {
   std::string data;    // the decoded bytes
 };
 
+// A piece of a message's content, in the order the message gives it: text, or the next of
+// ChatCompletionRequest::audio / ::images.
+struct ContentPart {
+  enum class Kind { kText, kAudio, kImage };
+  Kind kind = Kind::kText;
+  std::string text;  // kText
+};
+
 // A turn of the conversation before the one to answer.
 struct EarlierTurn {
-  std::string role;  // "system", "user" or "assistant"
-  std::string text;  // its text parts, joined with "\n"
-  // A user turn's media: the next ones of ChatCompletionRequest::audio and ::images.
-  size_t audio_count = 0, image_count = 0;
+  std::string role;                // "system", "user" or "assistant"
+  std::vector<ContentPart> parts;  // text parts only, except in a user turn
 };
+
+// The text parts of `parts`, joined as the chat template joins them (nothing between).
+std::string text_of(const std::vector<ContentPart>& parts);
 
 struct ChatCompletionRequest {
   std::string model;  // required, non-empty
-  // The text of the system and developer messages before the first other message, joined
-  // with "\n" (later ones are turns of `history`).
+  // The text of the first message when it is a system or developer message (later ones are
+  // turns of `history`), its parts joined as the chat template joins them.
   std::string system_prompt;
   std::vector<EarlierTurn> history;  // the turns between the system prompt and the last message
-  std::string text;                  // the last message (a user turn): its text parts, "\n"-joined
+  std::vector<ContentPart> parts;    // the last message (a user turn), in order
   std::vector<MediaInput> audio, images;                    // every user turn's inputs, in order
   std::vector<std::string> modalities = {"text", "audio"};  // without duplicates, in given order
   bool modalities_given = false;

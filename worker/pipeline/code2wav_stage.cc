@@ -24,14 +24,17 @@ class Code2WavStage : public LocalStageBase {
     runner_ = models::Code2WavRunner::load(ro, engine_);
   }
 
-  std::string info_json() override {
-    return info_with_bytes(
-        Json{{"model_stage", "code2wav"}, {"sample_rate", runner_->sample_rate()}});
+  StageInfo info() override {
+    StageInfo i;
+    i.model_stage = "code2wav";
+    i.sample_rate = runner_->sample_rate();
+    return with_bytes(std::move(i));
   }
 
   void run(const StageCall& call, PacketQueue& input, const PacketSink& sink,
            const CancelToken& cancel) override {
-    const auto params = code2wav_params(call.params_json);
+    const auto params_ptr = params_as<Code2WavParams>(call, code2wav_params);
+    const Code2WavParams& params = *params_ptr;
     translate_errors([&] { params.stream.validate(); });
     std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
     std::optional<offload::OffloadBackend::ForwardScope> forward;  // with the lock

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
-#include <nlohmann/json.hpp>
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/dtype_name.h"
@@ -14,8 +13,6 @@
 
 namespace omni::pipeline {
 namespace {
-
-using Json = nlohmann::json;
 
 config::StageConfig checkpoint_stage(int64_t id, const char* model_stage,
                                      std::vector<int64_t> sources, const char* final_type,
@@ -68,7 +65,8 @@ std::unique_ptr<Pipeline> make_local_pipeline(const config::PipelineConfig& conf
     options.engine = engine;
     auto stage = std::shared_ptr<Stage>(make_local_stage(options));
     runners.push_back(stage);
-    stages.push_back({s.stage_id, s.engine.model_stage, s.engine_input_source, stage});
+    stages.push_back({s.stage_id, s.engine.model_stage, s.engine_input_source, stage,
+                      s.custom_process_input_func});
   }
   auto p = std::make_unique<Pipeline>(std::move(stages));
   if (auto ledger = make_device_ledger(config, runners)) p->set_device_ledger(ledger);
@@ -125,10 +123,9 @@ std::shared_ptr<DeviceLedger> make_device_ledger(
     m.stage = stages[i].get();
     m.device = (s.runtime.address.empty() ? "local" : s.runtime.address) + "/" + s.runtime.devices;
     m.evictable = s.engine.offload_stage || s.engine.enable_cpu_offload;
-    const auto info = Json::parse(m.stage->info_json());
     // What the stage holds on the device when loaded (with expert offload, less than all its
-    // weights); a worker from before device_weight_bytes reports param_bytes only.
-    m.bytes = info.value("device_weight_bytes", info.value("param_bytes", uint64_t{0}));
+    // weights).
+    m.bytes = m.stage->info().device_weight_bytes;
     const uint64_t budget = s.engine.gpu_memory_budget;
     if (budget > 0) {
       any_budget = true;

@@ -6,7 +6,6 @@
 #include <c10/util/Exception.h>
 
 #include <chrono>
-#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -33,20 +32,6 @@ std::string offload_stats_json(offload::OffloadBackend& backend);
 // offload_stage: every top-level part of the stage is a component, and the budget holds them
 // all, so once loaded they stay until the ledger releases them.
 models::RunnerOffloadOptions whole_stage_offload(bool pin_memory);
-
-// The request's media written to a private folder for the preprocessor (which reads files),
-// removed when the request ends.
-class MediaFolder {
- public:
-  explicit MediaFolder(const std::vector<MediaFile>& media);
-  ~MediaFolder();
-  MediaFolder(const MediaFolder&) = delete;
-  MediaFolder& operator=(const MediaFolder&) = delete;
-  std::vector<std::string> audio, images;
-
- private:
-  std::filesystem::path dir_;
-};
 
 // Runs `fn`, turning the runner's errors into StageErrors: a bad request or checkpoint error
 // (omni::Error, c10::Error) is invalid_argument unless it happened mid-generation.
@@ -109,7 +94,7 @@ class LocalStageBase : public Stage {
   // less the experts and plus the expert cache under expert offload).
   // (Measured once, when the first info is asked for, and kept: the bytes do not change, and
   // info must not wait for a running request.)
-  std::string info_with_bytes(Json info) {
+  StageInfo with_bytes(StageInfo info) {
     std::call_once(bytes_measured_, [&] {
       std::lock_guard<std::mutex> lock(mutex_);
       const auto stats = backend().stats();
@@ -121,10 +106,10 @@ class LocalStageBase : public Stage {
       device_weight_bytes_ =
           stats.param_bytes - weight_bytes_kept_off_device() + extra_device_bytes();
     });
-    info["param_bytes"] = param_bytes_;
-    info["offloadable_bytes"] = offloadable_bytes_;
-    info["device_weight_bytes"] = device_weight_bytes_;
-    return info.dump();
+    info.param_bytes = param_bytes_;
+    info.offloadable_bytes = offloadable_bytes_;
+    info.device_weight_bytes = device_weight_bytes_;
+    return info;
   }
   std::once_flag bytes_measured_;
   uint64_t param_bytes_ = 0, offloadable_bytes_ = 0, device_weight_bytes_ = 0;

@@ -91,11 +91,24 @@ Pipeline::Pipeline(const std::vector<PipelineStage>& stages) {
     }
     OMNI_CHECK(!s.sources.empty(), "pipeline stage ", s.id, " (", kind.name,
                ") needs an engine_input_source of kind ", join(kind.reads));
+    const Handoff* named = nullptr;
+    if (!s.input_func.empty()) {
+      named = find_handoff(s.input_func);
+      OMNI_CHECK(named != nullptr, "pipeline stage ", s.id, " (", kind.name,
+                 "): no hand-off is called '", s.input_func,
+                 "' (custom_process_input_func: ", handoff_names(), ")");
+    }
     for (const auto src : s.sources) {
       const std::string& from = by_id.at(src)->model_stage;
       OMNI_CHECK(std::find(kind.reads.begin(), kind.reads.end(), from) != kind.reads.end(),
                  "pipeline stage ", s.id, " (", kind.name, ") cannot read stage ", src, " (", from,
                  "): it reads ", join(kind.reads));
+      OMNI_CHECK(named == nullptr || (named->from == from && named->to == kind.name),
+                 "pipeline stage ", s.id, " (", kind.name, "): custom_process_input_func ",
+                 named->name, " hands ", named->from, " to ", named->to, ", not stage ", src, " (",
+                 from, ") to ", kind.name);
+      const Handoff* h = named != nullptr ? named : default_handoff(from, kind.name);
+      if (h != nullptr) handoffs_[{src, s.id}] = h;
     }
   }
   OMNI_CHECK(entry, "the pipeline has no stage that reads the request (", stage_kind_names(), ")");
@@ -114,19 +127,19 @@ std::string Pipeline::stats_json() {
   return all.dump();
 }
 
-std::string Pipeline::info_of(size_t index) {
+StageInfo Pipeline::info_of(size_t index) {
   // Asked once per stage: a remote stage's info is a call, and what it says is fixed.
   std::lock_guard<std::mutex> lock(info_mutex_);
   auto it = info_.find(index);
-  if (it == info_.end()) it = info_.emplace(index, stages_[index].stage->info_json()).first;
+  if (it == info_.end()) it = info_.emplace(index, stages_[index].stage->info()).first;
   return it->second;
 }
 
-std::string Pipeline::speaker_info() {
+StageInfo Pipeline::speaker_info() {
   for (size_t i = 0; i < stages_.size(); ++i) {
     if (kinds_[i]->has_speakers) return info_of(i);
   }
-  return "{}";
+  return {};
 }
 
 bool Pipeline::has_speech() const {
@@ -134,13 +147,9 @@ bool Pipeline::has_speech() const {
                      [](const StageKind* k) { return k->answers_audio; });
 }
 
-std::vector<std::string> Pipeline::speakers() {
-  return Json::parse(speaker_info()).value("speakers", std::vector<std::string>{});
-}
+std::vector<std::string> Pipeline::speakers() { return speaker_info().speakers; }
 
-std::string Pipeline::default_speaker() {
-  return Json::parse(speaker_info()).value("default_speaker", std::string());
-}
+std::string Pipeline::default_speaker() { return speaker_info().default_speaker; }
 
 PipelineResult Pipeline::generate(const models::OmniRequest& request,
                                   const PipelineCallbacks& callbacks, Clock::time_point deadline,
@@ -171,12 +180,12 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
   if (media) {
     request_media = *media;
   } else {
-    for (const auto& f : request.chat.audio_files) {
-      request_media.push_back({"audio", f, read_media("audio", f)});
-    }
-    for (const auto& f : request.chat.image_files) {
-      request_media.push_back({"image", f, read_media("image", f)});
-    }
+    const auto add = [&](const char* kind, const models::ChatMedia& f) {
+      request_media.push_back(f.path.empty() ? MediaFile{kind, f.name, f.data}
+                                             : MediaFile{kind, f.path, read_media(kind, f.path)});
+    };
+    for (const auto& f : request.chat.audio_files) add("audio", f);
+    for (const auto& f : request.chat.image_files) add("image", f);
   }
   std::map<int64_t, StageCall> calls;
   for (const auto* s : active) {
@@ -184,7 +193,7 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
     StageCall call;
     call.request_id = request_id;
     call.deadline = deadline;
-    call.params_json = kind.params(request, speak);
+    call.params = kind.params(request, speak);
     if (kind.reads.empty()) call.media = request_media;
     calls[s->id] = std::move(call);
   }
@@ -278,9 +287,18 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
               }
               const auto& cs = consumers[s->id];
               packet.source = s->id;
-              // Copies for all consumers but the last, which takes the packet.
-              for (size_t i = 0; i + 1 < cs.size(); ++i) inputs[cs[i]]->push(packet);
-              if (!cs.empty()) inputs[cs.back()]->push(std::move(packet));
+              // Each consumer gets what its hand-off takes of the packet; without one, a copy
+              // (the last consumer takes the packet itself).
+              for (size_t i = 0; i < cs.size(); ++i) {
+                const auto h = handoffs_.find({s->id, cs[i]});
+                if (h != handoffs_.end()) {
+                  inputs[cs[i]]->push(h->second->apply(packet));
+                } else if (i + 1 < cs.size()) {
+                  inputs[cs[i]]->push(packet);
+                } else {
+                  inputs[cs[i]]->push(std::move(packet));
+                }
+              }
             },
             cancel);
         close_consumers(nullptr);

@@ -29,6 +29,9 @@ struct PipelineStage {
   std::string model_stage;       // a registered stage kind (stage_kind.h)
   std::vector<int64_t> sources;  // engine_input_source: the stages it reads, any number
   std::shared_ptr<Stage> stage;
+  // custom_process_input_func: the hand-off (stage_kind.h) of what it reads; empty: the one
+  // registered for its sources' kind and its own.
+  std::string input_func = "";
 };
 
 struct PipelineCallbacks {
@@ -94,13 +97,15 @@ class Pipeline {
   std::string stats_json();
 
  private:
-  std::string info_of(size_t index);     // stages_[index]'s info_json, asked once
-  std::string speaker_info();            // of the first stage whose kind has speakers
+  StageInfo info_of(size_t index);       // stages_[index]'s info, asked once
+  StageInfo speaker_info();              // of the first stage whose kind has speakers
   std::vector<PipelineStage> stages_;    // topological order
   std::vector<const StageKind*> kinds_;  // stages_[i]'s kind
   std::vector<bool> primary_;            // stages_[i] is the first of its kind
+  // What a consumer reads of a source's packets, by (source id, consumer id); absent: all.
+  std::map<std::pair<int64_t, int64_t>, const Handoff*> handoffs_;
   std::mutex info_mutex_;
-  std::map<size_t, std::string> info_;
+  std::map<size_t, StageInfo> info_;
   std::shared_ptr<DeviceLedger> ledger_;
 };
 

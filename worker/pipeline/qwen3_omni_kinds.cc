@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
 
 #include "model_runner/qwen3_omni/talker_handoff.h"
 #include "worker/pipeline/local_stage_base.h"
@@ -13,8 +12,6 @@
 
 namespace omni::pipeline {
 namespace {
-
-using Json = nlohmann::json;
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(),
@@ -30,10 +27,11 @@ StageKind thinker() {
     p.text = request.chat.text;
     p.system_prompt = request.chat.system_prompt;
     p.history = request.chat.history;
+    p.parts = request.chat.parts;
     p.sampling = request.sampling.thinker;
     p.handoff = speak;
     p.stop = request.stop_strings;
-    return to_json(p);
+    return std::make_shared<const ThinkerParams>(std::move(p));
   };
   k.collect = [](const StagePacket& p, StageAnswer& a) {
     if (!a.primary) return true;
@@ -72,7 +70,7 @@ StageKind talker() {
     p.talker = request.sampling.talker;
     p.code_predictor = request.sampling.code_predictor;
     p.max_frames = request.max_audio_frames;
-    return to_json(p);
+    return std::make_shared<const TalkerParams>(std::move(p));
   };
   k.collect = [](const StagePacket& p, StageAnswer& a) {
     if (!a.primary) return true;
@@ -87,10 +85,10 @@ StageKind talker() {
   k.finish = [](StageAnswer& a) {
     if (!a.primary) return;
     auto& r = a.result;
-    const Json info = Json::parse(a.info());
-    r.omni.codes = models::qwen3_omni::frames_to_codes(r.frames, info.value("num_code_groups", 16));
-    r.speaker = a.request.speaker.empty() ? info.value("default_speaker", std::string())
-                                          : lower(a.request.speaker);
+    const StageInfo info = a.info();
+    r.omni.codes = models::qwen3_omni::frames_to_codes(
+        r.frames, info.num_code_groups > 0 ? info.num_code_groups : 16);
+    r.speaker = a.request.speaker.empty() ? info.default_speaker : lower(a.request.speaker);
     r.omni.timings.talker_ms = a.metric("talker_ms");
     r.omni.timings.talker_frames_per_s = a.metric("frames_per_s");
     r.omni.timings.code_predictor_ms = a.metric("code_predictor_ms");
@@ -109,7 +107,7 @@ StageKind code2wav() {
     Code2WavParams p;
     p.stream_audio = request.stream_audio;
     p.stream = request.stream;
-    return to_json(p);
+    return std::make_shared<const Code2WavParams>(std::move(p));
   };
   k.collect = [](const StagePacket& p, StageAnswer& a) {
     auto& r = a.result;
@@ -145,7 +143,48 @@ StageKind code2wav() {
   return k;
 }
 
+// The talker reads the thinker's tokens, its hand-off rows and the prompt's ids (tensors), and
+// its end; not its text or timings.
+Handoff thinker2talker() {
+  Handoff h;
+  h.name = "thinker2talker";
+  h.from = "thinker";
+  h.to = "talker";
+  h.apply = [](const StagePacket& p) {
+    StagePacket out;
+    out.tokens = p.tokens;
+    out.tensors = p.tensors;
+    out.finished = p.finished;
+    out.finish_reason = p.finish_reason;
+    out.source = p.source;
+    return out;
+  };
+  return h;
+}
+
+// code2wav reads the talker's codec frames and its end.
+Handoff talker2code2wav() {
+  Handoff h;
+  h.name = "talker2code2wav";
+  h.from = "talker";
+  h.to = "code2wav";
+  h.apply = [](const StagePacket& p) {
+    StagePacket out;
+    out.frames = p.frames;
+    out.finished = p.finished;
+    out.finish_reason = p.finish_reason;
+    out.source = p.source;
+    return out;
+  };
+  return h;
+}
+
 }  // namespace
+
+const std::vector<Handoff>& qwen3_omni_handoffs() {
+  static const std::vector<Handoff> handoffs = {thinker2talker(), talker2code2wav()};
+  return handoffs;
+}
 
 const std::vector<StageKind>& qwen3_omni_stage_kinds() {
   static const std::vector<StageKind> kinds = {thinker(), talker(), code2wav()};

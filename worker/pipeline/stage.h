@@ -52,12 +52,41 @@ struct MediaFile {
   std::string data;
 };
 
+// A stage's parameters for one request: its kind's own struct (worker/pipeline/stage_params.h).
+// In one process the struct reaches the stage as it is; the gRPC layer sends to_json() and the
+// worker hands the stage a JsonParams, which the stage's kind parses.
+struct StageParams {
+  virtual ~StageParams() = default;
+  virtual std::string to_json() const = 0;
+};
+
+// Parameters as they came over the wire: JSON text for the stage's kind to read.
+struct JsonParams : StageParams {
+  explicit JsonParams(std::string text) : json(std::move(text)) {}
+  std::string to_json() const override { return json; }
+  std::string json;
+};
+
 struct StageCall {
   std::string request_id;
-  std::string params_json;  // the stage's parameters: worker/pipeline/stage_params.h
+  std::shared_ptr<const StageParams> params;  // null: the kind's defaults
   std::vector<MediaFile> media;
   // The request's deadline (steady clock); max() = none.
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+};
+
+// What the orchestrator needs of a stage's model, fixed once it is loaded. The gRPC layer
+// carries it as JSON (worker/rpc/wire.h).
+struct StageInfo {
+  std::string model_stage;
+  uint64_t param_bytes = 0;           // all its weights
+  uint64_t offloadable_bytes = 0;     // those that can leave the device
+  uint64_t device_weight_bytes = 0;   // what the device ledger counts for it when loaded
+  bool speech = false;                // thinker: its checkpoint has a talker to hand off to
+  std::vector<std::string> speakers;  // talker
+  std::string default_speaker;        // talker
+  int64_t num_code_groups = 0;        // talker
+  int64_t sample_rate = 0;            // code2wav
 };
 
 // Why a stage failed; the orchestrator turns it into the request's error.
@@ -147,8 +176,8 @@ class Stage {
   // Offload statistics, device and host bytes, as JSON text. Answers at once: while a request
   // runs, a stage may give the figures of its last idle moment.
   virtual std::string stats_json() = 0;
-  // What the orchestrator needs of the stage's model (e.g. {"sample_rate": 24000}), JSON text.
-  virtual std::string info_json() = 0;
+  // What the orchestrator needs of the stage's model. Answers at once.
+  virtual StageInfo info() = 0;
   // The device budget ledger: release = move the stage's offloadable weights to the host (the
   // stage is idle and another stage on the device needs the room); false = bring them back.
   // Returns the bytes moved. A stage with nothing offloadable moves nothing.

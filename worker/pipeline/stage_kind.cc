@@ -25,4 +25,32 @@ std::string stage_kind_names() {
   return names;
 }
 
+const Handoff* find_handoff(const std::string& name) {
+  const std::string last =
+      name.substr(name.rfind('.') == std::string::npos ? 0 : name.rfind('.') + 1);
+  for (const auto* family : {&qwen3_omni_handoffs()}) {
+    for (const auto& h : *family) {
+      if (h.name == last) return &h;
+    }
+  }
+  return nullptr;
+}
+
+const Handoff* default_handoff(const std::string& from, const std::string& to) {
+  for (const auto* family : {&qwen3_omni_handoffs()}) {
+    for (const auto& h : *family) {
+      if (h.from == from && h.to == to) return &h;
+    }
+  }
+  return nullptr;
+}
+
+std::string handoff_names() {
+  std::string names;
+  for (const auto* family : {&qwen3_omni_handoffs()}) {
+    for (const auto& h : *family) names += (names.empty() ? "" : ", ") + h.name;
+  }
+  return names;
+}
+
 }  // namespace omni::pipeline

@@ -33,9 +33,9 @@ struct StageAnswer {
   // a second branch) keeps its output under result.branch_outputs[stage].
   bool primary = true;
   double now_ms = 0;  // collect: since the request started
-  // finish: the stage's metrics (its last packet's, first_packet_ms, done_ms) and its info_json.
+  // finish: the stage's metrics (its last packet's, first_packet_ms, done_ms) and its info.
   const std::map<std::string, double>* metrics = nullptr;
-  std::function<std::string()> info;
+  std::function<StageInfo()> info;
 
   double metric(const std::string& key) const;  // 0 when absent
 };
@@ -49,10 +49,11 @@ struct StageKind {
   bool speech = false;
   // Its stages answer with audio: a pipeline that has one can speak.
   bool answers_audio = false;
-  // Its info_json lists "speakers" and a "default_speaker".
+  // Its info lists speakers and a default speaker.
   bool has_speakers = false;
-  // The stage's parameters for `request` (StageCall::params_json); `speak`: audio was asked for.
-  std::function<std::string(const models::OmniRequest& request, bool speak)> params;
+  // The stage's parameters for `request` (StageCall::params); `speak`: audio was asked for.
+  std::function<std::shared_ptr<const StageParams>(const models::OmniRequest& request, bool speak)>
+      params;
   // Adds one packet of the stage to the answer; false: a callback cancelled the request.
   std::function<bool(const StagePacket& packet, StageAnswer& answer)> collect;
   // After every stage finished: the stage's figures into the answer (timings, codes, speaker).
@@ -61,12 +62,30 @@ struct StageKind {
   std::function<std::unique_ptr<Stage>(const LocalStageOptions& options)> make_local;
 };
 
+// What a stage receives of each packet of a source of another kind: the parts of it the
+// consumer reads (vLLM-Omni's custom_process_input_func). A stage config names one in
+// custom_process_input_func (a dotted path: its last part is the name); otherwise the one
+// registered for the source's kind and the stage's applies, and without one the packet goes as
+// it is.
+struct Handoff {
+  std::string name;      // "thinker2talker"
+  std::string from, to;  // the kinds it connects
+  std::function<StagePacket(const StagePacket& packet)> apply;
+};
+
 // The kind called `name`, or null.
 const StageKind* find_stage_kind(const std::string& name);
 // "code2wav, talker, thinker": for messages.
 std::string stage_kind_names();
 
-// The families' tables (one function per model family).
+// The hand-off called `name` (the last part of a dotted path), or null; the one registered for
+// the kinds `from` -> `to`, or null; "thinker2talker, ...": for messages.
+const Handoff* find_handoff(const std::string& name);
+const Handoff* default_handoff(const std::string& from, const std::string& to);
+std::string handoff_names();
+
+// The families' tables (one function each per model family).
 const std::vector<StageKind>& qwen3_omni_stage_kinds();
+const std::vector<Handoff>& qwen3_omni_handoffs();
 
 }  // namespace omni::pipeline

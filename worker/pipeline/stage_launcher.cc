@@ -36,7 +36,7 @@ class SupervisedStage : public Stage {
     current()->run(call, input, sink, cancel);
   }
   std::string stats_json() override { return current()->stats_json(); }
-  std::string info_json() override { return current()->info_json(); }
+  StageInfo info() override { return current()->info(); }
   uint64_t set_device_released(bool release) override {
     return current()->set_device_released(release);
   }
@@ -135,6 +135,7 @@ StageLauncher::StageLauncher(LauncherOptions options) : options_(std::move(optio
     ps.id = s.stage_id;
     ps.model_stage = s.engine.model_stage;
     ps.sources = s.engine_input_source;
+    ps.input_func = s.custom_process_input_func;
     const int index = supervisor_index(s.stage_id);
     if (index >= 0) {
       ps.stage = std::make_shared<SupervisedStage>(*supervisor_, static_cast<size_t>(index),

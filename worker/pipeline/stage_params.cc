@@ -35,6 +35,43 @@ models::SamplingParams sampling_from(const Json& j) {
   return p;
 }
 
+// A turn's parts: {"type": "text", "text": ...}, {"type": "audio"} or {"type": "image"}.
+Json parts_json(const std::vector<models::ChatPart>& parts) {
+  Json out = Json::array();
+  for (const auto& part : parts) {
+    switch (part.kind) {
+      case models::ChatPart::Kind::kText:
+        out.push_back({{"type", "text"}, {"text", part.text}});
+        break;
+      case models::ChatPart::Kind::kAudio:
+        out.push_back({{"type", "audio"}});
+        break;
+      case models::ChatPart::Kind::kImage:
+        out.push_back({{"type", "image"}});
+        break;
+    }
+  }
+  return out;
+}
+
+std::vector<models::ChatPart> parts_from(const Json& j) {
+  std::vector<models::ChatPart> parts;
+  for (const auto& item : j) {
+    const std::string type = item.at("type").get<std::string>();
+    models::ChatPart part;
+    if (type == "text") {
+      part.text = item.at("text").get<std::string>();
+    } else if (type == "audio" || type == "image") {
+      part.kind = type == "audio" ? models::ChatPart::Kind::kAudio : models::ChatPart::Kind::kImage;
+    } else {
+      throw StageError(StageError::Code::kInvalidArgument, "",
+                       "malformed thinker parameters: unknown part type '" + type + "'");
+    }
+    parts.push_back(std::move(part));
+  }
+  return parts;
+}
+
 // Parses with every JSON error turned into a StageError that says which parameters.
 template <typename Fn>
 auto parse(const char* what, const std::string& text, Fn&& fn) {
@@ -48,24 +85,24 @@ auto parse(const char* what, const std::string& text, Fn&& fn) {
 
 }  // namespace
 
-std::string to_json(const ThinkerParams& p) {
-  Json history = Json::array();
+std::string ThinkerParams::to_json() const {
+  const ThinkerParams& p = *this;
+  Json turns = Json::array();
   for (const auto& t : p.history) {
-    history.push_back({{"role", t.role},
-                       {"text", t.text},
-                       {"audio_count", t.audio_count},
-                       {"image_count", t.image_count}});
+    turns.push_back({{"role", t.role}, {"parts", parts_json(t.parts)}});
   }
   return Json{{"text", p.text},
+              {"parts", parts_json(p.parts)},
               {"system_prompt", p.system_prompt},
-              {"history", std::move(history)},
+              {"history", std::move(turns)},
               {"sampling", sampling_json(p.sampling)},
               {"handoff", p.handoff},
               {"stop", p.stop}}
       .dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-std::string to_json(const TalkerParams& p) {
+std::string TalkerParams::to_json() const {
+  const TalkerParams& p = *this;
   return Json{{"speaker", p.speaker},
               {"talker", sampling_json(p.talker)},
               {"code_predictor", sampling_json(p.code_predictor)},
@@ -73,7 +110,8 @@ std::string to_json(const TalkerParams& p) {
       .dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-std::string to_json(const Code2WavParams& p) {
+std::string Code2WavParams::to_json() const {
+  const Code2WavParams& p = *this;
   return Json{{"stream_audio", p.stream_audio},
               {"first_chunk_frames", p.stream.first_chunk_frames},
               {"chunk_frames", p.stream.chunk_frames},
@@ -90,11 +128,10 @@ ThinkerParams thinker_params(const std::string& json) {
     for (const auto& t : j.value("history", Json::array())) {
       models::ChatTurn turn;
       turn.role = t.at("role").get<std::string>();
-      turn.text = t.at("text").get<std::string>();
-      turn.audio_count = t.at("audio_count").get<size_t>();
-      turn.image_count = t.at("image_count").get<size_t>();
+      turn.parts = parts_from(t.at("parts"));
       p.history.push_back(std::move(turn));
     }
+    p.parts = parts_from(j.value("parts", Json::array()));
     p.sampling = sampling_from(j.at("sampling"));
     p.handoff = j.at("handoff").get<bool>();
     p.stop = j.value("stop", std::vector<std::string>{});

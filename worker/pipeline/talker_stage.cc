@@ -54,18 +54,21 @@ class TalkerStage : public LocalStageBase {
     runner_ = models::TalkerRunner::load(ro, engine_);
   }
 
-  std::string info_json() override {
-    return info_with_bytes(Json{{"model_stage", "talker"},
-                                {"speakers", runner_->speakers()},
-                                {"default_speaker", runner_->default_speaker()},
-                                {"num_code_groups", runner_->num_code_groups()}});
+  StageInfo info() override {
+    StageInfo i;
+    i.model_stage = "talker";
+    i.speakers = runner_->speakers();
+    i.default_speaker = runner_->default_speaker();
+    i.num_code_groups = runner_->num_code_groups();
+    return with_bytes(std::move(i));
   }
 
   // The talker starts as soon as the thinker's first tokens and rows are in, and reads the
   // rest while it speaks (TalkerRunner::generate_streaming).
   void run(const StageCall& call, PacketQueue& input, const PacketSink& sink,
            const CancelToken& cancel) override {
-    const auto params = talker_params(call.params_json);
+    const auto params_ptr = params_as<TalkerParams>(call, talker_params);
+    const TalkerParams& params = *params_ptr;
     std::lock_guard<std::mutex> lock(mutex_);
     check_going(call, cancel);
     translate_errors([&] { generate(call, params, input, sink, cancel); });

@@ -46,13 +46,17 @@ class ThinkerStage : public LocalStageBase {
     }
   }
 
-  std::string info_json() override {
-    return info_with_bytes(Json{{"model_stage", "thinker"}, {"speech", capture_layer_ >= 0}});
+  StageInfo info() override {
+    StageInfo i;
+    i.model_stage = "thinker";
+    i.speech = capture_layer_ >= 0;
+    return with_bytes(std::move(i));
   }
 
   void run(const StageCall& call, PacketQueue&, const PacketSink& sink,
            const CancelToken& cancel) override {
-    const auto params = thinker_params(call.params_json);
+    const auto params_ptr = params_as<ThinkerParams>(call, thinker_params);
+    const ThinkerParams& params = *params_ptr;
     std::lock_guard<std::mutex> lock(mutex_);
     auto forward = backend().forward_scope();
     check_going(call, cancel);
@@ -101,13 +105,16 @@ class ThinkerStage : public LocalStageBase {
     at::NoGradGuard no_grad;
     OMNI_CHECK(!params.handoff || capture_layer_ >= 0,
                "speech was asked for but the checkpoint has no talker");
-    MediaFolder media(call.media);
     models::ChatRequest chat;
     chat.text = params.text;
     chat.system_prompt = params.system_prompt;
     chat.history = params.history;
-    chat.audio_files = media.audio;
-    chat.image_files = media.images;
+    chat.parts = params.parts;
+    // The media go to the preprocessor as the bytes the call carries.
+    for (const MediaFile& m : call.media) {
+      (m.kind == "image" ? chat.image_files : chat.audio_files)
+          .push_back(models::ChatMedia::in_memory(m.name, m.data));
+    }
     const auto inputs = runner_->prepare(chat);
     auto sampling = params.sampling;
     if (sampling.stop_token_ids.empty()) sampling.stop_token_ids = runner_->default_stop_tokens();

@@ -202,7 +202,7 @@ void RemoteStage::run(const pipeline::StageCall& call, pipeline::PacketQueue& in
   proto::RunRequest first;
   proto::RunHeader* header = first.mutable_header();
   header->set_request_id(call.request_id);
-  header->set_params_json(call.params_json);
+  header->set_params_json(call.params ? call.params->to_json() : "");
   put_media_header(call.media, header);
   bool write_ok = stream->Write(first);
   split_media_rest(call.media, *header, [&](proto::MediaFile&& chunk) {
@@ -336,7 +336,7 @@ WorkerInfo RemoteStage::worker_info() {
                     info.info_json()};
 }
 
-std::string RemoteStage::info_json() { return worker_info().info_json; }
+pipeline::StageInfo RemoteStage::info() { return info_from_json(worker_info().info_json); }
 
 uint64_t RemoteStage::set_device_released(bool release) {
   proto::DeviceRequest request;

@@ -57,7 +57,7 @@ class RemoteStage : public pipeline::Stage {
   void run(const pipeline::StageCall& call, pipeline::PacketQueue& input,
            const pipeline::PacketSink& sink, const pipeline::CancelToken& cancel) override;
   std::string stats_json() override;
-  std::string info_json() override;
+  pipeline::StageInfo info() override;
   uint64_t set_device_released(bool release) override;
   uint64_t device_bytes() override;
   WorkerInfo worker_info();

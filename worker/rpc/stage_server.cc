@@ -266,7 +266,8 @@ std::optional<StageError> StageServer::Impl::serve(grpc::ServerContext* context,
   }
   pipeline::StageCall call;
   call.request_id = first.header().request_id();
-  call.params_json = first.header().params_json();
+  // The stage's kind reads the JSON (pipeline::params_as).
+  call.params = std::make_shared<const pipeline::JsonParams>(first.header().params_json());
   call.deadline = steady_deadline(context->deadline());
   try {
     MediaAssembler media;
@@ -410,7 +411,7 @@ grpc::Status StageServer::Impl::Info(grpc::ServerContext* context, const proto::
     response->set_stage_id(stage_id_);
     response->set_model_stage(model_stage_);
     response->set_pid(static_cast<int64_t>(::getpid()));
-    response->set_info_json(stage_.info_json());
+    response->set_info_json(info_to_json(stage_.info()));
   });
 }
 

@@ -1,6 +1,7 @@
 #include "worker/rpc/wire.h"
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstring>
@@ -466,6 +467,43 @@ pipeline::StageError from_proto(const proto::StageError& error) {
       break;
   }
   return StageError(code, error.stage(), error.message());
+}
+
+std::string info_to_json(const pipeline::StageInfo& info) {
+  return nlohmann::json{{"model_stage", info.model_stage},
+                        {"param_bytes", info.param_bytes},
+                        {"offloadable_bytes", info.offloadable_bytes},
+                        {"device_weight_bytes", info.device_weight_bytes},
+                        {"speech", info.speech},
+                        {"speakers", info.speakers},
+                        {"default_speaker", info.default_speaker},
+                        {"num_code_groups", info.num_code_groups},
+                        {"sample_rate", info.sample_rate}}
+      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+pipeline::StageInfo info_from_json(const std::string& json) {
+  using pipeline::StageError;
+  const auto j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) {
+    throw StageError(StageError::Code::kInternal, "", "the worker's info is not a JSON object");
+  }
+  pipeline::StageInfo info;
+  try {
+    info.model_stage = j.value("model_stage", std::string());
+    info.param_bytes = j.value("param_bytes", uint64_t{0});
+    info.offloadable_bytes = j.value("offloadable_bytes", uint64_t{0});
+    info.device_weight_bytes = j.value("device_weight_bytes", info.param_bytes);
+    info.speech = j.value("speech", false);
+    info.speakers = j.value("speakers", std::vector<std::string>{});
+    info.default_speaker = j.value("default_speaker", std::string());
+    info.num_code_groups = j.value("num_code_groups", int64_t{0});
+    info.sample_rate = j.value("sample_rate", int64_t{0});
+  } catch (const nlohmann::json::exception& e) {
+    throw StageError(StageError::Code::kInternal, "",
+                     std::string("the worker's info has a field of the wrong type: ") + e.what());
+  }
+  return info;
 }
 
 }  // namespace omni::rpc

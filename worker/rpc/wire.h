@@ -45,6 +45,12 @@ struct WireLimits {
 const char* dtype_name(at::ScalarType type);
 std::optional<at::ScalarType> dtype_from_name(const std::string& name);
 
+// A stage's info as the Info call carries it: JSON, so that a new field needs no wire change.
+// info_from_json throws StageError kInternal for text that is not a JSON object; a field it
+// lacks keeps its default (device_weight_bytes: param_bytes, as a worker from before it meant).
+std::string info_to_json(const pipeline::StageInfo& info);
+pipeline::StageInfo info_from_json(const std::string& json);
+
 // Splits `packet` into messages of at most `chunk_bytes` payload each and hands them to `emit`
 // in order (one chunk in memory at a time, so a 10 GB tensor costs no 10 GB copy). Tensors are
 // moved to the CPU and made contiguous first. Throws StageError kInvalidArgument naming the

@@ -45,6 +45,13 @@ class PromptBuilder {
 
 }  // namespace
 
+ChatMedia ChatMedia::in_memory(std::string name, std::string bytes) {
+  ChatMedia m("");
+  m.name = std::move(name);
+  m.data = std::move(bytes);
+  return m;
+}
+
 ChatPreprocessor ChatPreprocessor::load(const std::string& model_dir,
                                         const qwen3_omni::ThinkerConfig& cfg) {
   ChatPreprocessor p;
@@ -88,36 +95,54 @@ ThinkerInputs ChatPreprocessor::prepare(const ChatRequest& request, const Tokeni
   }
   std::vector<at::Tensor> features, patches;
   size_t next_audio = 0, next_image = 0;
-  // A user turn's media, the next of the request's files: placeholders in the prompt, features
-  // and patches in order.
-  const auto media = [&](size_t audio_count, size_t image_count) {
-    OMNI_CHECK(next_audio + audio_count <= request.audio_files.size() &&
-                   next_image + image_count <= request.image_files.size(),
-               "the chat's turns name more media (", next_audio + audio_count, " audio, ",
-               next_image + image_count, " images) than it has (", request.audio_files.size(),
-               " audio, ", request.image_files.size(), " images)");
-    for (const size_t end = next_audio + audio_count; next_audio < end; ++next_audio) {
-      const std::string& path = request.audio_files[next_audio];
-      const auto mel = whisper_log_mel(
-          resample_audio(read_audio_file(path, limits), audio.sampling_rate), audio);
+  // The request's next audio file or image: its placeholders in the prompt, its features or
+  // patches in order.
+  const auto next_media = [&](ChatPart::Kind kind) {
+    const bool is_audio = kind == ChatPart::Kind::kAudio;
+    OMNI_CHECK(is_audio ? next_audio < request.audio_files.size()
+                        : next_image < request.image_files.size(),
+               "the chat's turns name more ", is_audio ? "audio inputs" : "images",
+               " than it has (", request.audio_files.size(), " audio, ", request.image_files.size(),
+               " images)");
+    if (is_audio) {
+      const ChatMedia& file = request.audio_files[next_audio++];
+      const auto clip = file.path.empty()
+                            ? decode_audio(reinterpret_cast<const uint8_t*>(file.data.data()),
+                                           file.data.size(), file.name, limits)
+                            : read_audio_file(file.path, limits);
+      const auto mel = whisper_log_mel(resample_audio(clip, audio.sampling_rate), audio);
       const int64_t frames = mel.size(1);
-      OMNI_CHECK(frames > 0, path, ": the audio is shorter than one feature frame");
+      OMNI_CHECK(frames > 0, file.path.empty() ? file.name : file.path,
+                 ": the audio is shorter than one feature frame");
       in.audio_lengths.push_back(frames);
       features.push_back(mel);
       const int64_t tokens = qwen3_omni::audio_output_length(frames, cfg.audio.n_window);
       prompt.control("<|audio_start|>");
       for (int64_t i = 0; i < tokens; ++i) prompt.control("<|audio_pad|>");
       prompt.control("<|audio_end|>");
+      return;
     }
-    for (const size_t end = next_image + image_count; next_image < end; ++next_image) {
-      auto p = image_to_patches(read_image_file(request.image_files[next_image]), vision);
-      const auto [t, h, w] = p.grid_thw;
-      const int64_t tokens = t * h * w / (vision.merge_size * vision.merge_size);
-      in.image_grids.push_back(p.grid_thw);
-      patches.push_back(p.pixel_values);
-      prompt.control("<|vision_start|>");
-      for (int64_t i = 0; i < tokens; ++i) prompt.control("<|image_pad|>");
-      prompt.control("<|vision_end|>");
+    const ChatMedia& file = request.image_files[next_image++];
+    auto p = image_to_patches(file.path.empty()
+                                  ? decode_image(reinterpret_cast<const uint8_t*>(file.data.data()),
+                                                 file.data.size(), file.name)
+                                  : read_image_file(file.path),
+                              vision);
+    const auto [t, h, w] = p.grid_thw;
+    const int64_t tokens = t * h * w / (vision.merge_size * vision.merge_size);
+    in.image_grids.push_back(p.grid_thw);
+    patches.push_back(p.pixel_values);
+    prompt.control("<|vision_start|>");
+    for (int64_t i = 0; i < tokens; ++i) prompt.control("<|image_pad|>");
+    prompt.control("<|vision_end|>");
+  };
+  const auto content = [&](const std::vector<ChatPart>& parts) {
+    for (const ChatPart& part : parts) {
+      if (part.kind == ChatPart::Kind::kText) {
+        prompt.text(part.text);
+      } else {
+        next_media(part.kind);
+      }
     }
   };
   const auto turn = [&](const std::string& role, const std::function<void()>& body) {
@@ -133,18 +158,26 @@ ThinkerInputs ChatPreprocessor::prepare(const ChatRequest& request, const Tokeni
   for (const auto& t : request.history) {
     OMNI_CHECK(t.role == "system" || t.role == "user" || t.role == "assistant",
                "unknown chat role '", t.role, "' (system, user, assistant)");
-    OMNI_CHECK(t.role == "user" || (t.audio_count == 0 && t.image_count == 0), "a ", t.role,
-               " turn cannot hold media");
-    turn(t.role, [&] {
-      media(t.audio_count, t.image_count);
-      prompt.text(t.text);
-    });
+    OMNI_CHECK(t.role == "user" ||
+                   std::all_of(t.parts.begin(), t.parts.end(),
+                               [](const ChatPart& p) { return p.kind == ChatPart::Kind::kText; }),
+               "a ", t.role, " turn cannot hold media");
+    turn(t.role, [&] { content(t.parts); });
   }
-  // The turn to answer holds the media no earlier turn took.
+  // The turn to answer: its parts, or the media no earlier turn took and then its text.
   turn("user", [&] {
-    media(request.audio_files.size() - next_audio, request.image_files.size() - next_image);
+    if (!request.parts.empty()) {
+      content(request.parts);
+      return;
+    }
+    while (next_audio < request.audio_files.size()) next_media(ChatPart::Kind::kAudio);
+    while (next_image < request.image_files.size()) next_media(ChatPart::Kind::kImage);
     prompt.text(request.text);
   });
+  OMNI_CHECK(next_audio == request.audio_files.size() && next_image == request.image_files.size(),
+             "the chat has ", request.audio_files.size(), " audio inputs and ",
+             request.image_files.size(), " images but its turns name ", next_audio, " and ",
+             next_image);
   prompt.control("<|im_start|>");
   prompt.text("assistant\n");
   in.input_ids = prompt.ids();

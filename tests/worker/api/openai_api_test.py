@@ -87,10 +87,12 @@ def expect_error(port, body, status, param=None, code=None, key=KEY):
 
 def main():
     audio_bytes = open(os.path.join(FIXTURE, "audio.wav"), "rb").read()
+    # The audio before the text, as `generate --audio --prompt` lays a turn out (parts render in
+    # their order).
     user = {"role": "user", "content": [
-        {"type": "text", "text": PROMPT},
         {"type": "input_audio",
-         "input_audio": {"data": base64.b64encode(audio_bytes).decode(), "format": "wav"}}]}
+         "input_audio": {"data": base64.b64encode(audio_bytes).decode(), "format": "wav"}},
+        {"type": "text", "text": PROMPT}]}
     messages = [{"role": "system", "content": "You are a helpful voice."}, user]
 
     # The same request through `vllm-omni generate`.

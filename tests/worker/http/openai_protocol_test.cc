@@ -18,7 +18,7 @@ using testing::json;
 TEST(ParseChatCompletion, MinimalRequestGetsTheDefaults) {
   const auto r = parse_chat_completion(testing::minimal_request().dump());
   EXPECT_EQ(r.model, "qwen3-omni");
-  EXPECT_EQ(r.text, "Hello");
+  EXPECT_EQ(text_of(r.parts), "Hello");
   EXPECT_EQ(r.system_prompt, "");
   EXPECT_TRUE(r.audio.empty());
   EXPECT_TRUE(r.images.empty());
@@ -34,8 +34,9 @@ TEST(ParseChatCompletion, MinimalRequestGetsTheDefaults) {
 }
 
 // A conversation: the system prompt, then every earlier turn in order (a later system message
-// is a turn of its own), the last user turn as the text to answer, every user turn's media in
-// one list with each turn's count.
+// is a turn of its own), the last user turn's parts to answer, every user turn's media in one
+// list, each turn's parts in their order; text parts join with nothing between, as the chat
+// template joins them.
 TEST(ParseChatCompletion, MultiTurnConversation) {
   const std::string wav64 = base64_encode(testing::wav_file());
   const json audio = {{"type", "input_audio"},
@@ -55,15 +56,22 @@ TEST(ParseChatCompletion, MultiTurnConversation) {
   EXPECT_EQ(r.system_prompt, "You are Qwen.");
   ASSERT_EQ(r.history.size(), 4u);
   EXPECT_EQ(r.history[0].role, "user");
-  EXPECT_EQ(r.history[0].text, "What is this?");
-  EXPECT_EQ(r.history[0].audio_count, 1u);
+  using Kind = ContentPart::Kind;
+  const auto kinds = [](const std::vector<ContentPart>& parts) {
+    std::vector<Kind> out;
+    for (const auto& p : parts) out.push_back(p.kind);
+    return out;
+  };
+  EXPECT_EQ(text_of(r.history[0].parts), "What is this?");
+  EXPECT_EQ(kinds(r.history[0].parts), (std::vector<Kind>{Kind::kText, Kind::kAudio}));
   EXPECT_EQ(r.history[1].role, "assistant");
-  EXPECT_EQ(r.history[1].text, "A dog barking.");
+  EXPECT_EQ(text_of(r.history[1].parts), "A dog barking.");
   EXPECT_EQ(r.history[2].role, "system");
-  EXPECT_EQ(r.history[2].text, "Answer in French.");
-  EXPECT_EQ(r.history[3].text, "D'accord.\n!");
-  EXPECT_EQ(r.history[3].audio_count, 0u);
-  EXPECT_EQ(r.text, "And this?");
+  EXPECT_EQ(text_of(r.history[2].parts), "Answer in French.");
+  EXPECT_EQ(text_of(r.history[3].parts), "D'accord.!");
+  EXPECT_EQ(kinds(r.history[3].parts), (std::vector<Kind>{Kind::kText, Kind::kText}));
+  EXPECT_EQ(kinds(r.parts), (std::vector<Kind>{Kind::kAudio, Kind::kText}));
+  EXPECT_EQ(text_of(r.parts), "And this?");
   EXPECT_EQ(r.audio.size(), 2u);
   EXPECT_EQ(r.audio[1].param, "messages[5].content[0]");
 }
@@ -118,8 +126,16 @@ TEST(ParseChatCompletion, FullRequestWithEveryField) {
       {"response_format", {{"type", "text"}}}};
   const auto r = parse_chat_completion(body.dump());
   EXPECT_EQ(r.model, "qwen3-omni");
-  EXPECT_EQ(r.system_prompt, "You are Qwen.\nBe brief.\nBe kind.");
-  EXPECT_EQ(r.text, "What do you hear\nand see?");
+  // Only the first message is the system prompt; the developer message is a system turn.
+  EXPECT_EQ(r.system_prompt, "You are Qwen.");
+  ASSERT_EQ(r.history.size(), 1u);
+  EXPECT_EQ(r.history[0].role, "system");
+  EXPECT_EQ(text_of(r.history[0].parts), "Be brief.Be kind.");
+  EXPECT_EQ(text_of(r.parts), "What do you hearand see?");
+  ASSERT_EQ(r.parts.size(), 5u);
+  EXPECT_EQ(r.parts[1].kind, ContentPart::Kind::kAudio);
+  EXPECT_EQ(r.parts[2].kind, ContentPart::Kind::kImage);
+  EXPECT_EQ(r.parts[3].kind, ContentPart::Kind::kAudio);
   ASSERT_EQ(r.audio.size(), 2u);
   EXPECT_EQ(r.audio[0].kind, "audio");
   EXPECT_EQ(r.audio[0].format, "wav");
@@ -199,13 +215,13 @@ TEST(ParseChatCompletion, MediaFormatsFromMediaTypesAndBytes) {
   EXPECT_EQ(r.audio[1].format, "wav");
   EXPECT_EQ(r.audio[2].format, "mp3");
   EXPECT_EQ(r.audio[3].format, "mp3");
-  EXPECT_EQ(r.text, "");
+  EXPECT_EQ(text_of(r.parts), "");
 }
 
 TEST(ParseChatCompletion, BracketsInsideStringsDoNotCountAsDepth) {
   json body = testing::minimal_request();
   body["messages"][0]["content"] = std::string(100000, '[') + "\"\\\"{{{" + std::string(50, '{');
-  EXPECT_EQ(parse_chat_completion(body.dump()).text, body["messages"][0]["content"]);
+  EXPECT_EQ(text_of(parse_chat_completion(body.dump()).parts), body["messages"][0]["content"]);
 }
 
 // --- robustness ---------------------------------------------------------------------------

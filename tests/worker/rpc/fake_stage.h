@@ -1,5 +1,5 @@
 // A Stage without a model for the RPC tests: what it does is chosen per request by the call's
-// params_json, so one server serves every scenario:
+// parameters' text, so one server serves every scenario:
 //   "add:<k>"   one output per input packet as it arrives: every tensor + k, every token + k,
 //               text + "!"; first one packet per media file (its bytes as a uint8 tensor
 //               "media:<name>"); then a finished packet.
@@ -38,7 +38,7 @@ class FakeStage : public pipeline::Stage {
       last_deadline_ = call.deadline;
     }
     ++runs_started;
-    const std::string& mode = call.params_json;
+    const std::string mode = call.params ? call.params->to_json() : "";
     if (mode.rfind("add:", 0) == 0) return add(std::stod(mode.substr(4)), call, input, sink);
     if (mode == "invalid") {
       throw pipeline::StageError(pipeline::StageError::Code::kInvalidArgument, name_,
@@ -74,7 +74,14 @@ class FakeStage : public pipeline::Stage {
   }
 
   std::string stats_json() override { return "{\"fake\": 1}"; }
-  std::string info_json() override { return "{\"sample_rate\": 24000}"; }
+  pipeline::StageInfo info() override {
+    pipeline::StageInfo i;
+    i.model_stage = "fake";
+    i.param_bytes = 1000;
+    i.speakers = {"ethan", "chelsie"};
+    i.sample_rate = 24000;
+    return i;
+  }
   uint64_t set_device_released(bool release) override {
     device_bytes_ = release ? 0 : 1000;
     return 1000;

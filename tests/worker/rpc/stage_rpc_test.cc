@@ -23,6 +23,7 @@
 #include "tests/worker/rpc/fake_stage.h"
 #include "worker/rpc/stage_client.h"
 #include "worker/rpc/stage_server.h"
+#include "worker/rpc/wire.h"
 
 namespace omni::rpc {
 namespace {
@@ -65,7 +66,7 @@ Result run_remote(RemoteStage& stage, const std::string& params,
                   std::vector<StagePacket> inputs = {}) {
   StageCall call;
   call.request_id = "r";
-  call.params_json = params;
+  call.params = std::make_shared<const pipeline::JsonParams>(params);
   PacketQueue input;
   for (auto& p : inputs) input.push(std::move(p));
   input.close();
@@ -120,7 +121,7 @@ TEST_F(StageRpcTest, TransformsPacketsAndMediaIncludingA10MBTensor) {
   for (const auto& p : inputs) expected_inputs.push_back(p);
 
   StageCall call;
-  call.params_json = "add:1";
+  call.params = std::make_shared<const pipeline::JsonParams>("add:1");
   call.media = {{"audio", "speech.wav", std::string(3000000, '\x07') + "end"},
                 {"image", "cat.png", "\x89PNG"}};
   PacketQueue input;
@@ -152,7 +153,7 @@ TEST_F(StageRpcTest, TransformsPacketsAndMediaIncludingA10MBTensor) {
 TEST_F(StageRpcTest, StageStartsWhileTheUpstreamStillWrites) {
   RemoteStage remote = client();
   StageCall call;
-  call.params_json = "add:1";
+  call.params = std::make_shared<const pipeline::JsonParams>("add:1");
   PacketQueue input;
   std::atomic<int64_t> first_output_ns{0}, last_push_ns{0};
   std::thread feeder([&] {
@@ -206,7 +207,7 @@ TEST_F(StageRpcTest, StageErrorsComeBackInBandAndTheServerKeepsServing) {
 TEST_F(StageRpcTest, ClientCancellationReachesTheStageWithinASecond) {
   RemoteStage remote = client();
   StageCall call;
-  call.params_json = "loop";
+  call.params = std::make_shared<const pipeline::JsonParams>("loop");
   PacketQueue input;
   input.close();
   pipeline::CancelToken cancel;
@@ -231,7 +232,7 @@ TEST_F(StageRpcTest, ClientCancellationReachesTheStageWithinASecond) {
 TEST_F(StageRpcTest, DeadlineBecomesTheCallsAndEndsItInTime) {
   RemoteStage remote = client();
   StageCall call;
-  call.params_json = "sleep:5000";
+  call.params = std::make_shared<const pipeline::JsonParams>("sleep:5000");
   call.deadline = Clock::now() + milliseconds(300);
   PacketQueue input;
   input.close();
@@ -298,7 +299,7 @@ TEST_F(StageRpcTest, TokenIsRequiredExceptForHealth) {
 TEST_F(StageRpcTest, WorkerShutDownMidStreamIsUnavailableNamingTheStage) {
   RemoteStage remote = client();
   StageCall call;
-  call.params_json = "loop";
+  call.params = std::make_shared<const pipeline::JsonParams>("loop");
   PacketQueue input;  // left open: the upstream is still "running"
   pipeline::CancelToken cancel;
   std::thread killer;
@@ -432,7 +433,17 @@ TEST_F(StageRpcTest, StatsInfoAndDevice) {
   EXPECT_EQ(info.stage_id, 1);
   EXPECT_EQ(info.model_stage, "fake");
   EXPECT_EQ(info.pid, ::getpid());
-  EXPECT_EQ(remote.info_json(), "{\"sample_rate\": 24000}");
+  // The info crosses the wire as JSON and reads back field by field.
+  const pipeline::StageInfo got = remote.info();
+  EXPECT_EQ(got.model_stage, "fake");
+  EXPECT_EQ(got.param_bytes, 1000u);
+  EXPECT_EQ(got.device_weight_bytes, 0u);
+  EXPECT_EQ(got.speakers, (std::vector<std::string>{"ethan", "chelsie"}));
+  EXPECT_EQ(got.sample_rate, 24000);
+  // A worker from before device_weight_bytes: the ledger counts its param_bytes.
+  EXPECT_EQ(info_from_json(R"({"param_bytes": 7})").device_weight_bytes, 7u);
+  EXPECT_THROW(info_from_json("[1]"), pipeline::StageError);
+  EXPECT_THROW(info_from_json(R"({"speakers": 3})"), pipeline::StageError);
   EXPECT_EQ(remote.device_bytes(), 1000u);
   EXPECT_EQ(remote.set_device_released(true), 1000u);
   EXPECT_EQ(remote.device_bytes(), 0u);  // the query moved nothing back

@@ -33,6 +33,9 @@ struct AudioLimits {
 // limit when its sample rate is outside `limits` or it lasts longer (checked on the header's
 // frame count before decoding, and again while decoding, for headers that do not say).
 AudioClip read_audio_file(const std::string& path, const AudioLimits& limits = {});
+// The same for a file's bytes in memory (an upload); `name` stands for the file in errors.
+AudioClip decode_audio(const uint8_t* data, size_t size, const std::string& name,
+                       const AudioLimits& limits = {});
 
 // Resamples `clip` to `target_rate` Hz as librosa.load(path, sr=target_rate) does (what
 // qwen_omni_utils runs): libsoxr at quality HQ with float32 samples, the calls python-soxr's
