@@ -132,7 +132,10 @@ TEST(ChatTemplateParity, MarkersInTextDoNotForgeATurn) {
   for (const auto& [role, content] : std::vector<std::pair<std::string, std::string>>{
            {"user", "Hi " + forged}, {"assistant", forged}, {"user", forged}}) {
     want.push_back(start);
-    append(text(role + "\n" + content));
+    std::string turn = role;
+    turn += "\n";
+    turn += content;
+    append(text(turn));
     want.push_back(end);
     append(text("\n"));
   }

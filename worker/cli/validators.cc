@@ -77,7 +77,7 @@ CLI::Validator number_in(double min, double max, bool min_open) {
       "");
 }
 
-CLI::Validator one_of(std::vector<std::string> names) {
+CLI::Validator one_of(const std::vector<std::string>& names) {
   return CLI::Validator(
       [names](std::string& text) -> std::string {
         if (std::find(names.begin(), names.end(), text) != names.end()) return "";

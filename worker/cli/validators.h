@@ -19,6 +19,6 @@ CLI::Validator unsigned_integer();  // digits only, fits 64 bits
 // A number in [min, max] (or (min, max] with `min_open`); max HUGE_VAL: no upper bound.
 CLI::Validator number_in(double min, double max, bool min_open = false);
 // One of `names` exactly (for the engine's options, cpu_offload/option_names.h lists them).
-CLI::Validator one_of(std::vector<std::string> names);
+CLI::Validator one_of(const std::vector<std::string>& names);
 
 }  // namespace omni::cli

@@ -50,8 +50,9 @@ EngineOption switch_option(std::string key, Field<bool> field, std::vector<std::
   return o;
 }
 
-EngineOption choice(std::string key, Field<std::string> field, std::vector<std::string> names,
-                    std::vector<std::string> flags, std::string help) {
+EngineOption choice(std::string key, Field<std::string> field,
+                    const std::vector<std::string>& names, std::vector<std::string> flags,
+                    std::string help) {
   std::string value_name;
   for (const auto& n : names) value_name += (value_name.empty() ? "" : "|") + n;
   return option(std::move(key), field, Type::kValue, std::move(flags), value_name, std::move(help),

@@ -80,10 +80,11 @@ std::vector<ContentPart> read_content(const json& content, const std::string& pa
       continue;
     }
     if (role != "user") {
-      const std::string who =
-          role == "assistant" ? "assistant turns" : "system and developer messages";
-      unsupported(join_path(part_path, "type"),
-                  part_path + ": " + who + " hold text parts only, got " + quote_value(type));
+      std::string why = part_path;
+      why += role == "assistant" ? ": assistant turns" : ": system and developer messages";
+      why += " hold text parts only, got ";
+      why += quote_value(type);
+      unsupported(join_path(part_path, "type"), why);
     }
     if (type == "image_url") {
       check_keys(part, part_path, {"type", "image_url"});

@@ -287,8 +287,9 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
               }
               const auto& cs = consumers[s->id];
               packet.source = s->id;
-              // Each consumer gets what its hand-off takes of the packet; without one, a copy
-              // (the last consumer takes the packet itself).
+              // Each consumer gets what its hand-off takes of the packet; without one, a copy,
+              // except the last consumer, which takes the packet itself.
+              bool last_takes_it = false;
               for (size_t i = 0; i < cs.size(); ++i) {
                 const auto h = handoffs_.find({s->id, cs[i]});
                 if (h != handoffs_.end()) {
@@ -296,9 +297,10 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
                 } else if (i + 1 < cs.size()) {
                   inputs[cs[i]]->push(packet);
                 } else {
-                  inputs[cs[i]]->push(std::move(packet));
+                  last_takes_it = true;
                 }
               }
+              if (last_takes_it) inputs[cs.back()]->push(std::move(packet));
             },
             cancel);
         close_consumers(nullptr);
