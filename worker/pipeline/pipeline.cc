@@ -287,20 +287,15 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
               }
               const auto& cs = consumers[s->id];
               packet.source = s->id;
-              // Each consumer gets what its hand-off takes of the packet; without one, a copy,
-              // except the last consumer, which takes the packet itself.
-              bool last_takes_it = false;
-              for (size_t i = 0; i < cs.size(); ++i) {
-                const auto h = handoffs_.find({s->id, cs[i]});
-                if (h != handoffs_.end()) {
-                  inputs[cs[i]]->push(h->second->apply(packet));
-                } else if (i + 1 < cs.size()) {
-                  inputs[cs[i]]->push(packet);
-                } else {
-                  last_takes_it = true;
-                }
-              }
-              if (last_takes_it) inputs[cs.back()]->push(std::move(packet));
+              // Each consumer gets what its hand-off takes of the packet: a copy for all but the
+              // last, which takes the packet itself (one token's rows are not copied).
+              const auto give = [&](int64_t consumer, StagePacket p) {
+                const auto h = handoffs_.find({s->id, consumer});
+                inputs[consumer]->push(h == handoffs_.end() ? std::move(p)
+                                                            : h->second->apply(std::move(p)));
+              };
+              for (size_t i = 0; i + 1 < cs.size(); ++i) give(cs[i], packet);
+              if (!cs.empty()) give(cs.back(), std::move(packet));
             },
             cancel);
         close_consumers(nullptr);

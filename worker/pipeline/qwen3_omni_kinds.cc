@@ -143,38 +143,16 @@ StageKind code2wav() {
   return k;
 }
 
-// The talker reads the thinker's tokens, its hand-off rows and the prompt's ids (tensors), and
-// its end; not its text or timings.
-Handoff thinker2talker() {
+// A hand-off that passes a packet on without what its consumer does not read.
+Handoff handoff(const char* from, const char* to, void (*drop)(StagePacket&)) {
   Handoff h;
-  h.name = "thinker2talker";
-  h.from = "thinker";
-  h.to = "talker";
-  h.apply = [](const StagePacket& p) {
-    StagePacket out;
-    out.tokens = p.tokens;
-    out.tensors = p.tensors;
-    out.finished = p.finished;
-    out.finish_reason = p.finish_reason;
-    out.source = p.source;
-    return out;
-  };
-  return h;
-}
-
-// code2wav reads the talker's codec frames and its end.
-Handoff talker2code2wav() {
-  Handoff h;
-  h.name = "talker2code2wav";
-  h.from = "talker";
-  h.to = "code2wav";
-  h.apply = [](const StagePacket& p) {
-    StagePacket out;
-    out.frames = p.frames;
-    out.finished = p.finished;
-    out.finish_reason = p.finish_reason;
-    out.source = p.source;
-    return out;
+  h.name = std::string(from) + "2" + to;
+  h.from = from;
+  h.to = to;
+  h.apply = [drop](StagePacket p) {
+    p.metrics.clear();
+    drop(p);
+    return p;
   };
   return h;
 }
@@ -182,7 +160,14 @@ Handoff talker2code2wav() {
 }  // namespace
 
 const std::vector<Handoff>& qwen3_omni_handoffs() {
-  static const std::vector<Handoff> handoffs = {thinker2talker(), talker2code2wav()};
+  // The talker reads the thinker's tokens, hand-off rows and prompt ids (tensors), not its text;
+  // code2wav reads the talker's codec frames. Both read the end (finished, finish_reason).
+  static const std::vector<Handoff> handoffs = {
+      handoff("thinker", "talker", [](StagePacket& p) { p.text.clear(); }),
+      handoff("talker", "code2wav", [](StagePacket& p) {
+        p.tokens.clear();
+        p.tensors.clear();
+      })};
   return handoffs;
 }
 

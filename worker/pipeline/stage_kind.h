@@ -68,9 +68,9 @@ struct StageKind {
 // registered for the source's kind and the stage's applies, and without one the packet goes as
 // it is.
 struct Handoff {
-  std::string name;      // "thinker2talker"
-  std::string from, to;  // the kinds it connects
-  std::function<StagePacket(const StagePacket& packet)> apply;
+  std::string name;                                      // "thinker2talker"
+  std::string from, to;                                  // the kinds it connects
+  std::function<StagePacket(StagePacket packet)> apply;  // by value: the last consumer moves it
 };
 
 // The kind called `name`, or null.
