@@ -1,10 +1,12 @@
-"""serve-bench: time to first token, time to first audio and real-time factor of `vllm-omni
-serve`, at concurrency 1 and 8, streamed and not, through the openai client. One JSON line per
+"""serve-bench: time to first token, time to first audio, real-time factor and aggregate
+throughput (generated tokens and seconds of speech per second of wall time) of `vllm-omni
+serve`, at each concurrency, streamed and not, through the openai client. One JSON line per
 (concurrency, stream). Starts the server on the tiny checkpoint unless --url is given.
 
     python3 bench/serve_bench.py [--vllm-omni build/worker/vllm-omni] [--model DIR]
                                  [--url http://127.0.0.1:8091/v1 --served-model-name NAME]
                                  [--requests 16] [--tokens 16] [--frames 24]
+                                 [--concurrency 1,8] [--stream both|yes|no]
 
 Non-streamed answers arrive whole: their first token and first audio are the whole latency.
 Real-time factor = request latency / seconds of speech returned (below 1: faster than real time).
@@ -38,10 +40,14 @@ def one(client, model, i, args, stream):
         r = client.chat.completions.create(**common)
         latency = time.perf_counter() - start
         audio = wav_seconds(base64.b64decode(r.choices[1].message.audio.data))
-        return latency, latency, latency, audio
+        return latency, latency, latency, audio, r.usage.completion_tokens
     ttft = ttfa = None
     audio = 0.0
-    for chunk in client.chat.completions.create(stream=True, **common):
+    tokens = 0
+    for chunk in client.chat.completions.create(stream=True,
+                                                stream_options={"include_usage": True}, **common):
+        if chunk.usage:
+            tokens = chunk.usage.completion_tokens
         if not chunk.choices or not chunk.choices[0].delta.content:
             continue
         now = time.perf_counter() - start
@@ -50,7 +56,7 @@ def one(client, model, i, args, stream):
             audio += wav_seconds(base64.b64decode(chunk.choices[0].delta.content))
         else:
             ttft = ttft if ttft is not None else now
-    return ttft, ttfa, time.perf_counter() - start, audio
+    return ttft, ttfa, time.perf_counter() - start, audio, tokens
 
 
 def main():
@@ -62,7 +68,10 @@ def main():
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--frames", type=int, default=24)
+    p.add_argument("--concurrency", default="1,8", help="comma-separated client counts")
+    p.add_argument("--stream", choices=["both", "yes", "no"], default="both")
     args = p.parse_args()
+    streams = {"both": (False, True), "yes": (True,), "no": (False,)}[args.stream]
     proc = None
     url = args.url
     if not url:
@@ -79,14 +88,14 @@ def main():
     try:
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
         one(client, args.served_model_name, -1, args, False)  # warm-up
-        for concurrency in (1, 8):
-            for stream in (False, True):
+        for concurrency in [int(c) for c in args.concurrency.split(",")]:
+            for stream in streams:
                 start = time.perf_counter()
                 with ThreadPoolExecutor(concurrency) as pool:
                     rows = list(pool.map(lambda i: one(client, args.served_model_name, i, args,
                                                        stream), range(args.requests)))
                 wall = time.perf_counter() - start
-                ttft, ttfa, total, audio = zip(*rows)
+                ttft, ttfa, total, audio, tokens = zip(*rows)
                 print(json.dumps({
                     "concurrency": concurrency, "stream": stream, "requests": args.requests,
                     "time_to_first_token_ms": {"p50": 1000 * statistics.median(ttft),
@@ -96,7 +105,9 @@ def main():
                     "latency_ms_p50": 1000 * statistics.median(total),
                     "real_time_factor_p50": statistics.median(t / a for t, a in zip(total, audio)),
                     "audio_seconds_per_request": statistics.mean(audio),
-                    "requests_per_s": args.requests / wall}), flush=True)
+                    "requests_per_s": args.requests / wall,
+                    "tokens_per_s": sum(tokens) / wall,
+                    "audio_seconds_per_s": sum(audio) / wall}), flush=True)
     finally:
         if proc:
             proc.terminate()

@@ -58,6 +58,7 @@ struct Options {
   std::string raw_read_bytes = "2GiB";
   bool no_warmup = false;
   bool no_media = false;
+  std::vector<int64_t> batch_sizes;
 };
 
 // A byte count with an optional unit (805306368, 768MiB, 2GiB; KB/MB/GB powers of 1000); "0" is
@@ -226,6 +227,70 @@ void add_options(CLI::App& app, Options& o) {
   app.add_flag("--no-warmup", o.no_warmup,
                "measure the first request (for runs too long to do twice)");
   app.add_flag("--no-media", o.no_media, "a text-only request (no audio, no image)");
+  app.add_option("--batch-sizes", o.batch_sizes,
+                 "after each strategy's request, decode this many different requests together "
+                 "(Thinker::decode_batch, as the serving engine does) and print one more line "
+                 "per size: bytes moved per generated token and per step, tokens/s")
+      ->delimiter(',')
+      ->type_name("N,...")
+      ->check(CLI::PositiveNumber);
+}
+
+// `batch` requests (the text numbered per row, so that their MoE routing differs) prefilled one
+// by one, then `tokens` decode steps of all of them together: what a decode step of the serving
+// engine moves to the device and how fast it goes. One JSON line.
+void run_batch(const std::string& strategy, omni::models::ThinkerRunner& runner,
+               omni::offload::TransferEngine& engine, omni::models::ChatRequest request,
+               int64_t batch, int64_t tokens) {
+  auto& thinker = runner.model();
+  at::NoGradGuard no_grad;
+  auto scope = runner.offload().forward_scope();
+  std::vector<omni::models::qwen3_omni::ThinkerState> states;
+  std::vector<int64_t> next;
+  const std::string text = request.text;
+  for (int64_t b = 0; b < batch; ++b) {
+    request.text = text + " (" + std::to_string(b + 1) + ")";
+    states.push_back(thinker.new_state());
+    const auto logits = thinker.prefill(runner.prepare(request), states.back());
+    next.push_back(logits.argmax(-1).item<int64_t>());
+  }
+  std::vector<omni::models::qwen3_omni::ThinkerState*> rows;
+  for (auto& s : states) rows.push_back(&s);
+  // One step first (warm: the batch's shapes), then the measured ones.
+  auto step = [&] {
+    const auto logits = thinker.decode_batch(next, rows);
+    const auto best = logits.argmax(-1).contiguous();
+    for (int64_t b = 0; b < batch; ++b) next[b] = best[b].item<int64_t>();
+  };
+  step();
+  engine.synchronize();
+  auto* experts = runner.expert_cache();
+  const uint64_t h2d_before = engine.counters().bytes_h2d;
+  const auto experts_before = experts ? experts->stats() : omni::offload::ExpertCacheStats{};
+  const auto start = Clock::now();
+  for (int64_t t = 0; t < tokens; ++t) step();
+  engine.synchronize();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const double bytes = static_cast<double>(engine.counters().bytes_h2d - h2d_before);
+  const double generated = static_cast<double>(tokens * batch);
+  std::cout << "{\"strategy\": \"" << strategy << "\", \"batch\": " << batch
+            << ", \"decode_steps\": " << tokens
+            << ", \"decode_tokens_per_s\": " << generated / seconds
+            << ", \"bytes_h2d_per_step\": " << bytes / tokens
+            << ", \"bytes_h2d_per_decode_token\": " << bytes / generated;
+  if (experts) {
+    const auto e = experts->stats();
+    const uint64_t uses = e.uses() - experts_before.uses();
+    std::cout << ", \"decode_expert_hit_rate\": "
+              << (uses ? static_cast<double>(e.hits - experts_before.hits) /
+                             static_cast<double>(uses)
+                       : 0.0)
+              << ", \"decode_expert_uses_per_step\": "
+              << static_cast<double>(uses) / static_cast<double>(tokens)
+              << ", \"decode_expert_bytes_per_token\": "
+              << static_cast<double>(e.bytes_h2d - experts_before.bytes_h2d) / generated;
+  }
+  std::cout << "}" << std::endl;
 }
 
 ThinkerOffloadOptions offload_for(const std::string& strategy, const Options& opt,
@@ -455,6 +520,9 @@ int run(const Options& o) {
                       ? "null"
                       : (baseline == result.tokens ? "true" : "false"))
               << "}" << std::endl;
+    for (const int64_t batch : o.batch_sizes) {
+      run_batch(strategy, *runner, *engine, request, batch, tokens);
+    }
   }
   return 0;
 }

@@ -445,7 +445,11 @@ TEST(EngineFlags, EveryCommandRegistersTheWholeTableWithOneMeaning) {
                                                      {"expert_miss_policy", "host"},
                                                      {"expert_eviction", "lru"},
                                                      {"host_memory_budget", "2GiB"},
-                                                     {"disk_read", "mmap"}};
+                                                     {"disk_read", "mmap"},
+                                                     {"max_num_seqs", "4"},
+                                                     {"max_num_batched_tokens", "512"},
+                                                     {"block_size", "32"},
+                                                     {"kv_cache_memory_bytes", "64MiB"}};
   const auto generate_flags = [](CommandLine& c) -> config::EngineFlags& {
     return c.generate.engine;
   };

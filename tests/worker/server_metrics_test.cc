@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace omni::http {
 namespace {
@@ -54,6 +56,31 @@ TEST(ServerMetrics, ExpertCacheAndDiskTierFamiliesForTheStagesThatHaveThem) {
   const std::string plain = offload_metrics(R"json({"stage 1 (talker)": {"bytes_h2d": 0}})json");
   EXPECT_EQ(plain.find("omni_expert_cache"), std::string::npos) << plain;
   EXPECT_EQ(plain.find("omni_disk_"), std::string::npos) << plain;
+}
+
+// A batching stage's loop and KV blocks, also while a step runs (no offload figures then).
+TEST(ServerMetrics, EngineFamiliesOfABatchingStage) {
+  const std::string stats = R"json({
+    "stage 0 (thinker)": {"running": true,
+      "engine": {"running": 3, "waiting": 2, "steps": 40, "batch_rows": 100, "last_batch": 3,
+                 "queue_ms_total": 250, "admitted": 9, "kv_blocks_used": 12,
+                 "kv_blocks_reserved": 30, "kv_blocks_total": 64}}})json";
+  const std::string body = offload_metrics(stats);
+  const std::string l = "{stage=\"stage 0 (thinker)\"}";
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"omni_engine_running_requests", "3"}, {"omni_engine_waiting_requests", "2"},
+      {"omni_engine_steps_total", "40"},     {"omni_engine_batch_rows_total", "100"},
+      {"omni_engine_last_batch_size", "3"},  {"omni_engine_queue_seconds_total", "0.25"},
+      {"omni_engine_admitted_total", "9"},   {"omni_kv_blocks_used", "12"},
+      {"omni_kv_blocks_reserved", "30"},     {"omni_kv_blocks_total", "64"}};
+  for (const auto& [metric, value] : expected) {
+    std::string line = metric;
+    line += l;
+    line += " ";
+    line += value;
+    EXPECT_TRUE(has_line(body, line)) << line << "\n" << body;
+  }
+  EXPECT_TRUE(has_line(body, "omni_stage_up" + l + " 0")) << body;  // mid-step: no offload figures
 }
 
 }  // namespace

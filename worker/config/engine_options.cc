@@ -69,6 +69,20 @@ EngineOption bytes(std::string key, Field<uint64_t> field, std::vector<std::stri
                 });
 }
 
+// An integer of at least `min`.
+EngineOption count(std::string key, Field<int64_t> field, int64_t min,
+                   std::vector<std::string> flags, std::string help) {
+  return option(std::move(key), field, Type::kValue, std::move(flags), "N", std::move(help),
+                [min](const std::string& k, const RawValue& v, const SetContext&) {
+                  const int64_t n = detail::to_int(k, v);
+                  if (n < min) {
+                    detail::fail(v.where, k + " must be >= " + std::to_string(min) + ", got " +
+                                              std::to_string(n));
+                  }
+                  return n;
+                });
+}
+
 EngineOption text(std::string key, Field<std::string> field) {
   return option(std::move(key), field, Type::kValue, {}, "", "",
                 [](const std::string& k, const RawValue& v, const SetContext&) {
@@ -177,6 +191,20 @@ std::vector<EngineOption> make_options() {
   t.push_back(choice("disk_read", &StageEngineArgs::disk_read, names::disk_reads(), {"--disk-read"},
                      "how weights beyond --host-memory-budget are read: pread (a bounded pinned "
                      "cache, reader threads, read-ahead) or mmap (the OS page cache)"));
+  t.push_back(count("max_num_seqs", &StageEngineArgs::max_num_seqs, 0, {"--max-num-seqs"},
+                    "continuous batching: requests a stage decodes together (0: the stage's "
+                    "runtime.max_batch_size)"));
+  t.push_back(count("max_num_batched_tokens", &StageEngineArgs::max_num_batched_tokens, 1,
+                    {"--max-num-batched-tokens"},
+                    "continuous batching: prompt tokens a stage admits per step (the first "
+                    "prompt always goes)"));
+  t.push_back(count("block_size", &StageEngineArgs::block_size, 1, {"--block-size"},
+                    "KV cache: tokens per block (a sequence holds at most one block it does not "
+                    "use)"));
+  t.push_back(bytes("kv_cache_memory_bytes", &StageEngineArgs::kv_cache_memory_bytes,
+                    {"--kv-cache-memory-bytes"},
+                    "KV cache: device bytes all requests' caches of a stage may take; a request "
+                    "that does not fit waits (0 = no limit)"));
   return t;
 }
 

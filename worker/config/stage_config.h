@@ -45,8 +45,8 @@ struct SamplingDefaults {
 struct StageRuntime {
   std::string devices = "0";  // "0" or "0,1"; "cpu" = the simulated device
   std::string address;        // "host:port" of an already running worker; empty = start a local one
-  int64_t max_batch_size = 1;
-  std::string process;  // vLLM-Omni key, accepted, no effect
+  int64_t max_batch_size = 8;  // requests decoded together unless engine_args.max_num_seqs says
+  std::string process;         // vLLM-Omni key, accepted, no effect
 };
 
 struct StageEngineArgs {
@@ -85,6 +85,12 @@ struct StageEngineArgs {
   // cache, or mmap: copies from the file's mapping).
   uint64_t host_memory_budget = 0;
   std::string disk_read = "pread";
+  // Continuous batching: requests decoded together (0: runtime.max_batch_size), prompt tokens
+  // admitted per step, KV block size in tokens, and the KV cache's device bytes (0: no limit).
+  int64_t max_num_seqs = 0;
+  int64_t max_num_batched_tokens = 8192;
+  int64_t block_size = 16;
+  uint64_t kv_cache_memory_bytes = 0;
   // vLLM-Omni keys that are read and have no effect here, with their raw text for logging: the
   // engine_args keys by name, the stage keys too, "runtime.KEY" and
   // "default_sampling_params.KEY" for those sections' (README lists them).

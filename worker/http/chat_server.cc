@@ -418,6 +418,7 @@ class ChatServer::Impl {
     const int64_t created = unix_now();
     const std::string model = options_.model_name;
     const bool include_usage = parsed.include_usage;
+    request.waveform = false;  // the answer is the streamed chunks
     // The pipeline runs on a thread of its own; the HTTP thread writes what it produces.
     auto worker = std::make_shared<std::thread>([this, queue, id, created, model, include_usage,
                                                  start, slot, request = std::move(request),

@@ -200,6 +200,59 @@ std::string offload_metrics(const std::string& stats_json) {
                    {}};
   Family disk_entries{
       "omni_disk_cache_entries", "gauge", "Host entries of the disk tier's cache.", {}};
+  // Continuous batching ("engine" of a batching stage: its loop and its KV blocks).
+  Family running{"omni_engine_running_requests", "gauge", "Requests in the stage's batch.", {}};
+  Family waiting{"omni_engine_waiting_requests",
+                 "gauge",
+                 "Requests queued for the stage's batch (waiting for room or KV blocks).",
+                 {}};
+  Family steps{"omni_engine_steps_total", "counter", "Batched decode steps the stage ran.", {}};
+  Family rows{"omni_engine_batch_rows_total",
+              "counter",
+              "Sequences stepped, summed over steps (divided by the steps: the mean batch size).",
+              {}};
+  Family last_batch{"omni_engine_last_batch_size", "gauge", "Batch size of the last step.", {}};
+  Family queue{"omni_engine_queue_seconds_total",
+               "counter",
+               "Time admitted requests waited in the stage's queue.",
+               {}};
+  Family admitted{"omni_engine_admitted_total", "counter", "Requests admitted to a batch.", {}};
+  Family kv_used{"omni_kv_blocks_used", "gauge", "KV cache blocks allocated now.", {}};
+  Family kv_reserved{"omni_kv_blocks_reserved",
+                     "gauge",
+                     "KV cache blocks admission holds for the running requests' worst case.",
+                     {}};
+  Family kv_total{
+      "omni_kv_blocks_total", "gauge", "KV cache blocks the stage may hold (0: no limit).", {}};
+  // Each family's sample: a field of a stage's JSON, times a scale (ms -> s).
+  struct Field {
+    Family* family;
+    const char* key;
+    double scale;
+  };
+  const auto add_fields = [](const std::vector<Field>& fields, const std::string& l,
+                             const Json& j) {
+    for (const auto& f : fields) f.family->samples.emplace_back(l, j.value(f.key, 0.0) * f.scale);
+  };
+  const std::vector<Field> engine_fields = {{&running, "running", 1},
+                                            {&waiting, "waiting", 1},
+                                            {&steps, "steps", 1},
+                                            {&rows, "batch_rows", 1},
+                                            {&last_batch, "last_batch", 1},
+                                            {&queue, "queue_ms_total", 1e-3},
+                                            {&admitted, "admitted", 1},
+                                            {&kv_used, "kv_blocks_used", 1},
+                                            {&kv_reserved, "kv_blocks_reserved", 1},
+                                            {&kv_total, "kv_blocks_total", 1}};
+  const std::vector<Field> offload_fields = {
+      {&moved, "bytes_h2d", 1},        {&loads, "loads", 1},
+      {&stall, "stall_ms", 1e-3},      {&device, "current_device_bytes", 1},
+      {&peak, "peak_device_bytes", 1}, {&host, "host_bytes", 1},
+      {&params, "param_bytes", 1}};
+  const std::vector<Field> expert_fields = {
+      {&expert_hits, "hits", 1},          {&expert_misses, "misses", 1},
+      {&expert_host, "host_computed", 1}, {&expert_moved, "bytes_h2d", 1},
+      {&expert_stall, "stall_ms", 1e-3},  {&expert_device, "device_bytes", 1}};
   auto add_disk = [&](const std::string& stage, const char* tier, const Json& d) {
     const std::string l = "{stage=\"" + label(stage) + "\",tier=\"" + tier + "\"}";
     disk_read.samples.emplace_back(l, d.value("read_bytes", 0.0));
@@ -224,34 +277,26 @@ std::string offload_metrics(const std::string& stats_json) {
     }
     const std::string l = "{stage=\"" + label(name) + "\"}";
     const Json& s = value;
+    // Live even while a step runs (the offload figures may then be missing).
+    if (s.contains("engine") && s["engine"].is_object()) add_fields(engine_fields, l, s["engine"]);
     const bool answered = !value.contains("error") && s.contains("bytes_h2d");
     up.samples.emplace_back(l, answered ? 1 : 0);
     if (!answered) continue;
-    moved.samples.emplace_back(l, s.value("bytes_h2d", 0.0));
-    loads.samples.emplace_back(l, s.value("loads", 0.0));
-    stall.samples.emplace_back(l, s.value("stall_ms", 0.0) / 1000);
-    device.samples.emplace_back(l, s.value("current_device_bytes", 0.0));
-    peak.samples.emplace_back(l, s.value("peak_device_bytes", 0.0));
-    host.samples.emplace_back(l, s.value("host_bytes", 0.0));
-    params.samples.emplace_back(l, s.value("param_bytes", 0.0));
+    add_fields(offload_fields, l, s);
     if (s.contains("disk") && s["disk"].is_object()) add_disk(name, "layers", s["disk"]);
     if (!s.contains("expert_cache") || !s["expert_cache"].is_object()) continue;
     const Json& e = s["expert_cache"];
-    expert_hits.samples.emplace_back(l, e.value("hits", 0.0));
-    expert_misses.samples.emplace_back(l, e.value("misses", 0.0));
-    expert_host.samples.emplace_back(l, e.value("host_computed", 0.0));
-    expert_moved.samples.emplace_back(l, e.value("bytes_h2d", 0.0));
-    expert_stall.samples.emplace_back(l, e.value("stall_ms", 0.0) / 1000);
-    expert_device.samples.emplace_back(l, e.value("device_bytes", 0.0));
+    add_fields(expert_fields, l, e);
     if (e.contains("disk") && e["disk"].is_object()) add_disk(name, "experts", e["disk"]);
   }
   std::ostringstream out;
   out.precision(15);
-  for (const auto* f :
-       {&up,           &moved,         &loads,         &stall,       &device,
-        &peak,         &host,          &params,        &budget,      &held,
-        &evictions,    &expert_hits,   &expert_misses, &expert_host, &expert_moved,
-        &expert_stall, &expert_device, &disk_read,     &disk_wait,   &disk_entries}) {
+  for (const auto* f : {&up,           &moved,         &loads,         &stall,       &device,
+                        &peak,         &host,          &params,        &budget,      &held,
+                        &evictions,    &expert_hits,   &expert_misses, &expert_host, &expert_moved,
+                        &expert_stall, &expert_device, &disk_read,     &disk_wait,   &disk_entries,
+                        &running,      &waiting,       &steps,         &rows,        &last_batch,
+                        &queue,        &admitted,      &kv_used,       &kv_reserved, &kv_total}) {
     write_family(out, *f);
   }
   out << "# HELP omni_process_resident_bytes Resident memory of the server process.\n"

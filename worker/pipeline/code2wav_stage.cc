@@ -2,6 +2,7 @@
 // waveform at the end.
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <optional>
 
 #include "cpu_offload/logging.h"
@@ -36,8 +37,14 @@ class Code2WavStage : public LocalStageBase {
     const auto params_ptr = params_as<Code2WavParams>(call, code2wav_params);
     const Code2WavParams& params = *params_ptr;
     translate_errors([&] { params.stream.validate(); });
-    std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
-    std::optional<offload::OffloadBackend::ForwardScope> forward;  // with the lock
+    // Each decode takes the model for itself, not the whole request: the chunks of concurrent
+    // requests take turns as their frames arrive, so one request's first audio never waits for
+    // another's whole answer.
+    const auto with_model = [&](const std::function<void()>& fn) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto forward = backend().forward_scope();
+      fn();
+    };
     std::unique_ptr<models::qwen3_omni::Code2WavStreamer> streamer;
     std::vector<std::vector<int64_t>> frames;
     std::string upstream_reason = "none";
@@ -53,10 +60,6 @@ class Code2WavStage : public LocalStageBase {
       if (packet->finished) upstream_reason = packet->finish_reason;
       if (packet->frames.empty()) continue;
       check_going(call, cancel);
-      if (!lock.owns_lock()) {  // the first frame: this request takes the model
-        lock.lock();
-        forward.emplace(backend().forward_scope());
-      }
       frames.insert(frames.end(), packet->frames.begin(), packet->frames.end());
       if (!params.stream_audio) continue;
       translate_errors([&] {
@@ -65,10 +68,12 @@ class Code2WavStage : public LocalStageBase {
           streamer = std::make_unique<models::qwen3_omni::Code2WavStreamer>(runner_->model(),
                                                                             params.stream);
         }
-        const auto start = Clock::now();
-        const auto samples =
-            streamer->push(models::qwen3_omni::frames_to_codes(packet->frames, groups));
-        code2wav_ms += ms_since(start);
+        at::Tensor samples;
+        with_model([&] {
+          const auto start = Clock::now();
+          samples = streamer->push(models::qwen3_omni::frames_to_codes(packet->frames, groups));
+          code2wav_ms += ms_since(start);
+        });
         emit(samples);
       });
     }
@@ -76,24 +81,26 @@ class Code2WavStage : public LocalStageBase {
     last.finished = true;
     last.finish_reason = upstream_reason;
     if (!frames.empty() && upstream_reason != "cancelled") {
-      if (!lock.owns_lock()) {
-        lock.lock();
-        forward.emplace(backend().forward_scope());
-      }
       translate_errors([&] {
         at::NoGradGuard no_grad;
         if (streamer) {
-          const auto start = Clock::now();
-          emit(streamer->finish());
-          code2wav_ms += ms_since(start);
+          at::Tensor samples;
+          with_model([&] {
+            const auto start = Clock::now();
+            samples = streamer->finish();
+            code2wav_ms += ms_since(start);
+          });
+          emit(samples);
         }
         if (params.waveform) {
           const auto codes = models::qwen3_omni::frames_to_codes(frames, groups);
-          const auto start = Clock::now();
-          last.tensors.emplace_back(
-              "waveform", cpu(models::qwen3_omni::chunked_decode(runner_->model(), codes, 300, 25)
-                                  .to(at::kFloat)));
-          if (!streamer) code2wav_ms += ms_since(start);
+          with_model([&] {
+            const auto start = Clock::now();
+            last.tensors.emplace_back(
+                "waveform", cpu(models::qwen3_omni::chunked_decode(runner_->model(), codes, 300, 25)
+                                    .to(at::kFloat)));
+            if (!streamer) code2wav_ms += ms_since(start);
+          });
         }
       });
     }

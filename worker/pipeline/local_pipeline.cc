@@ -101,6 +101,11 @@ LocalStageOptions local_stage_options(const config::StageConfig& s, const std::s
   off.host_memory_budget_bytes = s.engine.host_memory_budget;
   off.disk_read = s.engine.disk_read;
   o.offload_stage = s.engine.offload_stage || s.engine.enable_cpu_offload;
+  o.limits.max_num_seqs =
+      s.engine.max_num_seqs > 0 ? s.engine.max_num_seqs : s.runtime.max_batch_size;
+  o.limits.max_num_batched_tokens = s.engine.max_num_batched_tokens;
+  o.kv_block_size = s.engine.block_size;
+  o.kv_cache_memory_bytes = s.engine.kv_cache_memory_bytes;
   const std::string kind = !device.empty() ? device : s.runtime.devices == "cpu" ? "cpu" : "cuda";
   o.device = offload::parse_device_kind(kind);
   return o;

@@ -21,6 +21,7 @@
 
 #include "cpu_offload/transfer_engine.h"
 #include "model_runner/runner/offload_options.h"
+#include "worker/pipeline/engine_loop.h"
 #include "worker/pipeline/stage.h"
 
 namespace omni::pipeline {
@@ -39,6 +40,12 @@ struct LocalStageOptions {
   offload::DeviceKind device = offload::DeviceKind::kCpuSim;
   // The stage's transfer engine (the simulated device's bandwidth, for benches).
   offload::TransferEngineOptions engine;
+  // Continuous batching (the thinker): sequences at once, prompt tokens per step, queue bound.
+  EngineLimits limits;
+  // KV cache: tokens per block, and the device bytes all sequences' caches may take (0: no
+  // limit; admission then only counts them).
+  int64_t kv_block_size = 16;
+  uint64_t kv_cache_memory_bytes = 0;
 };
 
 // Loads the stage's part of the checkpoint. Throws omni::Error naming the file / field, or

@@ -107,6 +107,7 @@ StageKind code2wav() {
     Code2WavParams p;
     p.stream_audio = request.stream_audio;
     p.stream = request.stream;
+    p.waveform = request.waveform;
     return std::make_shared<const Code2WavParams>(std::move(p));
   };
   k.collect = [](const StagePacket& p, StageAnswer& a) {

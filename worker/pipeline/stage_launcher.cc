@@ -71,7 +71,8 @@ class SupervisedStage : public Stage {
 
 std::string resolved_stage_overrides(const config::StageConfig& s) {
   Json engine = config::engine_args_json(s.engine);
-  engine["runtime"] = Json{{"devices", s.runtime.devices}};
+  engine["runtime"] =
+      Json{{"devices", s.runtime.devices}, {"max_batch_size", s.runtime.max_batch_size}};
   return Json{{std::to_string(s.stage_id), engine}}.dump();
 }
 

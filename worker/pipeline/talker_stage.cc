@@ -52,6 +52,8 @@ class TalkerStage : public LocalStageBase {
       ro.offload.components = {"talker.*"};
     }
     runner_ = models::TalkerRunner::load(ro, engine_);
+    batcher_ = std::make_unique<models::TalkerBatcher>(runner_->model(), runner_->offload(), mutex_,
+                                                       o.limits.max_num_seqs);
   }
 
   StageInfo info() override {
@@ -64,12 +66,12 @@ class TalkerStage : public LocalStageBase {
   }
 
   // The talker starts as soon as the thinker's first tokens and rows are in, and reads the
-  // rest while it speaks (TalkerRunner::generate_streaming).
+  // rest while it speaks (TalkerRunner::generate_streaming). Concurrent requests step together
+  // (TalkerBatcher): each model call takes the stage's lock, not the whole request.
   void run(const StageCall& call, PacketQueue& input, const PacketSink& sink,
            const CancelToken& cancel) override {
     const auto params_ptr = params_as<TalkerParams>(call, talker_params);
     const TalkerParams& params = *params_ptr;
-    std::lock_guard<std::mutex> lock(mutex_);
     check_going(call, cancel);
     translate_errors([&] { generate(call, params, input, sink, cancel); });
   }
@@ -92,14 +94,16 @@ class TalkerStage : public LocalStageBase {
     request.talker = params.talker;
     request.code_predictor = params.code_predictor;
     request.max_frames = params.max_frames;
-    const auto run =
-        runner_->generate_streaming(h, pull, request, [&](const std::vector<int64_t>& frame) {
+    const auto run = runner_->generate_streaming(
+        h, pull, request,
+        [&](const std::vector<int64_t>& frame) {
           check_going(call, cancel);
           StagePacket packet;
           packet.frames = {frame};
           sink(std::move(packet));
           return true;
-        });
+        },
+        batcher_.get());
     // Whatever the thinker still sends after the last frame (its last rows, its end).
     while (!h.finished && pull()) {
     }
@@ -116,7 +120,16 @@ class TalkerStage : public LocalStageBase {
     sink(std::move(last));
   }
 
+  std::string idle_stats_json() override {
+    Json all = Json::parse(offload_stats_json(backend()));
+    all["batching"] = {{"steps", batcher_->steps()},
+                       {"batch_rows", batcher_->rows()},
+                       {"max_batch", batcher_->largest_batch()}};
+    return all.dump();
+  }
+
   std::unique_ptr<models::TalkerRunner> runner_;
+  std::unique_ptr<models::TalkerBatcher> batcher_;
 };
 
 }  // namespace

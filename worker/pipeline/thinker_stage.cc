@@ -2,15 +2,20 @@
 // hidden rows it needs, packet by packet.
 #include <ATen/ATen.h>
 
-#include <optional>
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <utility>
 
 #include "cpu_offload/logging.h"
 #include "cpu_offload/stats_report.h"
+#include "model_runner/generation/token_sequence.h"
 #include "model_runner/qwen3_omni/config.h"
 #include "model_runner/runner/speech_runners.h"
 #include "model_runner/runner/thinker_runner.h"
 #include "model_runner/tokenizer/text_stream.h"
 #include "model_runner/weights/hf_config.h"
+#include "worker/pipeline/engine_loop.h"
 #include "worker/pipeline/local_stage_base.h"
 #include "worker/pipeline/stage_params.h"
 #include "worker/pipeline/stop_strings.h"
@@ -18,7 +23,34 @@
 namespace omni::pipeline::local {
 namespace {
 
-class ThinkerStage : public LocalStageBase {
+namespace qwen3_omni = models::qwen3_omni;
+
+// One request in the thinker's engine loop.
+struct ThinkerSequence : EngineSequence {
+  ThinkerSequence(std::shared_ptr<const ThinkerParams> p, qwen3_omni::ThinkerInputs in,
+                  const models::SamplingParams& sampling, qwen3_omni::ThinkerState s,
+                  const models::Tokenizer& tokenizer)
+      : params(std::move(p)),
+        inputs(std::move(in)),
+        tokens(sampling, inputs.input_ids),
+        state(std::move(s)),
+        decoder(tokenizer),
+        stop(params->stop) {}
+  std::shared_ptr<const ThinkerParams> params;
+  qwen3_omni::ThinkerInputs inputs;
+  models::TokenSequence tokens;
+  qwen3_omni::ThinkerState state;
+  models::TextStreamDecoder decoder;
+  StopStringCutter stop;
+  at::Tensor next_logits;     // of the last forward, for the next sample
+  size_t rows_sent = 0;       // hand-off rows already in packets
+  int64_t kv_blocks = 0;      // reserved in the stage's KV budget
+  bool done = false;          // the finished packet is out
+  Clock::time_point start{};  // admission
+  double prefill_ms = 0;
+};
+
+class ThinkerStage : public LocalStageBase, private EngineModel {
  public:
   explicit ThinkerStage(const LocalStageOptions& o) : LocalStageBase(o) {
     models::ThinkerRunnerOptions ro;
@@ -44,7 +76,21 @@ class ThinkerStage : public LocalStageBase {
       capture_layer_ = talker.accept_hidden_layer;
       tts_ids_ = {ids.tts_bos, ids.tts_eos, ids.tts_pad};
     }
+    const auto& text = runner_->model().config().text;
+    kv_.block_size = std::max<int64_t>(1, o.kv_block_size);
+    kv_.bytes_per_block = text.num_hidden_layers * 2 * text.num_key_value_heads * text.head_dim *
+                          static_cast<int64_t>(c10::elementSize(runner_->dtype())) * kv_.block_size;
+    kv_.total_blocks = o.kv_cache_memory_bytes == 0
+                           ? 0
+                           : static_cast<int64_t>(o.kv_cache_memory_bytes) / kv_.bytes_per_block;
+    OMNI_CHECK(o.kv_cache_memory_bytes == 0 || kv_.total_blocks > 0, name_,
+               ": kv_cache_memory_bytes (", o.kv_cache_memory_bytes,
+               ") is less than one KV block (", kv_.bytes_per_block, " bytes at block_size ",
+               kv_.block_size, ")");
+    EngineModel& model = *this;
+    loop_ = std::make_unique<EngineLoop>(name_, model, o.limits);
   }
+  ~ThinkerStage() override { loop_.reset(); }  // before the model it steps
 
   StageInfo info() override {
     StageInfo i;
@@ -53,14 +99,21 @@ class ThinkerStage : public LocalStageBase {
     return with_bytes(std::move(i));
   }
 
+  // Prepares the request on the caller's thread (chat template, media decoding, features),
+  // queues it in the engine loop, and streams what the loop emits for it into `sink`.
   void run(const StageCall& call, PacketQueue&, const PacketSink& sink,
            const CancelToken& cancel) override {
-    const auto params_ptr = params_as<ThinkerParams>(call, thinker_params);
-    const ThinkerParams& params = *params_ptr;
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto forward = backend().forward_scope();
+    const auto params = params_as<ThinkerParams>(call, thinker_params);
     check_going(call, cancel);
-    translate_errors([&] { generate(call, params, sink, cancel); });
+    std::shared_ptr<ThinkerSequence> seq;
+    translate_errors([&] { seq = make_sequence(call, params); });
+    loop_->submit(seq);
+    try {
+      while (auto packet = seq->out.pop(&cancel)) sink(std::move(*packet));
+    } catch (...) {
+      seq->cancel();  // the client went away or the request failed: free its KV at once
+      throw;
+    }
   }
 
  protected:
@@ -80,7 +133,43 @@ class ThinkerStage : public LocalStageBase {
   }
   uint64_t device_bytes() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    return backend().stats().current_device_bytes + extra_device_bytes();
+    return backend().stats().current_device_bytes + extra_device_bytes() + kv_used_bytes();
+  }
+  // The offload backend's figures (as of the last moment no step ran), and "engine": the
+  // batching loop's, live (running, waiting, steps, batch sizes, queue time) with its KV blocks
+  // (used: allocated now; reserved: the admitted requests' worst case, what admission counts).
+  std::string stats_json() override {
+    Json all = Json::parse(LocalStageBase::stats_json());
+    const auto e = loop_->stats();
+    all["engine"] = {{"running", e.running},
+                     {"waiting", e.waiting},
+                     {"steps", e.steps},
+                     {"admitted", e.admitted},
+                     {"finished", e.finished},
+                     {"cancelled", e.cancelled},
+                     {"failed", e.failed},
+                     {"refused", e.refused},
+                     {"last_batch", e.last_batch},
+                     {"max_batch", e.max_batch},
+                     {"mean_batch", e.mean_batch()},
+                     {"batch_rows", e.batch_rows},
+                     {"queue_ms_total", e.queue_ms_total},
+                     {"max_num_seqs", loop_->limits().max_num_seqs},
+                     {"kv_block_size", kv_.block_size},
+                     {"kv_block_bytes", kv_.bytes_per_block},
+                     {"kv_blocks_total", kv_.total_blocks},
+                     {"kv_blocks_reserved", kv_reserved_.load()},
+                     {"kv_blocks_used", kv_used_.load()},
+                     {"tokens", tokens_.load()}};
+    // Offload with batches: the weight bytes copied per generated token and per forward (a
+    // decode step of the batch, or one request's prompt).
+    if (all.contains("bytes_h2d")) {
+      const double bytes = all["bytes_h2d"].get<double>();
+      const int64_t forwards = e.steps + e.admitted;
+      all["engine"]["bytes_h2d_per_token"] = tokens_ > 0 ? bytes / tokens_.load() : 0.0;
+      all["engine"]["bytes_h2d_per_forward"] = forwards > 0 ? bytes / forwards : 0.0;
+    }
+    return all.dump();
   }
   // With cpu_offload_experts, the device expert cache's figures under "expert_cache" (hits,
   // misses, host_computed, prefetched, loads, bytes_h2d, stall_ms, hit_rate, ...; see
@@ -92,100 +181,203 @@ class ThinkerStage : public LocalStageBase {
     std::string report = offload::offload_report_json(backend(), runner_->expert_cache());
     if (runner_->expert_cache() == nullptr) return report;
     Json all = Json::parse(report);
-    Json& e = all["expert_cache"];
-    e["tokens"] = tokens_;
-    e["bytes_h2d_per_token"] =
-        tokens_ > 0 ? static_cast<double>(e["bytes_h2d"].get<uint64_t>()) / tokens_ : 0.0;
+    Json& x = all["expert_cache"];
+    const uint64_t tokens = tokens_;
+    x["tokens"] = tokens;
+    x["bytes_h2d_per_token"] =
+        tokens > 0 ? static_cast<double>(x["bytes_h2d"].get<uint64_t>()) / tokens : 0.0;
     return all.dump();
   }
 
  private:
-  void generate(const StageCall& call, const ThinkerParams& params, const PacketSink& sink,
-                const CancelToken& cancel) {
-    at::NoGradGuard no_grad;
-    OMNI_CHECK(!params.handoff || capture_layer_ >= 0,
+  // The KV budget in blocks: admission reserves a request's worst case (prompt plus
+  // max_new_tokens) so that a running sequence never runs out; its cache grows block by block.
+  struct KvBudget {
+    int64_t block_size = 16, bytes_per_block = 0;
+    int64_t total_blocks = 0;  // 0: no limit
+    int64_t reserved = 0;
+    int64_t used_blocks(const std::vector<ThinkerSequence*>& running) const {
+      int64_t used = 0;
+      for (const auto* s : running) used += s->state.cache.blocks_for(s->state.cache.length());
+      return used;
+    }
+  };
+  uint64_t kv_used_bytes() const {
+    return static_cast<uint64_t>(kv_used_.load() * kv_.bytes_per_block);
+  }
+  // Publishes the KV figures for stats_json (with mutex_ held, after each change).
+  void publish_kv() {
+    kv_reserved_ = kv_.reserved;
+    kv_used_ = kv_.used_blocks(running_);
+  }
+
+  std::shared_ptr<ThinkerSequence> make_sequence(const StageCall& call,
+                                                 std::shared_ptr<const ThinkerParams> params) {
+    OMNI_CHECK(!params->handoff || capture_layer_ >= 0,
                "speech was asked for but the checkpoint has no talker");
     models::ChatRequest chat;
-    chat.text = params.text;
-    chat.system_prompt = params.system_prompt;
-    chat.history = params.history;
-    chat.parts = params.parts;
+    chat.text = params->text;
+    chat.system_prompt = params->system_prompt;
+    chat.history = params->history;
+    chat.parts = params->parts;
     // The media go to the preprocessor as the bytes the call carries.
     for (const MediaFile& m : call.media) {
       (m.kind == "image" ? chat.image_files : chat.audio_files)
           .push_back(models::ChatMedia::in_memory(m.name, m.data));
     }
-    const auto inputs = runner_->prepare(chat);
-    auto sampling = params.sampling;
+    auto inputs = runner_->prepare(chat);
+    auto sampling = params->sampling;
     if (sampling.stop_token_ids.empty()) sampling.stop_token_ids = runner_->default_stop_tokens();
+    sampling.max_context = runner_->model().config().text.max_position_embeddings;
+    auto state = runner_->model().new_state(params->handoff ? capture_layer_ : -1);
+    state.cache.set_block_size(kv_.block_size);
+    auto seq = std::make_shared<ThinkerSequence>(std::move(params), std::move(inputs), sampling,
+                                                 std::move(state), runner_->tokenizer());
+    seq->deadline = call.deadline;
+    return seq;
+  }
 
-    auto& thinker = runner_->model();
-    auto state = thinker.new_state(params.handoff ? capture_layer_ : -1);
-    models::TextStreamDecoder decoder(runner_->tokenizer());
-    StopStringCutter stop(params.stop);
-    size_t rows_sent = 0;
-    bool first = true;
-    const auto start = Clock::now();
-    double prefill_ms = 0;
-    check_going(call, cancel);
-    const auto result = runner_->generate(
-        inputs, sampling,
-        [&](int64_t token) {
-          if (first) prefill_ms = ms_since(start);  // the prompt's forward and one sample
-          StagePacket packet;
-          packet.tokens = {token};
-          packet.text = stop.push(decoder.push(token));
-          if (params.handoff) {
-            if (first) {
-              packet.tensors.emplace_back("prompt_ids", ids_tensor(inputs.input_ids));
-              packet.tensors.emplace_back("tts_embeds", cpu(thinker.embed(tts_ids_)));
-              packet.tensors.emplace_back("stop_tokens", ids_tensor(sampling.stop_token_ids));
-              std::vector<int64_t> grids;
-              for (const auto& g : inputs.image_grids)
-                grids.insert(grids.end(), g.begin(), g.end());
-              packet.tensors.emplace_back(
-                  "image_grids",
-                  ids_tensor(grids).reshape({static_cast<int64_t>(inputs.image_grids.size()), 3}));
-            }
-            // The rows the last forward appended (the prompt's, then the fed-back token's).
-            std::vector<at::Tensor> embeds, hidden;
-            for (; rows_sent < state.embeds.size(); ++rows_sent) {
-              embeds.push_back(state.embeds[rows_sent]);
-              hidden.push_back(state.hidden[rows_sent]);
-            }
-            if (!embeds.empty()) {
-              packet.tensors.emplace_back("embeds", cpu(at::cat(embeds, 0)));
-              packet.tensors.emplace_back("hidden", cpu(at::cat(hidden, 0)));
-            }
-          }
-          first = false;
-          sink(std::move(packet));
-          check_going(call, cancel);
-          return !stop.stopped();  // a stop string ends the answer like a stop token
-        },
-        &state);
-    tokens_ += result.tokens.size();
+  // ---- EngineModel: called on the loop's thread.
+  int64_t prompt_tokens(const EngineSequence& seq) override {
+    return static_cast<int64_t>(static_cast<const ThinkerSequence&>(seq).inputs.input_ids.size());
+  }
+
+  bool admit(EngineSequence& base) override {
+    auto& seq = static_cast<ThinkerSequence&>(base);
+    const auto& sampling = seq.tokens.params();
+    const int64_t need = seq.state.cache.blocks_for(prompt_tokens(seq) + sampling.max_new_tokens);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (kv_.total_blocks > 0) {
+      if (need > kv_.total_blocks) {
+        throw StageError(StageError::Code::kInvalidArgument, "",
+                         "the request needs " + std::to_string(need) + " KV blocks (" +
+                             std::to_string(prompt_tokens(seq)) + " prompt tokens plus " +
+                             std::to_string(sampling.max_new_tokens) +
+                             " new tokens); the KV cache holds " +
+                             std::to_string(kv_.total_blocks) +
+                             ": ask for fewer tokens or raise kv_cache_memory_bytes");
+      }
+      if (kv_.reserved + need > kv_.total_blocks) return false;  // waits for room
+    }
+    kv_.reserved += need;
+    seq.kv_blocks = need;
+    running_.push_back(&seq);
+    seq.start = Clock::now();
+    translate_errors([&] {
+      at::NoGradGuard no_grad;
+      auto forward = backend().forward_scope();
+      if (seq.tokens.finished()) return finish(seq);  // max_new_tokens 0
+      seq.next_logits = runner_->model().prefill(seq.inputs, seq.state)[0];
+      sample(seq);
+    });
+    publish_kv();
+    return true;
+  }
+
+  void step(const std::vector<EngineSequence*>& batch) override {
+    std::vector<int64_t> tokens;
+    std::vector<qwen3_omni::ThinkerState*> states;
+    for (auto* base : batch) {
+      auto& seq = static_cast<ThinkerSequence&>(*base);
+      tokens.push_back(seq.tokens.tokens().back());
+      states.push_back(&seq.state);
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    translate_errors([&] {
+      at::NoGradGuard no_grad;
+      auto forward = backend().forward_scope();
+      const auto logits = runner_->model().decode_batch(tokens, states);
+      for (size_t i = 0; i < batch.size(); ++i) {
+        auto& seq = static_cast<ThinkerSequence&>(*batch[i]);
+        seq.next_logits = logits[static_cast<int64_t>(i)];
+        sample(seq);
+      }
+    });
+    publish_kv();
+  }
+
+  bool finished(const EngineSequence& seq) override {
+    return static_cast<const ThinkerSequence&>(seq).done;
+  }
+
+  void release(EngineSequence& base) override {
+    auto& seq = static_cast<ThinkerSequence&>(base);
+    std::lock_guard<std::mutex> lock(mutex_);
+    kv_.reserved -= seq.kv_blocks;
+    seq.kv_blocks = 0;
+    running_.erase(std::remove(running_.begin(), running_.end(), &seq), running_.end());
+    seq.state.cache.clear();
+    seq.state.embeds.clear();
+    seq.state.hidden.clear();
+    publish_kv();
+  }
+
+  // Samples the sequence's next token from its last forward and emits it (with mutex_ held).
+  void sample(ThinkerSequence& seq) {
+    const int64_t token = seq.tokens.sample(seq.next_logits);
+    ++tokens_;
+    const bool first = seq.tokens.tokens().size() == 1;
+    if (first) seq.prefill_ms = ms_since(seq.start);  // the prompt's forward and one sample
+    const auto& params = *seq.params;
+    StagePacket packet;
+    packet.tokens = {token};
+    packet.text = seq.stop.push(seq.decoder.push(token));
+    if (params.handoff) {
+      if (first) {
+        packet.tensors.emplace_back("prompt_ids", ids_tensor(seq.inputs.input_ids));
+        packet.tensors.emplace_back("tts_embeds", cpu(runner_->model().embed(tts_ids_)));
+        packet.tensors.emplace_back("stop_tokens", ids_tensor(seq.tokens.params().stop_token_ids));
+        std::vector<int64_t> grids;
+        for (const auto& g : seq.inputs.image_grids) grids.insert(grids.end(), g.begin(), g.end());
+        packet.tensors.emplace_back(
+            "image_grids",
+            ids_tensor(grids).reshape({static_cast<int64_t>(seq.inputs.image_grids.size()), 3}));
+      }
+      // The rows the last forward appended (the prompt's, then the fed-back token's).
+      std::vector<at::Tensor> embeds, hidden;
+      for (; seq.rows_sent < seq.state.embeds.size(); ++seq.rows_sent) {
+        embeds.push_back(seq.state.embeds[seq.rows_sent]);
+        hidden.push_back(seq.state.hidden[seq.rows_sent]);
+      }
+      if (!embeds.empty()) {
+        packet.tensors.emplace_back("embeds", cpu(at::cat(embeds, 0)));
+        packet.tensors.emplace_back("hidden", cpu(at::cat(hidden, 0)));
+      }
+    }
+    seq.out.push(std::move(packet));
+    if (seq.stop.stopped()) seq.tokens.cancel();  // a stop string ends it like a stop token
+    if (seq.tokens.finished()) finish(seq);
+  }
+
+  // The sequence's last packet.
+  void finish(ThinkerSequence& seq) {
+    const auto& generated = seq.tokens.tokens();
     StagePacket last;
     last.finished = true;
-    last.text = stop.stopped() ? "" : stop.push(decoder.finish());
-    last.text += stop.finish();
-    last.finish_reason = stop.stopped() ? "stop" : result.finish_reason;
-    const double total_ms = ms_since(start);
-    last.metrics = {{"prefill_ms", prefill_ms},
+    last.text = seq.stop.stopped() ? "" : seq.stop.push(seq.decoder.finish());
+    last.text += seq.stop.finish();
+    last.finish_reason = seq.stop.stopped() ? "stop" : seq.tokens.finish_reason();
+    const double total_ms = ms_since(seq.start);
+    last.metrics = {{"prefill_ms", seq.prefill_ms},
                     {"total_ms", total_ms},
-                    {"prompt_tokens", static_cast<double>(inputs.input_ids.size())},
-                    {"tokens", static_cast<double>(result.tokens.size())}};
-    if (result.tokens.size() > 1 && total_ms > prefill_ms) {
+                    {"prompt_tokens", static_cast<double>(seq.inputs.input_ids.size())},
+                    {"tokens", static_cast<double>(generated.size())}};
+    if (generated.size() > 1 && total_ms > seq.prefill_ms) {
       last.metrics["decode_tokens_per_s"] =
-          static_cast<double>(result.tokens.size() - 1) / ((total_ms - prefill_ms) / 1000.0);
+          static_cast<double>(generated.size() - 1) / ((total_ms - seq.prefill_ms) / 1000.0);
     }
-    sink(std::move(last));
+    seq.out.push(std::move(last));
+    seq.done = true;
   }
 
   std::unique_ptr<models::ThinkerRunner> runner_;
-  uint64_t tokens_ = 0;  // generated since the stage loaded (under mutex_)
+  std::atomic<uint64_t> tokens_{0};  // generated since the stage loaded
   int64_t capture_layer_ = -1;
   std::vector<int64_t> tts_ids_;
+  KvBudget kv_;                                       // under mutex_
+  std::atomic<int64_t> kv_reserved_{0}, kv_used_{0};  // kv_'s figures, for stats_json
+  std::vector<ThinkerSequence*> running_;             // admitted, not yet released (under mutex_)
+  std::unique_ptr<EngineLoop> loop_;                  // last: stopped before the rest goes
 };
 
 }  // namespace

@@ -36,10 +36,10 @@ class OffloadBackend {
   const OffloadPlan& plan() const { return plan_; }
   TransferEngine& engine() { return *engine_; }
 
-  // Held across one forward, or one request's forwards (a prefill and its decode steps, a
-  // talker run): the backend's lock, so that concurrent requests cannot rebind each other's
-  // weights mid-forward (requests on one backend run one at a time; batching them is a later
-  // step), and the engine's compute stream (TransferEngine::ComputeScope): on CUDA the
+  // Held across one forward (a batch's decode step, a prefill), or one request's forwards:
+  // the backend's lock, so that concurrent users cannot rebind each other's weights
+  // mid-forward (the serving stages batch requests into one forward instead), and the
+  // engine's compute stream (TransferEngine::ComputeScope): on CUDA the
   // engine's events order its copies against that stream, so kernels queued outside a scope
   // would not wait for their weights (the engine refuses such calls; the simulated device's
   // strict mode reports them). Recursive: the same thread may nest scopes.

@@ -97,31 +97,54 @@ CodePredictor::CodePredictor(const CodePredictorConfig& cfg, at::ScalarType dtyp
 CodePredictor::Frame CodePredictor::predict(const at::Tensor& talker_hidden,
                                             const at::Tensor& code0_embed, Sampler& sampler,
                                             std::vector<at::Tensor>* logits) {
-  Frame frame;
+  const int64_t hidden = cfg_.hidden_size;
+  return predict_batch(talker_hidden.reshape({1, hidden}), code0_embed.reshape({1, hidden}),
+                       {&sampler}, logits)[0];
+}
+
+std::vector<CodePredictor::Frame> CodePredictor::predict_batch(
+    const at::Tensor& talker_hidden, const at::Tensor& code0_embed,
+    const std::vector<Sampler*>& samplers, std::vector<at::Tensor>* logits) {
+  const auto b = static_cast<int64_t>(samplers.size());
+  OMNI_CHECK(talker_hidden.dim() == 2 && talker_hidden.size(0) == b &&
+                 code0_embed.sizes() == talker_hidden.sizes(),
+             "CodePredictor::predict_batch: hidden and code 0 embeddings must be [", b,
+             ", hidden], got ", talker_hidden.sizes(), " and ", code0_embed.sizes());
+  std::vector<Frame> frames(static_cast<size_t>(b));
   invoke("forward", {talker_hidden, code0_embed}, [&](HookArgs& a) -> c10::IValue {
-    const int64_t hidden = cfg_.hidden_size;
     const auto& h = a[0].toTensor();
     const auto& e0 = a[1].toTensor();
-    KvCache cache(cfg_.num_hidden_layers);  // fresh per frame, as each generate call starts one
+    // Fresh per frame, as each generate call starts one; the rows have one length, so one
+    // cache holds them all.
+    KvCache cache(cfg_.num_hidden_layers);
     // Step 0 reads [talker hidden, code 0 embedding] with head 0; step k embeds code k with
     // table k - 1 and reads head k.
-    at::Tensor input = at::stack({h.reshape({hidden}), e0.reshape({hidden})}).unsqueeze(0);
+    at::Tensor input = at::stack({h, e0}, 1);  // [B, 2, hidden]
     std::vector<at::Tensor> embeds;
     const auto ids_opts = at::TensorOptions(at::kLong).device(h.device());
     for (int64_t k = 0; k + 1 < cfg_.num_code_groups; ++k) {
       const auto out = model_->forward(input, &cache);
-      const auto step_logits = lm_head_[k]->forward(out[0][-1]).to(at::kFloat).cpu();
-      if (logits) logits->push_back(step_logits);
-      const int64_t code = sampler.sample(step_logits);
-      frame.codes.push_back(code);
-      const auto embed = model_->embed(k, at::full({1}, code, ids_opts));  // [1, hidden]
+      const auto last = out.select(1, out.size(1) - 1);  // [B, hidden]
+      // One row alone keeps its [hidden] product: the reference's numbers.
+      const auto step_logits =
+          (b == 1 ? lm_head_[k]->forward(last[0]).unsqueeze(0) : lm_head_[k]->forward(last))
+              .to(at::kFloat)
+              .cpu();
+      if (logits) logits->push_back(b == 1 ? step_logits[0] : step_logits);
+      std::vector<int64_t> codes;
+      for (int64_t i = 0; i < b; ++i) {
+        codes.push_back(samplers[i]->sample(step_logits[i]));
+        frames[i].codes.push_back(codes.back());
+      }
+      const auto embed = model_->embed(k, at::tensor(codes, at::kLong).to(ids_opts));  // [B, h]
       embeds.push_back(embed);
-      input = embed.unsqueeze(0);
+      input = embed.unsqueeze(1);
     }
-    frame.embeds = at::cat(embeds, 0);
+    const auto all = at::stack(embeds, 1);  // [B, groups - 1, hidden]
+    for (int64_t i = 0; i < b; ++i) frames[i].embeds = all[i];
     return c10::IValue();
   });
-  return frame;
+  return frames;
 }
 
 // ---------------------------------------------------------------------------- talker
@@ -288,38 +311,68 @@ void Talker::add_trailing(const at::Tensor& rows, bool complete, TalkerState& st
 std::vector<int64_t> Talker::step(int64_t code0, TalkerState& state,
                                   Sampler& code_predictor_sampler, at::Tensor& next_logits,
                                   std::vector<at::Tensor>* code_predictor_logits) {
-  OMNI_CHECK(state.cache.length() > 0, "Talker::step needs a prefilled TalkerState");
-  OMNI_CHECK(code0 >= 0 && code0 < cfg_.text.vocab_size, "Talker::step: code ", code0,
-             " outside [0, ", cfg_.text.vocab_size, ")");
-  std::vector<int64_t> frame{code0};
+  at::Tensor logits_batch;
+  auto frames =
+      step_batch({code0}, {&state}, {&code_predictor_sampler}, logits_batch, code_predictor_logits);
+  next_logits = logits_batch[0];
+  return std::move(frames[0]);
+}
+
+std::vector<std::vector<int64_t>> Talker::step_batch(
+    const std::vector<int64_t>& codes0, const std::vector<TalkerState*>& states,
+    const std::vector<Sampler*>& samplers, at::Tensor& next_logits,
+    std::vector<at::Tensor>* code_predictor_logits) {
+  const auto b = static_cast<int64_t>(codes0.size());
+  OMNI_CHECK(b > 0 && states.size() == codes0.size() && samplers.size() == codes0.size(),
+             "Talker::step_batch needs one state and one sampler per code, got ", codes0.size(),
+             " codes, ", states.size(), " states and ", samplers.size(), " samplers");
+  for (int64_t i = 0; i < b; ++i) {
+    OMNI_CHECK(states[i]->cache.length() > 0, "Talker::step needs a prefilled TalkerState");
+    OMNI_CHECK(codes0[i] >= 0 && codes0[i] < cfg_.text.vocab_size, "Talker::step: code ", codes0[i],
+               " outside [0, ", cfg_.text.vocab_size, ")");
+  }
+  std::vector<std::vector<int64_t>> frames(static_cast<size_t>(b));
   next_logits =
       invoke("step", {}, [&](HookArgs&) -> c10::IValue {
-        const auto ids = at::full({1}, code0, at::TensorOptions(at::kLong).device(device_));
-        const auto e0 = model_->embed(ids);  // [1, hidden]
+        const auto ids = at::tensor(codes0, at::kLong).to(device_);
+        const auto e0 = model_->embed(ids);  // [B, hidden]
+        std::vector<at::Tensor> last;
+        for (auto* state : states) last.push_back(state->last_hidden);
         const auto cp_start = std::chrono::steady_clock::now();
-        auto predicted = code_predictor_->predict(state.last_hidden, e0, code_predictor_sampler,
-                                                  code_predictor_logits);
-        state.code_predictor_ms +=
+        auto predicted =
+            code_predictor_->predict_batch(at::stack(last), e0, samplers, code_predictor_logits);
+        const double cp_ms =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - cp_start)
                 .count();
-        frame.insert(frame.end(), predicted.codes.begin(), predicted.codes.end());
-        // The next input: the sum of the frame's codec embeddings (in the reference's
-        // order) plus this step's text row, or tts_pad once the text is used up.
-        auto input = at::cat({e0, predicted.embeds}, 0).sum(0, /*keepdim=*/true);
-        const bool has_row = state.step < static_cast<int64_t>(state.trailing.size());
-        OMNI_CHECK(has_row || state.trailing_complete, "Talker::step ", state.step,
-                   " needs a text row the thinker has not sent yet");
-        const auto text = has_row ? state.trailing[state.step] : state.tts_pad;
-        input = input + text;
-        ++state.step;
-        const int64_t pos = state.cache.length() + state.rope_delta;
+        std::vector<at::Tensor> inputs;
+        std::vector<int64_t> positions;
+        KvBatch caches;
+        for (int64_t i = 0; i < b; ++i) {
+          TalkerState& state = *states[i];
+          state.code_predictor_ms += cp_ms;  // the batch's: each row waited for all of it
+          frames[i] = {codes0[i]};
+          frames[i].insert(frames[i].end(), predicted[i].codes.begin(), predicted[i].codes.end());
+          // The next input: the sum of the frame's codec embeddings (in the reference's
+          // order) plus this step's text row, or tts_pad once the text is used up.
+          auto input =
+              at::cat({e0.narrow(0, i, 1), predicted[i].embeds}, 0).sum(0, /*keepdim=*/true);
+          const bool has_row = state.step < static_cast<int64_t>(state.trailing.size());
+          OMNI_CHECK(has_row || state.trailing_complete, "Talker::step ", state.step,
+                     " needs a text row the thinker has not sent yet");
+          inputs.push_back(input + (has_row ? state.trailing[state.step] : state.tts_pad));
+          ++state.step;
+          positions.push_back(state.cache.length() + state.rope_delta);
+          caches.push_back(&state.cache);
+        }
         const auto position_ids =
-            at::full({3, 1}, pos, at::TensorOptions(at::kLong).device(device_));
-        const auto hidden = model_->forward(input.unsqueeze(0), position_ids, &state.cache)[0];
-        state.last_hidden = hidden[0];
-        return logits(state.last_hidden);
+            at::tensor(positions, at::kLong).to(device_).unsqueeze(0).expand({3, b});
+        const auto hidden =
+            model_->forward_batch(at::cat(inputs, 0).unsqueeze(1), position_ids, caches);
+        for (int64_t i = 0; i < b; ++i) states[i]->last_hidden = hidden[i][0];
+        // One row alone keeps its [hidden] product: the reference's numbers.
+        return b == 1 ? logits(states[0]->last_hidden).unsqueeze(0) : logits(hidden.select(1, 0));
       }).toTensor();
-  return frame;
+  return frames;
 }
 
 std::vector<int64_t> talker_suppressed_tokens(const TalkerConfig& cfg) {

@@ -11,7 +11,8 @@ TalkerRun run_talker(Talker& talker, const TalkerPrompt& prompt,
                      SamplingParams talker_params, SamplingParams code_predictor_params,
                      int64_t max_frames,
                      const std::function<bool(const std::vector<int64_t>&)>& on_frame,
-                     const std::function<void(TalkerState&)>& feed_text) {
+                     const std::function<void(TalkerState&)>& feed_text,
+                     const TalkerCalls* batched) {
   using Clock = std::chrono::steady_clock;
   OMNI_CHECK(max_frames >= 1, "max_audio_frames must be >= 1, got ", max_frames);
   const auto& tc = talker.config();
@@ -30,7 +31,9 @@ TalkerRun run_talker(Talker& talker, const TalkerPrompt& prompt,
   double callback_ms = 0;
   const auto start = Clock::now();
   auto state = talker.new_state();
-  at::Tensor logits = talker.prefill(prompt, image_grids, state);
+  at::Tensor logits;
+  const auto prefill = [&] { logits = talker.prefill(prompt, image_grids, state); };
+  batched ? batched->with_model(prefill) : prefill();
   if (feed_text) state.trailing_complete = false;
   std::vector<int64_t> codes0;
   run.finish_reason = "length";
@@ -48,7 +51,8 @@ TalkerRun run_talker(Talker& talker, const TalkerPrompt& prompt,
       feed_text(state);  // may wait for the thinker: not talker time
       callback_ms += std::chrono::duration<double, std::milli>(Clock::now() - feed_start).count();
     }
-    run.frames.push_back(talker.step(code, state, cp_sampler, logits));
+    run.frames.push_back(batched ? batched->step(code, state, cp_sampler, logits)
+                                 : talker.step(code, state, cp_sampler, logits));
     if (on_frame) {
       const auto callback_start = Clock::now();
       const bool go_on = on_frame(run.frames.back());

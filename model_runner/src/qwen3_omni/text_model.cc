@@ -28,7 +28,9 @@ std::pair<at::Tensor, at::Tensor> KvCache::append(int64_t layer, const at::Tenso
   at::Tensor& values = values_[layer];
   const int64_t needed = length_ + add;
   if (!keys.defined() || keys.size(2) < needed) {
-    const int64_t capacity = std::max<int64_t>(needed, keys.defined() ? 2 * keys.size(2) : 64);
+    const int64_t capacity =
+        block_size_ > 0 ? blocks_for(needed) * block_size_
+                        : std::max<int64_t>(needed, keys.defined() ? 2 * keys.size(2) : 64);
     auto grown_k = at::empty({k.size(0), k.size(1), capacity, k.size(3)}, k.options());
     auto grown_v = at::empty({v.size(0), v.size(1), capacity, v.size(3)}, v.options());
     if (keys.defined() && length_ > 0) {
@@ -43,6 +45,11 @@ std::pair<at::Tensor, at::Tensor> KvCache::append(int64_t layer, const at::Tenso
   auto result = std::make_pair(keys.narrow(2, 0, needed), values.narrow(2, 0, needed));
   if (layer == num_layers() - 1) length_ = needed;
   return result;
+}
+
+int64_t KvCache::blocks_for(int64_t tokens) const {
+  OMNI_CHECK(block_size_ > 0, "KvCache::blocks_for needs a block size");
+  return (tokens + block_size_ - 1) / block_size_;
 }
 
 void KvCache::clear() {
@@ -114,7 +121,15 @@ TextAttention::TextAttention(const TextConfig& cfg, at::ScalarType dtype, bool q
 
 at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                   KvCache* cache, int64_t layer, const at::Tensor* blocked) {
+  return forward(x, cos, sin, cache ? KvBatch{cache} : KvBatch{}, layer, blocked);
+}
+
+at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                  const KvBatch& caches, int64_t layer, const at::Tensor* blocked) {
   const int64_t b = x.size(0), l = x.size(1);
+  OMNI_CHECK(caches.size() <= 1 || static_cast<int64_t>(caches.size()) == b, "a batch of ", b,
+             " rows needs one KV cache for all (rows of one length) or one per row, got ",
+             caches.size());
   // q/k norm per head, before rope.
   auto q = q_proj_->forward(x).view({b, l, heads_, head_dim_});
   auto k = k_proj_->forward(x).view({b, l, kv_heads_, head_dim_});
@@ -125,10 +140,31 @@ at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, co
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);
   auto v = v_proj_->forward(x).view({b, l, kv_heads_, head_dim_}).transpose(1, 2);
-  const auto c = cos.unsqueeze(0).unsqueeze(0), s = sin.unsqueeze(0).unsqueeze(0);
+  // [L, d] applies to every row, [B, L, d] row by row; both broadcast over the heads.
+  const auto c = cos.dim() == 2 ? cos.unsqueeze(0).unsqueeze(0) : cos.unsqueeze(1);
+  const auto s = sin.dim() == 2 ? sin.unsqueeze(0).unsqueeze(0) : sin.unsqueeze(1);
   q = q * c + rotate_half(q) * s;
   k = k * c + rotate_half(k) * s;
 
+  at::Tensor out;
+  if (caches.size() <= 1) {
+    out = attend(q, k, v, caches.empty() ? nullptr : caches[0], layer, blocked);
+  } else {
+    // Each row has a history of its own length: attention row by row.
+    std::vector<at::Tensor> rows;
+    rows.reserve(caches.size());
+    for (int64_t i = 0; i < b; ++i) {
+      rows.push_back(attend(q.narrow(0, i, 1), k.narrow(0, i, 1), v.narrow(0, i, 1), caches[i],
+                            layer, blocked));
+    }
+    out = at::cat(rows, 0);
+  }
+  return o_proj_->forward(out);
+}
+
+at::Tensor TextAttention::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, KvCache* cache,
+                                 int64_t layer, const at::Tensor* blocked) {
+  const int64_t b = q.size(0), l = q.size(2);
   const int64_t past = cache ? cache->length() : 0;
   if (cache) std::tie(k, v) = cache->append(layer, k, v);
   const int64_t n_rep = heads_ / kv_heads_;
@@ -141,14 +177,13 @@ at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, co
     scores = scores.masked_fill(*blocked, -std::numeric_limits<float>::infinity());
   } else if (l > 1) {
     // Query i (absolute position past + i) sees keys 0 .. past + i.
-    auto qpos = at::arange(past, past + l, at::TensorOptions(at::kLong).device(x.device()));
-    auto kpos = at::arange(0, past + l, at::TensorOptions(at::kLong).device(x.device()));
+    auto qpos = at::arange(past, past + l, at::TensorOptions(at::kLong).device(q.device()));
+    auto kpos = at::arange(0, past + l, at::TensorOptions(at::kLong).device(q.device()));
     auto causal = kpos.unsqueeze(0) > qpos.unsqueeze(1);
     scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
   }
   auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-  auto out = at::matmul(probs, v).transpose(1, 2).reshape({b, l, heads_ * head_dim_});
-  return o_proj_->forward(out);
+  return at::matmul(probs, v).transpose(1, 2).reshape({b, l, heads_ * head_dim_});
 }
 
 // ---------------------------------------------------------------------------- MLPs
@@ -361,10 +396,15 @@ DecoderLayer::DecoderLayer(const TextConfig& cfg, int64_t index, at::ScalarType 
 
 at::Tensor DecoderLayer::forward(const at::Tensor& hidden, const at::Tensor& cos,
                                  const at::Tensor& sin, KvCache* cache) {
+  return forward(hidden, cos, sin, cache ? KvBatch{cache} : KvBatch{});
+}
+
+at::Tensor DecoderLayer::forward(const at::Tensor& hidden, const at::Tensor& cos,
+                                 const at::Tensor& sin, const KvBatch& caches) {
   return invoke("forward", {hidden},
                 [&](HookArgs& a) -> c10::IValue {
                   const auto& h = a[0].toTensor();
-                  auto x = h + self_attn_->forward(input_layernorm_->forward(h), cos, sin, cache,
+                  auto x = h + self_attn_->forward(input_layernorm_->forward(h), cos, sin, caches,
                                                    index_);
                   auto normed = post_attention_layernorm_->forward(x);
                   return x + (moe_ ? moe_->forward(normed) : dense_->forward(normed));
@@ -420,29 +460,51 @@ at::Tensor TextModel::forward(const at::Tensor& embeds, const at::Tensor& positi
                 [&](HookArgs& a) -> c10::IValue {
                   const auto& input = a[0].toTensor();
                   auto [cos, sin] = mrope_cos_sin(cfg_, a[1].toTensor(), input.scalar_type());
-                  const int64_t want = capture ? capture->layer : -1;
-                  if (want == 0) capture->hidden = input;
-                  at::Tensor hidden = input;
-                  for (size_t i = 0; i < layers_.size(); ++i) {
-                    hidden = layers_[i]->forward(hidden, cos, sin, cache);
-                    if (want == static_cast<int64_t>(i) + 1 && want < cfg_.num_hidden_layers) {
-                      capture->hidden = hidden;
-                    }
-                    if (deepstack && i < deepstack->features.size()) {
-                      hidden = hidden.clone();
-                      auto rows = hidden[0];
-                      auto idx = at::nonzero(deepstack->visual_mask).squeeze(1);
-                      rows.index_copy_(0, idx,
-                                       rows.index_select(0, idx) +
-                                           deepstack->features[i].to(hidden.scalar_type()));
-                    }
-                  }
-                  auto out = norm_->forward(hidden);
-                  // HF replaces the last recorded hidden state by the normalized output.
-                  if (want == cfg_.num_hidden_layers) capture->hidden = out;
-                  return out;
+                  return run_layers(input, cos, sin, cache ? KvBatch{cache} : KvBatch{}, deepstack,
+                                    capture);
                 })
       .toTensor();
+}
+
+at::Tensor TextModel::forward_batch(const at::Tensor& embeds, const at::Tensor& position_ids,
+                                    const KvBatch& caches, HiddenCapture* capture) {
+  OMNI_CHECK(embeds.dim() == 3 && embeds.size(1) == 1 && position_ids.size(1) == embeds.size(0),
+             "a batch decode step takes embeds [B, 1, hidden] and positions [3, B], got ",
+             embeds.sizes(), " and ", position_ids.sizes());
+  return invoke("forward", {embeds, position_ids},
+                [&](HookArgs& a) -> c10::IValue {
+                  const auto& input = a[0].toTensor();
+                  // Row b's one position: cos / sin [B, d] -> [B, 1, d].
+                  auto [cos, sin] = mrope_cos_sin(cfg_, a[1].toTensor(), input.scalar_type());
+                  return run_layers(input, cos.unsqueeze(1), sin.unsqueeze(1), caches, nullptr,
+                                    capture);
+                })
+      .toTensor();
+}
+
+at::Tensor TextModel::run_layers(const at::Tensor& input, const at::Tensor& cos,
+                                 const at::Tensor& sin, const KvBatch& caches,
+                                 const DeepStackInput* deepstack, HiddenCapture* capture) {
+  const int64_t want = capture ? capture->layer : -1;
+  if (want == 0) capture->hidden = input;
+  at::Tensor hidden = input;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    hidden = layers_[i]->forward(hidden, cos, sin, caches);
+    if (want == static_cast<int64_t>(i) + 1 && want < cfg_.num_hidden_layers) {
+      capture->hidden = hidden;
+    }
+    if (deepstack && i < deepstack->features.size()) {
+      hidden = hidden.clone();
+      auto rows = hidden[0];
+      auto idx = at::nonzero(deepstack->visual_mask).squeeze(1);
+      rows.index_copy_(0, idx,
+                       rows.index_select(0, idx) + deepstack->features[i].to(hidden.scalar_type()));
+    }
+  }
+  auto out = norm_->forward(hidden);
+  // HF replaces the last recorded hidden state by the normalized output.
+  if (want == cfg_.num_hidden_layers) capture->hidden = out;
+  return out;
 }
 
 }  // namespace omni::models::qwen3_omni

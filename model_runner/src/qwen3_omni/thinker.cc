@@ -7,7 +7,7 @@
 namespace omni::models::qwen3_omni {
 
 Thinker::Thinker(const ThinkerConfig& cfg, at::ScalarType dtype)
-    : offload::HookableModule("Thinker", {"prefill", "decode", "embed"}), cfg_(cfg), dtype_(dtype) {
+    : offload::HookableModule("Thinker", {"prefill", "decode", "embed"}), cfg_(cfg) {
   audio_tower_ = register_module("audio_tower", std::make_shared<AudioEncoder>(cfg.audio, dtype));
   visual_ = register_module("visual", std::make_shared<VisionEncoder>(cfg.vision, dtype));
   model_ = register_module("model", std::make_shared<TextModel>(cfg.text, dtype));
@@ -32,8 +32,13 @@ at::Tensor Thinker::prefill(const ThinkerInputs& in, ThinkerState& state, bool a
 }
 
 at::Tensor Thinker::decode(int64_t token, ThinkerState& state) {
+  return decode_batch({token}, {&state})[0];
+}
+
+at::Tensor Thinker::decode_batch(const std::vector<int64_t>& tokens,
+                                 const std::vector<ThinkerState*>& states) {
   return invoke("decode", {},
-                [&](offload::HookArgs&) -> c10::IValue { return decode_impl(token, state); })
+                [&](offload::HookArgs&) -> c10::IValue { return decode_impl(tokens, states); })
       .toTensor();
 }
 
@@ -99,22 +104,44 @@ at::Tensor Thinker::prefill_impl(const ThinkerInputs& in, ThinkerState& state, b
   return logits(all_logits ? hidden : hidden.narrow(0, n - 1, 1));
 }
 
-at::Tensor Thinker::decode_impl(int64_t token, ThinkerState& state) {
-  OMNI_CHECK(state.cache.length() > 0, "decode needs a prefilled ThinkerState");
-  OMNI_CHECK(token >= 0 && token < cfg_.text.vocab_size, "token ", token,
-             " is outside the vocabulary [0, ", cfg_.text.vocab_size, ")");
-  auto ids = at::full({1}, token, at::TensorOptions(at::kLong).device(device_));
-  const int64_t pos = state.cache.length() + state.rope_delta;
-  auto position_ids = at::full({3, 1}, pos, at::TensorOptions(at::kLong).device(device_));
-  const auto embeds = model_->embed(ids);
-  HiddenCapture capture{state.capture_layer, {}};
-  auto hidden = model_->forward(embeds.unsqueeze(0), position_ids, &state.cache, nullptr,
-                                state.capture_layer >= 0 ? &capture : nullptr)[0];
-  if (state.capture_layer >= 0) {
-    state.embeds.push_back(embeds);
-    state.hidden.push_back(capture.hidden[0]);
+at::Tensor Thinker::decode_impl(const std::vector<int64_t>& tokens,
+                                const std::vector<ThinkerState*>& states) {
+  OMNI_CHECK(!tokens.empty() && tokens.size() == states.size(),
+             "a decode step needs one state per token, got ", tokens.size(), " tokens and ",
+             states.size(), " states");
+  const auto b = static_cast<int64_t>(tokens.size());
+  std::vector<int64_t> positions;
+  KvBatch caches;
+  int64_t capture_layer = -1;
+  for (int64_t i = 0; i < b; ++i) {
+    ThinkerState& state = *states[i];
+    OMNI_CHECK(state.cache.length() > 0, "decode needs a prefilled ThinkerState");
+    OMNI_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.text.vocab_size, "token ", tokens[i],
+               " is outside the vocabulary [0, ", cfg_.text.vocab_size, ")");
+    if (state.capture_layer >= 0) {
+      OMNI_CHECK(capture_layer < 0 || capture_layer == state.capture_layer,
+                 "a decode batch captures one hidden layer, asked for ", capture_layer, " and ",
+                 state.capture_layer);
+      capture_layer = state.capture_layer;
+    }
+    positions.push_back(state.cache.length() + state.rope_delta);
+    caches.push_back(&state.cache);
   }
-  return logits(hidden)[0];
+  const auto opts = at::TensorOptions(at::kLong).device(device_);
+  const auto ids = at::tensor(tokens, at::kLong).to(device_);
+  // Text positions: the same on the temporal, height and width axes.
+  const auto position_ids = at::tensor(positions, at::kLong).to(opts).unsqueeze(0).expand({3, b});
+  const auto embeds = model_->embed(ids);  // [B, hidden]
+  HiddenCapture capture{capture_layer, {}};
+  auto hidden = model_->forward_batch(embeds.unsqueeze(1), position_ids, caches,
+                                      capture_layer >= 0 ? &capture : nullptr);  // [B, 1, hidden]
+  for (int64_t i = 0; i < b; ++i) {
+    ThinkerState& state = *states[i];
+    if (state.capture_layer < 0) continue;
+    state.embeds.push_back(embeds.narrow(0, i, 1));
+    state.hidden.push_back(capture.hidden[i]);
+  }
+  return logits(hidden.squeeze(1));
 }
 
 }  // namespace omni::models::qwen3_omni

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <utility>
 
 #include "cpu_offload/check.h"
@@ -180,12 +181,25 @@ void TalkerRunner::StreamingHandoff::append_rows(const at::Tensor& embeds,
 
 qwen3_omni::TalkerRun TalkerRunner::generate_streaming(
     StreamingHandoff& h, const std::function<bool()>& pull, const Request& request,
-    const std::function<bool(const std::vector<int64_t>&)>& on_frame) {
+    const std::function<bool(const std::vector<int64_t>&)>& on_frame, TalkerBatcher* batcher) {
   at::NoGradGuard no_grad;
-  auto forward = backend_->forward_scope();  // the whole run: one request at a time
+  // Alone, the whole run holds the model; batched, each model call takes the batcher's lock.
+  std::optional<offload::OffloadBackend::ForwardScope> forward;
+  std::optional<TalkerBatcher::Member> member;
+  if (batcher) {
+    member.emplace(*batcher);
+  } else {
+    forward.emplace(backend_->forward_scope());
+  }
+  const auto with_model = [&](const std::function<void()>& fn) {
+    batcher ? batcher->run(fn) : fn();
+  };
   const auto more = [&] {
     if (h.finished) return false;
-    if (!pull()) h.finished = true;
+    if (member) member->waiting_for_input(true);
+    const bool got = pull();
+    if (member) member->waiting_for_input(false);
+    if (!got) h.finished = true;
     return true;
   };
   const auto cancelled = [&] { return h.finished && h.finish_reason == "cancelled"; };
@@ -225,15 +239,27 @@ qwen3_omni::TalkerRun TalkerRunner::generate_streaming(
         continue;
       }
       if (e.kind == Kind::kEnd) {
-        talker_->add_trailing(at::empty({0, cfg_.thinker_hidden_size}), true, state);
+        with_model([&] {
+          talker_->add_trailing(at::empty({0, cfg_.thinker_hidden_size}), true, state);
+        });
         break;
       }
-      talker_->add_trailing(text.row_of(e, h.handoff).unsqueeze(0), false, state);
+      with_model(
+          [&] { talker_->add_trailing(text.row_of(e, h.handoff).unsqueeze(0), false, state); });
       ++next;
     }
   };
+  qwen3_omni::TalkerCalls calls;
+  if (batcher) {
+    calls.with_model = with_model;
+    calls.step = [&](int64_t code0, qwen3_omni::TalkerState& state, Sampler& sampler,
+                     at::Tensor& next_logits) {
+      return batcher->step(code0, state, sampler, next_logits);
+    };
+  }
   return qwen3_omni::run_talker(*talker_, prompt, h.image_grids, request.talker,
-                                request.code_predictor, request.max_frames, on_frame, feed_text);
+                                request.code_predictor, request.max_frames, on_frame, feed_text,
+                                batcher ? &calls : nullptr);
 }
 
 // ---------------------------------------------------------------------------- code2wav

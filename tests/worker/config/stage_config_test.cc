@@ -352,7 +352,7 @@ TEST_F(StageConfigTest, DefaultsDtypesAndTheTopLevelDtype) {
   const auto& s = config.stage(0);
   EXPECT_EQ(s.stage_type, "llm");
   EXPECT_EQ(s.runtime.devices, "0");
-  EXPECT_EQ(s.runtime.max_batch_size, 1);
+  EXPECT_EQ(s.runtime.max_batch_size, 8);
   EXPECT_FALSE(s.engine.cpu_offload_enabled);
   EXPECT_EQ(s.engine.cpu_offload_strategy, "alternating");
   EXPECT_EQ(s.engine.gpu_memory_budget, 0u);

@@ -66,6 +66,11 @@ class CodePredictor : public offload::HookableModule {
   // ([vocab] float32 CPU) are appended to it.
   Frame predict(const at::Tensor& talker_hidden, const at::Tensor& code0_embed, Sampler& sampler,
                 std::vector<at::Tensor>* logits = nullptr);
+  // The frames of a batch: row b of `talker_hidden` / `code0_embed` [B, hidden] sampled with
+  // samplers[b]. The rows share one forward per group (every frame has the same length).
+  std::vector<Frame> predict_batch(const at::Tensor& talker_hidden, const at::Tensor& code0_embed,
+                                   const std::vector<Sampler*>& samplers,
+                                   std::vector<at::Tensor>* logits = nullptr);
   const CodePredictorConfig& config() const { return cfg_; }
 
  private:
@@ -121,6 +126,13 @@ class Talker : public offload::HookableModule {
   std::vector<int64_t> step(int64_t code0, TalkerState& state, Sampler& code_predictor_sampler,
                             at::Tensor& next_logits,
                             std::vector<at::Tensor>* code_predictor_logits = nullptr);
+  // One step of several talker sequences: codes0[b] feeds back states[b] (each prefilled, of
+  // any length), its code predictor drawing with samplers[b]. Returns the frames and writes the
+  // next logits [B, vocab] (float32, CPU). The weights run once for the batch.
+  std::vector<std::vector<int64_t>> step_batch(
+      const std::vector<int64_t>& codes0, const std::vector<TalkerState*>& states,
+      const std::vector<Sampler*>& samplers, at::Tensor& next_logits,
+      std::vector<at::Tensor>* code_predictor_logits = nullptr);
 
   TalkerState new_state() const { return TalkerState(cfg_.text.num_hidden_layers); }
   const TalkerConfig& config() const { return cfg_; }

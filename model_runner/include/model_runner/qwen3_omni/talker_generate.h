@@ -30,12 +30,22 @@ struct TalkerRun {
 // `feed_text`, for a hand-off still streaming in: `prompt` then holds the prefill only, and
 // feed_text is called before each step to add that step's text row to the state
 // (Talker::add_trailing) or to mark the text complete; without it the prompt is whole.
+// `batched`, when set, takes the model calls: `with_model` runs the prefill under the model's
+// lock and `step` stands for Talker::step (models::TalkerBatcher batches it with other
+// requests'); feed_text then makes its own model calls through the same lock.
+struct TalkerCalls {
+  std::function<void(const std::function<void()>&)> with_model;
+  std::function<std::vector<int64_t>(int64_t code0, TalkerState& state, Sampler& sampler,
+                                     at::Tensor& next_logits)>
+      step;
+};
 TalkerRun run_talker(Talker& talker, const TalkerPrompt& prompt,
                      const std::vector<std::array<int64_t, 3>>& image_grids,
                      SamplingParams talker_params, SamplingParams code_predictor_params,
                      int64_t max_frames,
                      const std::function<bool(const std::vector<int64_t>&)>& on_frame,
-                     const std::function<void(TalkerState&)>& feed_text = nullptr);
+                     const std::function<void(TalkerState&)>& feed_text = nullptr,
+                     const TalkerCalls* batched = nullptr);
 
 // The hand-off's ids for `speaker` (a codec id) from the checkpoint's configs.
 HandoffIds handoff_ids(const ThinkerConfig& thinker, const TalkerConfig& talker,

@@ -20,11 +20,17 @@ namespace omni::models::qwen3_omni {
 struct MoeRouting;  // moe_routing.h
 
 // Keys and values of every layer for one sequence, grown in place: appending a step writes
-// into spare capacity (doubling when full) instead of re-concatenating the whole history.
+// into spare capacity instead of re-concatenating the whole history. Capacity doubles when
+// full, or with a block size grows in whole blocks: the serving engine counts a sequence's
+// blocks against its KV budget, and the cache then holds at most one block it does not use.
 class KvCache {
  public:
   explicit KvCache(int64_t num_layers) : keys_(num_layers), values_(num_layers) {}
   int64_t length() const { return length_; }
+  // Tokens per block (0: double instead); set before the first append.
+  void set_block_size(int64_t tokens) { block_size_ = tokens; }
+  // Blocks that `tokens` cached tokens take (the block size must be set).
+  int64_t blocks_for(int64_t tokens) const;
   // Appends `k`, `v` [1, kv_heads, L, head_dim] to `layer` and returns views of everything
   // cached for it so far. The last layer of a step advances length().
   std::pair<at::Tensor, at::Tensor> append(int64_t layer, const at::Tensor& k, const at::Tensor& v);
@@ -34,7 +40,12 @@ class KvCache {
  private:
   std::vector<at::Tensor> keys_, values_;  // [1, kv_heads, capacity, head_dim]
   int64_t length_ = 0;
+  int64_t block_size_ = 0;
 };
+
+// One KV cache per row of a batch: row i of the hidden states continues caches[i]'s sequence.
+// One cache alone holds every row (rows of one length); empty: no cache.
+using KvBatch = std::vector<KvCache*>;
 
 // cos / sin [L, head_dim] for position ids [3, L] (temporal, height, width), with the
 // frequencies interleaved as Qwen3-Omni does: index i takes its angle from T, except
@@ -55,8 +66,17 @@ class TextAttention : public torch::nn::Module {
   // visible) replaces the default causal mask, e.g. for a sliding window.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      KvCache* cache, int64_t layer, const at::Tensor* blocked = nullptr);
+  // A batch of sequences, one per row of x [B, L, hidden], each continuing caches[b] (of
+  // whatever length); cos / sin [L, head_dim] shared, or [B, L, head_dim] per row. The
+  // projections run once for the batch, attention per row over its own cache.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const KvBatch& caches, int64_t layer, const at::Tensor* blocked = nullptr);
 
  private:
+  // Attention of q [b, heads, L, d] over k, v [b, kv_heads, L, d] appended to `cache` (null:
+  // none) -> [b, L, heads * d].
+  at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, KvCache* cache, int64_t layer,
+                    const at::Tensor* blocked);
   int64_t heads_, kv_heads_, head_dim_;
   std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;
   std::shared_ptr<RMSNorm> q_norm_, k_norm_;  // null without qk_norm
@@ -160,6 +180,9 @@ class DecoderLayer : public offload::HookableModule {
   DecoderLayer(const TextConfig& cfg, int64_t index, at::ScalarType dtype);
   at::Tensor forward(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
                      KvCache* cache);
+  // Rows of `hidden` [B, L, hidden] continue caches[b] (TextAttention's batch forward).
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
+                     const KvBatch& caches);
   // The routed MLP; null in a dense layer.
   SparseMoe* moe() const { return moe_.get(); }
 
@@ -197,6 +220,10 @@ class TextModel : public offload::HookableModule {
   // embeds [1, L, hidden], position_ids [3, L] -> normalized hidden states [1, L, hidden].
   at::Tensor forward(const at::Tensor& embeds, const at::Tensor& position_ids, KvCache* cache,
                      const DeepStackInput* deepstack = nullptr, HiddenCapture* capture = nullptr);
+  // One decode step of a batch: embeds [B, 1, hidden] continue caches[b] at the positions
+  // position_ids [3, B] -> [B, 1, hidden]. Weights are used once for the whole batch.
+  at::Tensor forward_batch(const at::Tensor& embeds, const at::Tensor& position_ids,
+                           const KvBatch& caches, HiddenCapture* capture = nullptr);
   // Rows of the embedding table.
   at::Tensor embed(const at::Tensor& ids);
   // hidden @ embedding^T: the lm_head of a model with tied word embeddings.
@@ -207,6 +234,11 @@ class TextModel : public offload::HookableModule {
   void set_expert_provider(ExpertProvider* provider);
 
  private:
+  // The layers and the final norm over `input` with rope cos / sin ([L, d] or [B, L, d]).
+  at::Tensor run_layers(const at::Tensor& input, const at::Tensor& cos, const at::Tensor& sin,
+                        const KvBatch& caches, const DeepStackInput* deepstack,
+                        HiddenCapture* capture);
+
   TextConfig cfg_;
   std::shared_ptr<Embedding> embed_tokens_;
   std::shared_ptr<torch::nn::Module> layers_holder_;

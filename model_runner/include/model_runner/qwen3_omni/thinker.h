@@ -55,6 +55,11 @@ class Thinker : public offload::HookableModule {
   at::Tensor prefill(const ThinkerInputs& inputs, ThinkerState& state, bool all_logits = false);
   // One generated token -> logits [vocab] for the next one (float32, CPU).
   at::Tensor decode(int64_t token, ThinkerState& state);
+  // One decode step of several sequences: tokens[b] continues states[b] (each prefilled, of
+  // any length) -> logits [B, vocab] (float32, CPU). Every weight is used once for the batch.
+  // States that capture rows for a talker must all capture the same layer.
+  at::Tensor decode_batch(const std::vector<int64_t>& tokens,
+                          const std::vector<ThinkerState*>& states);
   // Rows of the token embedding table for `ids` (on the compute device): what the talker's
   // hand-off reads for its special tokens.
   at::Tensor embed(const std::vector<int64_t>& ids);
@@ -75,10 +80,10 @@ class Thinker : public offload::HookableModule {
  private:
   at::Tensor logits(const at::Tensor& hidden);
   at::Tensor prefill_impl(const ThinkerInputs& inputs, ThinkerState& state, bool all_logits);
-  at::Tensor decode_impl(int64_t token, ThinkerState& state);
+  at::Tensor decode_impl(const std::vector<int64_t>& tokens,
+                         const std::vector<ThinkerState*>& states);
 
   ThinkerConfig cfg_;
-  at::ScalarType dtype_;
   c10::Device device_{c10::kCPU};
   std::shared_ptr<AudioEncoder> audio_tower_;
   std::shared_ptr<VisionEncoder> visual_;

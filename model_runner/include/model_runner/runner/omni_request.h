@@ -48,6 +48,10 @@ struct OmniRequest {
   // Decode audio chunks while the talker runs (for on_audio and time to first audio), with the
   // `stream` schedule. The result's waveform is decoded as the reference decodes it either way.
   bool stream_audio = true;
+  // Decode the result's waveform at the end (the reference's decode of all frames). A caller
+  // that only sends the streamed chunks (serve's streamed answers) turns it off: it would
+  // decode every frame a second time.
+  bool waveform = true;
   // Frames per chunk: a small first chunk so that audio starts early (4, then 25, with 25 frames
   // of left context by default).
   qwen3_omni::Code2WavStreamOptions stream;

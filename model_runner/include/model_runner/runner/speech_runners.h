@@ -22,6 +22,7 @@
 #include "model_runner/qwen3_omni/talker_generate.h"
 #include "model_runner/qwen3_omni/talker_handoff.h"
 #include "model_runner/runner/offload_options.h"
+#include "model_runner/runner/talker_batcher.h"
 
 namespace omni::models {
 
@@ -79,9 +80,12 @@ class TalkerRunner {
   // `pull` waits for more of the thinker's answer and adds it to `h` (setting h.finished with
   // the last of it); false once nothing more will come. A thinker that said fewer than 2 tokens
   // gives no frames (finish_reason "none"); a cancelled thinker, "cancelled".
+  // With `batcher`, the steps are batched with the other requests that use it at the same time
+  // (TalkerBatcher; each model call takes its lock); without, the run has the model to itself.
   qwen3_omni::TalkerRun generate_streaming(
       StreamingHandoff& h, const std::function<bool()>& pull, const Request& request,
-      const std::function<bool(const std::vector<int64_t>&)>& on_frame);
+      const std::function<bool(const std::vector<int64_t>&)>& on_frame,
+      TalkerBatcher* batcher = nullptr);
 
   // The thinker's token ids the hand-off needs from the thinker stage: tts_bos, tts_eos, tts_pad.
   std::vector<int64_t> tts_token_ids() const;

@@ -55,6 +55,8 @@ class ThinkerRunner {
 
   qwen3_omni::Thinker& model() { return *thinker_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
+  // The compute dtype (the checkpoint's when the options said auto).
+  at::ScalarType dtype() const { return options_.dtype; }
   offload::OffloadBackend& offload() { return *backend_; }
   offload::TransferEngine& engine() { return *engine_; }
   // The device expert cache with cpu_offload_experts; null without. Its stats() give hits,

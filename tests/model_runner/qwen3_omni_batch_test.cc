@@ -1,0 +1,236 @@
+// Batched decode on the tiny checkpoint: sequences of different prompts and lengths stepped
+// together (Thinker::decode_batch, Talker::step_batch with its code predictor) give, row by
+// row, the logits of the same sequence run alone (within 1e-5: the batch's matrix products may
+// round differently) and so the same greedy tokens and codes; the smallest decision margin of
+// the prompts is recorded.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "cpu_offload/transfer_engine.h"
+#include "model_runner/generation/token_sequence.h"
+#include "model_runner/runner/speech_runners.h"
+#include "model_runner/runner/thinker_runner.h"
+#include "model_runner/weights/safetensors.h"
+
+namespace omni::models {
+namespace {
+
+const std::string kDir = std::string(OMNI_FIXTURES_DIR) + "/qwen3_omni_tiny";
+
+std::vector<qwen3_omni::ThinkerInputs> prompts(const ThinkerRunner& runner) {
+  std::vector<qwen3_omni::ThinkerInputs> all;
+  for (const char* text :
+       {"Hello!", "The quick brown fox jumps over the lazy dog. Hello, world!",
+        "Count: one, two, three, four, five, six, seven, eight, nine, ten.", "Why?"}) {
+    ChatRequest request;
+    request.text = text;
+    all.push_back(runner.prepare(request));
+  }
+  // The multimodal prompt of the reference (audio and image placeholders, DeepStack).
+  const auto ref = SafetensorsFile::open(kDir + "/reference.safetensors");
+  qwen3_omni::ThinkerInputs mm;
+  const auto ids = ref.tensor("mm_input_ids").contiguous();
+  mm.input_ids.assign(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel());
+  mm.audio_features = ref.tensor("input_features");
+  mm.audio_lengths = {mm.audio_features.size(1)};
+  mm.pixel_values = ref.tensor("pixel_values");
+  const auto grid = ref.tensor("image_grid_thw").contiguous();
+  mm.image_grids = {
+      {grid[0][0].item<int64_t>(), grid[0][1].item<int64_t>(), grid[0][2].item<int64_t>()}};
+  all.push_back(mm);
+  return all;
+}
+
+SamplingParams greedy(int64_t max_new_tokens) {
+  SamplingParams p;
+  p.greedy = true;
+  p.max_new_tokens = max_new_tokens;
+  p.stop_token_ids = {-1};  // a fixed length: every row runs every step
+  return p;
+}
+
+// Top-1 minus top-2 logit: how far a greedy decision is from flipping.
+double margin(const at::Tensor& logits) {
+  const auto top = std::get<0>(at::topk(logits.reshape({-1}), 2));
+  return (top[0] - top[1]).item<double>();
+}
+
+TEST(Qwen3OmniBatch, BatchedDecodeGivesEachRowItsAloneLogitsAndTokens) {
+  ThinkerRunnerOptions options;
+  options.model_dir = kDir;
+  auto runner = ThinkerRunner::load(options, offload::make_cpu_sim_engine({}));
+  auto& thinker = runner->model();
+  at::NoGradGuard no_grad;
+  auto scope = runner->offload().forward_scope();
+  const auto inputs = prompts(*runner);
+  const int64_t steps = 12;
+
+  // Alone: each prompt prefilled and decoded by itself.
+  std::vector<std::vector<at::Tensor>> alone_logits(inputs.size());
+  std::vector<std::vector<int64_t>> alone_tokens(inputs.size());
+  double smallest_margin = 1e9;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto state = thinker.new_state();
+    TokenSequence seq(greedy(steps), inputs[i].input_ids);
+    at::Tensor logits = thinker.prefill(inputs[i], state)[0];
+    while (true) {
+      alone_logits[i].push_back(logits);
+      smallest_margin = std::min(smallest_margin, margin(logits));
+      const int64_t token = seq.sample(logits);
+      if (seq.finished()) break;
+      logits = thinker.decode(token, state);
+    }
+    alone_tokens[i] = seq.tokens();
+  }
+
+  // Together: rows join at different steps (prefilled one after the other as an engine admits
+  // them) and decode in one batch.
+  std::vector<qwen3_omni::ThinkerState> states;
+  std::vector<TokenSequence> seqs;
+  states.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    states.push_back(thinker.new_state());
+    seqs.emplace_back(greedy(steps), inputs[i].input_ids);
+  }
+  std::vector<at::Tensor> next(inputs.size());
+  std::vector<size_t> step(inputs.size(), 0);
+  double worst = 0;
+  size_t admitted = 0;
+  int64_t largest_batch = 0;
+  while (true) {
+    if (admitted < inputs.size()) {  // one new row per step
+      next[admitted] = thinker.prefill(inputs[admitted], states[admitted])[0];
+      ++admitted;
+    }
+    std::vector<int64_t> tokens;
+    std::vector<qwen3_omni::ThinkerState*> rows;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < admitted; ++i) {
+      if (seqs[i].finished()) continue;
+      worst = std::max(worst, (next[i] - alone_logits[i][step[i]]).abs().max().item<double>());
+      ++step[i];
+      const int64_t token = seqs[i].sample(next[i]);
+      if (seqs[i].finished()) continue;
+      tokens.push_back(token);
+      rows.push_back(&states[i]);
+      which.push_back(i);
+    }
+    if (rows.empty() && admitted == inputs.size()) break;
+    if (rows.empty()) continue;
+    largest_batch = std::max<int64_t>(largest_batch, static_cast<int64_t>(rows.size()));
+    const auto logits = thinker.decode_batch(tokens, rows);
+    ASSERT_EQ(logits.size(0), static_cast<int64_t>(rows.size()));
+    for (size_t r = 0; r < which.size(); ++r) next[which[r]] = logits[static_cast<int64_t>(r)];
+  }
+  EXPECT_EQ(largest_batch, static_cast<int64_t>(inputs.size()));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    EXPECT_EQ(seqs[i].tokens(), alone_tokens[i]) << "prompt " << i;
+  }
+  RecordProperty("max_abs_logit_diff", std::to_string(worst));
+  RecordProperty("smallest_greedy_margin", std::to_string(smallest_margin));
+  std::cout << "batched vs alone: max abs logit diff " << worst << ", smallest greedy margin "
+            << smallest_margin << "\n";
+  EXPECT_LE(worst, 1e-5);
+  EXPECT_GT(smallest_margin, 1e-5);  // so that equal tokens are not luck
+}
+
+// The talker fed the reference's three prefills (text, audio, image prompts: different lengths),
+// the second and third joining after the first has spoken some frames, each step feeding back
+// the reference's code 0: frames equal to the reference's and logits within 1e-5 of alone.
+TEST(Qwen3OmniBatch, BatchedTalkerStepsGiveEachRowItsAloneFramesAndLogits) {
+  SpeechRunnerOptions options;
+  options.model_dir = kDir;
+  auto runner = TalkerRunner::load(options, offload::make_cpu_sim_engine({}));
+  auto& talker = runner->model();
+  const auto ref = SafetensorsFile::open(kDir + "/reference.safetensors");
+  at::NoGradGuard no_grad;
+  const std::vector<std::string> names = {"speech_text", "speech_audio", "speech_image"};
+  auto prefill = [&](const std::string& name, qwen3_omni::TalkerState& state) {
+    qwen3_omni::Talker::ProjectedPrompt prompt;
+    prompt.embeds = ref.tensor(name + "_talker_input_embeds");
+    prompt.trailing = ref.tensor(name + "_trailing_text");
+    prompt.tts_pad = ref.tensor("tts_pad_embed");
+    std::vector<std::array<int64_t, 3>> grids;
+    if (name == "speech_image") {
+      const auto g = ref.tensor("image_grid_thw").contiguous();
+      grids = {{g[0][0].item<int64_t>(), g[0][1].item<int64_t>(), g[0][2].item<int64_t>()}};
+    }
+    const auto ids = ref.tensor(name + "_talker_input_ids").contiguous();
+    return talker.prefill_embeds(
+        prompt,
+        std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel()), grids,
+        state);
+  };
+  SamplingParams greedy_params;
+  greedy_params.greedy = true;
+  // Alone: each prompt's logits per step.
+  std::vector<std::vector<at::Tensor>> alone(names.size());
+  std::vector<at::Tensor> codes;
+  for (size_t i = 0; i < names.size(); ++i) {
+    codes.push_back(ref.tensor(names[i] + "_codes").contiguous());
+    auto state = talker.new_state();
+    Sampler sampler(greedy_params);
+    at::Tensor logits = prefill(names[i], state);
+    for (int64_t t = 0; t < codes[i].size(1); ++t) {
+      alone[i].push_back(logits);
+      talker.step(codes[i][0][t].item<int64_t>(), state, sampler, logits);
+    }
+  }
+  // Together: row i joins at step 2 * i.
+  std::vector<qwen3_omni::TalkerState> states;
+  std::vector<Sampler> samplers;
+  states.reserve(names.size());
+  samplers.reserve(names.size());
+  std::vector<at::Tensor> next(names.size());
+  std::vector<int64_t> t(names.size(), 0);
+  double worst = 0;
+  int64_t largest_batch = 0;
+  for (int64_t step = 0;; ++step) {
+    if (step % 2 == 0 && states.size() < names.size()) {
+      states.push_back(talker.new_state());
+      samplers.emplace_back(greedy_params);
+      next[states.size() - 1] = prefill(names[states.size() - 1], states.back());
+    }
+    std::vector<int64_t> codes0;
+    std::vector<qwen3_omni::TalkerState*> rows;
+    std::vector<Sampler*> row_samplers;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < states.size(); ++i) {
+      if (t[i] >= codes[i].size(1)) continue;
+      worst = std::max(worst, (next[i] - alone[i][t[i]]).abs().max().item<double>());
+      codes0.push_back(codes[i][0][t[i]].item<int64_t>());
+      rows.push_back(&states[i]);
+      row_samplers.push_back(&samplers[i]);
+      which.push_back(i);
+    }
+    if (rows.empty()) {
+      if (states.size() == names.size()) break;
+      continue;
+    }
+    largest_batch = std::max<int64_t>(largest_batch, static_cast<int64_t>(rows.size()));
+    at::Tensor logits;
+    const auto frames = talker.step_batch(codes0, rows, row_samplers, logits);
+    for (size_t r = 0; r < which.size(); ++r) {
+      const size_t i = which[r];
+      for (int64_t q = 0; q < codes[i].size(0); ++q) {
+        ASSERT_EQ(frames[r][q], codes[i][q][t[i]].item<int64_t>())
+            << names[i] << " frame " << t[i] << " group " << q;
+      }
+      next[i] = logits[static_cast<int64_t>(r)];
+      ++t[i];
+    }
+  }
+  EXPECT_EQ(largest_batch, static_cast<int64_t>(names.size()));
+  RecordProperty("talker_max_abs_logit_diff", std::to_string(worst));
+  std::cout << "batched talker vs alone: max abs logit diff " << worst << "\n";
+  EXPECT_LE(worst, 1e-5);
+}
+
+}  // namespace
+}  // namespace omni::models

@@ -1,0 +1,210 @@
+// The continuous-batching loop (worker/pipeline/engine_loop.h) over a model that counts: many
+// clients submit and cancel at once (also under TSan), a sequence that does not fit waits for
+// room, every sequence's resources are released exactly once, the queue is bounded, a failed
+// step fails its batch but not the loop, and deadlines hold in the queue.
+#include "worker/pipeline/engine_loop.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace omni::pipeline {
+namespace {
+
+struct CountingSequence : EngineSequence {
+  explicit CountingSequence(int64_t n, int64_t slots_needed = 1) : steps(n), slots(slots_needed) {}
+  int64_t steps;        // packets it emits
+  int64_t slots;        // of the model's pool while running
+  int64_t emitted = 0;  // the loop's thread only
+  bool holds = false;
+};
+
+// Each running sequence holds `slots` of a pool of `pool` (like KV blocks); a step emits one
+// packet per sequence. Checks that the loop never calls it from two threads at once.
+class CountingModel : public EngineModel {
+ public:
+  explicit CountingModel(int64_t pool) : free_(pool) {}
+  bool admit(EngineSequence& base) override {
+    Busy busy(this);
+    auto& seq = static_cast<CountingSequence&>(base);
+    if (seq.slots > free_) return false;
+    free_ -= seq.slots;
+    seq.holds = true;
+    ++admitted_;
+    return true;
+  }
+  int64_t prompt_tokens(const EngineSequence&) override { return 1; }
+  void step(const std::vector<EngineSequence*>& running) override {
+    Busy busy(this);
+    largest_batch_ = std::max(largest_batch_, static_cast<int64_t>(running.size()));
+    if (fail_next_step_.exchange(false)) throw std::runtime_error("the device fell over");
+    for (auto* base : running) {
+      auto& seq = static_cast<CountingSequence&>(*base);
+      StagePacket p;
+      p.tokens = {seq.emitted++};
+      p.finished = seq.emitted == seq.steps;
+      seq.out.push(std::move(p));
+    }
+  }
+  bool finished(const EngineSequence& base) override {
+    const auto& seq = static_cast<const CountingSequence&>(base);
+    return seq.emitted == seq.steps;
+  }
+  void release(EngineSequence& base) override {
+    Busy busy(this);
+    auto& seq = static_cast<CountingSequence&>(base);
+    EXPECT_TRUE(released_.insert(&seq).second) << "released twice";
+    if (seq.holds) free_ += seq.slots;
+    seq.holds = false;
+  }
+
+  int64_t free_slots() const { return free_; }
+  int64_t largest_batch() const { return largest_batch_; }
+  std::atomic<bool> fail_next_step_{false};
+
+ private:
+  struct Busy {
+    explicit Busy(CountingModel* m) : model(m) { EXPECT_FALSE(model->busy_.exchange(true)); }
+    ~Busy() { model->busy_ = false; }
+    CountingModel* model;
+  };
+  std::atomic<bool> busy_{false};
+  int64_t free_;
+  int64_t admitted_ = 0;
+  int64_t largest_batch_ = 0;
+  std::set<const EngineSequence*> released_;
+};
+
+// Drains a sequence's packets: their count, and the error code that closed it ("" if none).
+std::pair<int64_t, std::string> drain(EngineSequence& seq, int64_t n = 0) {
+  try {
+    while (auto p = seq.out.pop()) {
+      EXPECT_EQ(p->tokens.at(0), n);
+      ++n;
+    }
+  } catch (const StageError& e) {
+    return {n, code_name(e.code())};
+  }
+  return {n, ""};
+}
+
+TEST(EngineLoop, ConcurrentSubmitAndCancelReleaseEverySequenceOnce) {
+  CountingModel model(6);
+  constexpr int kClients = 16;
+  std::vector<std::shared_ptr<CountingSequence>> seqs;
+  {
+    EngineLoop loop("stage 0 (counting)", model, EngineLimits{4, 8192, 256});
+    std::vector<std::thread> clients;
+    std::vector<std::pair<int64_t, std::string>> got(kClients);
+    for (int i = 0; i < kClients; ++i) {
+      // The ones that cancel would run forever.
+      const int64_t steps = i % 4 == 3 ? int64_t{1} << 40 : 20 + i;
+      seqs.push_back(std::make_shared<CountingSequence>(steps, 1 + i % 3));
+    }
+    for (int i = 0; i < kClients; ++i) {
+      clients.emplace_back([&, i] {
+        auto& seq = *seqs[i];
+        loop.submit(seqs[i]);
+        if (i % 4 == 3) {  // cancels after a few packets (or while it still waits)
+          for (int k = 0; k < 3; ++k) (void)seq.out.pop();
+          seq.cancel();
+        }
+        got[i] = drain(seq, i % 4 == 3 ? 3 : 0);
+      });
+    }
+    for (auto& c : clients) c.join();
+    for (int i = 0; i < kClients; ++i) {
+      if (i % 4 == 3) {
+        EXPECT_EQ(got[i].second, "cancelled") << i;
+      } else {
+        EXPECT_EQ(got[i].second, "") << i;
+        EXPECT_EQ(got[i].first, 20 + i) << i;
+      }
+    }
+    const auto s = loop.stats();
+    EXPECT_EQ(s.finished, kClients - kClients / 4);
+    EXPECT_EQ(s.cancelled, kClients / 4);
+    EXPECT_EQ(s.running, 0);
+    EXPECT_EQ(s.waiting, 0);
+    EXPECT_LE(s.max_batch, 4);  // max_num_seqs
+    EXPECT_GE(s.max_batch, 2);
+  }
+  EXPECT_EQ(model.free_slots(), 6);  // every slot back
+}
+
+TEST(EngineLoop, ASequenceThatDoesNotFitWaitsForRoom) {
+  CountingModel model(3);
+  EngineLoop loop("stage 0 (counting)", model, EngineLimits{8, 8192, 16});
+  auto big = std::make_shared<CountingSequence>(30, 3);
+  auto second = std::make_shared<CountingSequence>(5, 2);
+  loop.submit(big);
+  loop.submit(second);
+  EXPECT_EQ(drain(*big).second, "");
+  EXPECT_EQ(drain(*second).first, 5);
+  EXPECT_EQ(model.largest_batch(), 1);  // never both: 3 + 2 slots do not fit 3
+}
+
+TEST(EngineLoop, TheQueueIsBoundedAndAFailedStepFailsOnlyItsBatch) {
+  CountingModel model(1);
+  EngineLoop loop("stage 0 (counting)", model, EngineLimits{1, 8192, 2});
+  // One runs (holding the only slot), two wait, the next is refused.
+  auto running = std::make_shared<CountingSequence>(100000);
+  loop.submit(running);
+  while (loop.stats().running == 0) std::this_thread::yield();
+  auto a = std::make_shared<CountingSequence>(3);
+  auto b = std::make_shared<CountingSequence>(3);
+  loop.submit(a);
+  loop.submit(b);
+  try {
+    loop.submit(std::make_shared<CountingSequence>(3));
+    FAIL() << "a full queue took another request";
+  } catch (const StageError& e) {
+    EXPECT_EQ(e.code(), StageError::Code::kUnavailable);
+    EXPECT_NE(std::string(e.what()).find("retry later"), std::string::npos);
+  }
+  model.fail_next_step_ = true;  // fails the running batch: only `running`
+  EXPECT_EQ(drain(*running).second, "internal");
+  EXPECT_EQ(drain(*a), std::make_pair(int64_t{3}, std::string()));
+  EXPECT_EQ(drain(*b), std::make_pair(int64_t{3}, std::string()));
+  EXPECT_EQ(loop.stats().refused, 1);
+}
+
+TEST(EngineLoop, ADeadlinePassedInTheQueueFailsThatRequest) {
+  CountingModel model(1);
+  EngineLoop loop("stage 0 (counting)", model, EngineLimits{1, 8192, 8});
+  auto first = std::make_shared<CountingSequence>(100000000);
+  auto late = std::make_shared<CountingSequence>(3);
+  late->deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+  loop.submit(first);
+  loop.submit(late);
+  // Failed while `first` still runs: the queue is swept every step, not only at admission.
+  EXPECT_EQ(drain(*late).second, "deadline_exceeded");
+  first->cancel();
+  EXPECT_EQ(drain(*first).second, "cancelled");
+}
+
+TEST(EngineLoop, StoppingFailsWhatIsStillQueued) {
+  CountingModel model(1);
+  auto queued = std::make_shared<CountingSequence>(3);
+  auto running = std::make_shared<CountingSequence>(1000000);
+  {
+    EngineLoop loop("stage 0 (counting)", model, EngineLimits{1, 8192, 8});
+    loop.submit(running);
+    loop.submit(queued);
+  }
+  EXPECT_EQ(drain(*queued).second, "unavailable");
+  EXPECT_EQ(drain(*running).second, "unavailable");
+  EXPECT_EQ(model.free_slots(), 1);
+}
+
+}  // namespace
+}  // namespace omni::pipeline

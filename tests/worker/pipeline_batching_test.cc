@@ -1,0 +1,249 @@
+// Continuous batching on the tiny Qwen3-Omni fixture: requests of every kind (text, audio,
+// image; different lengths; a stop string; a seeded sampled one) give the same tokens, codes
+// and waveform alone and all at once, the thinkers and the talkers stepping in batches; requests
+// join a running batch and leave it (one cancelled mid-batch frees its KV blocks); more requests
+// than the KV budget holds wait and all finish with their alone answers.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tiny_request.h"
+#include "worker/pipeline/local_stages.h"
+#include "worker/pipeline/pipeline.h"
+#include "worker/pipeline/stage_params.h"
+
+namespace omni::pipeline {
+namespace {
+
+using Json = nlohmann::json;
+const std::string kDir = std::string(OMNI_FIXTURES_DIR) + "/qwen3_omni_tiny";
+
+std::shared_ptr<Stage> local(const std::string& model_stage, int id, EngineLimits limits = {},
+                             uint64_t kv_bytes = 0) {
+  LocalStageOptions o;
+  o.name = "stage " + std::to_string(id) + " (" + model_stage + ")";
+  o.model_stage = model_stage;
+  o.model_dir = kDir;
+  o.limits = limits;
+  o.kv_cache_memory_bytes = kv_bytes;
+  return make_local_stage(o);
+}
+
+// Eight requests that differ in every way a batch row can.
+std::vector<models::OmniRequest> eight_requests() {
+  std::vector<models::OmniRequest> all;
+  const char* texts[] = {"What do you hear and see?", "Hi", "Tell me a long story about a fox.",
+                         "Why is the sky blue?"};
+  for (int i = 0; i < 8; ++i) {
+    auto r = testing::tiny_request(kDir, /*media=*/false);
+    r.chat.text = texts[i % 4];
+    r.sampling.thinker.max_new_tokens = 6 + 2 * i;  // different lengths
+    r.max_audio_frames = 6;
+    all.push_back(r);
+  }
+  all[0].chat.audio_files = {kDir + "/audio.wav"};
+  all[0].chat.image_files = {kDir + "/image.png"};
+  all[1].chat.audio_files = {kDir + "/audio.wav"};
+  all[2].chat.image_files = {kDir + "/image.png"};
+  all[3].audio_output = false;  // text only
+  all[4].chat.system_prompt = "Answer in one word.";
+  // A seeded sampled thinker: its own generator, whatever shares its batch.
+  all[5].sampling.thinker.greedy = false;
+  all[5].sampling.thinker.temperature = 0.9;
+  all[5].sampling.thinker.top_k = 20;
+  all[5].sampling.thinker.seed = 11;
+  return all;
+}
+
+PipelineResult run_alone(Pipeline& pipeline, const models::OmniRequest& r) {
+  return pipeline.generate(r);
+}
+
+void expect_same(const PipelineResult& alone, const PipelineResult& together, size_t i) {
+  SCOPED_TRACE("request " + std::to_string(i));
+  EXPECT_EQ(together.omni.tokens, alone.omni.tokens);
+  EXPECT_EQ(together.text, alone.text);
+  EXPECT_EQ(together.omni.finish_reason, alone.omni.finish_reason);
+  ASSERT_EQ(together.omni.codes.defined(), alone.omni.codes.defined());
+  if (!alone.omni.codes.defined()) return;
+  EXPECT_TRUE(at::equal(together.omni.codes, alone.omni.codes));
+  ASSERT_EQ(together.omni.waveform.sizes(), alone.omni.waveform.sizes());
+  if (alone.omni.waveform.numel() > 0) {
+    EXPECT_LE((together.omni.waveform - alone.omni.waveform).abs().max().item<double>(), 1e-4);
+  }
+}
+
+Json engine_stats(Stage& thinker) { return Json::parse(thinker.stats_json())["engine"]; }
+
+TEST(PipelineBatching, EightDifferentRequestsAloneAndTogetherGiveTheSameAnswers) {
+  auto thinker = local("thinker", 0);
+  auto talker = local("talker", 1);
+  Pipeline pipeline({{0, "thinker", {}, thinker},
+                     {1, "talker", {0}, talker},
+                     {2, "code2wav", {1}, local("code2wav", 2)}});
+  auto requests = eight_requests();
+  std::vector<PipelineResult> alone;
+  for (const auto& r : requests) alone.push_back(run_alone(pipeline, r));
+  // A stop string from request 2's own answer: an ASCII letter first seen inside it.
+  std::string stop;
+  for (size_t i = 1; i < alone[2].text.size() && stop.empty(); ++i) {
+    const char c = alone[2].text[i];
+    if (std::isalpha(static_cast<unsigned char>(c)) && alone[2].text.find(c) == i) stop = {c};
+  }
+  ASSERT_FALSE(stop.empty()) << alone[2].text;
+  requests[6] = requests[2];
+  requests[6].stop_strings = {stop};
+  alone[6] = run_alone(pipeline, requests[6]);
+  EXPECT_EQ(alone[6].omni.finish_reason, "stop");
+  const int64_t steps_before = engine_stats(*thinker)["steps"].get<int64_t>();
+
+  std::vector<PipelineResult> together(requests.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    clients.emplace_back([&, i] { together[i] = pipeline.generate(requests[i]); });
+  }
+  for (auto& c : clients) c.join();
+  for (size_t i = 0; i < requests.size(); ++i) expect_same(alone[i], together[i], i);
+
+  // They shared batches: fewer steps than tokens, and more than one row at once.
+  const Json e = engine_stats(*thinker);
+  EXPECT_GE(e["max_batch"].get<int64_t>(), 2);
+  int64_t tokens = 0;
+  for (const auto& r : together) tokens += static_cast<int64_t>(r.omni.tokens.size());
+  EXPECT_LT(e["steps"].get<int64_t>() - steps_before, tokens);
+  EXPECT_EQ(e["running"].get<int64_t>(), 0);
+  EXPECT_EQ(e["kv_blocks_reserved"].get<int64_t>(), 0);
+  // The talkers stepped together too.
+  const Json t = Json::parse(talker->stats_json())["batching"];
+  EXPECT_GE(t["max_batch"].get<int64_t>(), 2) << t.dump();
+}
+
+// The thinker stage alone, called as the orchestrator calls it.
+struct ThinkerCall {
+  std::vector<int64_t> tokens;
+  std::string finish_reason;
+  std::string error;
+  int64_t prompt_tokens = 0;
+};
+
+ThinkerCall call_thinker(Stage& stage, const std::string& text, int64_t max_new_tokens,
+                         const CancelToken& cancel = {}, int cancel_after = -1,
+                         CancelToken* to_cancel = nullptr) {
+  auto params = std::make_shared<ThinkerParams>();
+  params->text = text;
+  params->sampling.greedy = true;
+  params->sampling.max_new_tokens = max_new_tokens;
+  params->sampling.stop_token_ids = {-1};  // runs its full length
+  StageCall call;
+  call.request_id = text;
+  call.params = params;
+  PacketQueue input;
+  input.close();
+  ThinkerCall out;
+  int packets = 0;
+  try {
+    stage.run(
+        call, input,
+        [&](StagePacket&& p) {
+          out.tokens.insert(out.tokens.end(), p.tokens.begin(), p.tokens.end());
+          if (p.finished) {
+            out.finish_reason = p.finish_reason;
+            out.prompt_tokens = static_cast<int64_t>(p.metrics.at("prompt_tokens"));
+          }
+          if (++packets == cancel_after) to_cancel->cancel();
+        },
+        cancel);
+  } catch (const StageError& e) {
+    out.error = code_name(e.code());
+  }
+  return out;
+}
+
+TEST(PipelineBatching, RequestsJoinAndLeaveARunningBatchAndACancelFreesItsBlocks) {
+  auto thinker = local("thinker", 0, EngineLimits{4, 8192, 64});
+  const auto a_alone = call_thinker(*thinker, "The first request runs long.", 40);
+  const auto b_alone = call_thinker(*thinker, "A second one joins it.", 12);
+  ASSERT_EQ(a_alone.tokens.size(), 40u);
+
+  CancelToken cancel_c;
+  ThinkerCall a, b, c;
+  std::thread ta([&] { a = call_thinker(*thinker, "The first request runs long.", 40); });
+  // c starts beside a and is cancelled after 3 tokens; b joins while a decodes.
+  std::thread tc(
+      [&] { c = call_thinker(*thinker, "This one is cancelled.", 200, cancel_c, 3, &cancel_c); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::thread tb([&] { b = call_thinker(*thinker, "A second one joins it.", 12); });
+  tc.join();
+  EXPECT_EQ(c.error, "cancelled");
+  // At the next step its blocks are free: what is reserved then is a's and b's alone.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  Json e;
+  do {
+    e = engine_stats(*thinker);
+  } while (e["cancelled"].get<int64_t>() < 1 && std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(e["cancelled"].get<int64_t>(), 1);
+  ta.join();
+  tb.join();
+  EXPECT_EQ(a.tokens, a_alone.tokens);
+  EXPECT_EQ(b.tokens, b_alone.tokens);
+  e = engine_stats(*thinker);
+  EXPECT_EQ(e["kv_blocks_reserved"].get<int64_t>(), 0);
+  EXPECT_EQ(e["kv_blocks_used"].get<int64_t>(), 0);
+  EXPECT_GE(e["max_batch"].get<int64_t>(), 2);
+}
+
+TEST(PipelineBatching, MoreRequestsThanTheKvBudgetHoldsWaitAndAllFinish) {
+  // Room for two requests of 40 tokens of prompt and answer at a time (blocks of 16 tokens):
+  // the other four wait for blocks, none fails.
+  auto probe = local("thinker", 0);
+  const Json p = engine_stats(*probe);
+  const auto block_bytes = p["kv_block_bytes"].get<uint64_t>();
+  const std::vector<std::string> texts = {"one",  "two two",   "three three three",
+                                          "four", "five five", "six"};
+  std::vector<ThinkerCall> alone;
+  for (const auto& t : texts) alone.push_back(call_thinker(*probe, t, 16));
+  probe.reset();
+
+  // Blocks of 16 tokens; the largest request's worst case twice over: at least two run at once,
+  // never all six.
+  int64_t need_max = 0, need_min = 1 << 30;
+  for (const auto& a : alone) {
+    const int64_t need = (a.prompt_tokens + 16 + 15) / 16;
+    need_max = std::max(need_max, need);
+    need_min = std::min(need_min, need);
+  }
+  const int64_t total = 2 * need_max;
+  auto thinker =
+      local("thinker", 0, EngineLimits{8, 8192, 64}, static_cast<uint64_t>(total) * block_bytes);
+  EXPECT_EQ(engine_stats(*thinker)["kv_blocks_total"].get<int64_t>(), total);
+  std::vector<ThinkerCall> together(texts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    clients.emplace_back([&, i] { together[i] = call_thinker(*thinker, texts[i], 16); });
+  }
+  for (auto& c : clients) c.join();
+  for (size_t i = 0; i < texts.size(); ++i) {
+    EXPECT_EQ(together[i].error, "") << i;
+    EXPECT_EQ(together[i].tokens, alone[i].tokens) << i;
+  }
+  const Json e = engine_stats(*thinker);
+  EXPECT_LE(e["max_batch"].get<int64_t>(), total / need_min);  // what the blocks allow
+  EXPECT_LT(e["max_batch"].get<int64_t>(), static_cast<int64_t>(texts.size()));
+  EXPECT_EQ(e["finished"].get<int64_t>(), static_cast<int64_t>(texts.size()));
+  EXPECT_EQ(e["kv_blocks_reserved"].get<int64_t>(), 0);
+
+  // One request larger than the whole cache is refused with a clear error, not left waiting.
+  const auto huge = call_thinker(*thinker, "too long", 500);
+  EXPECT_EQ(huge.error, "invalid_argument");
+}
+
+}  // namespace
+}  // namespace omni::pipeline

@@ -1,0 +1,112 @@
+// A stage's scheduler (continuous batching): requests are submitted as sequences and one thread
+// owns the model. Each step it drops cancelled and expired sequences, admits waiting ones while
+// the batch and the step's prompt-token budget have room (the model may say "not yet", e.g. no
+// KV blocks: the sequence waits, nothing fails), runs one batched step over every running
+// sequence, and retires the finished. Outputs go to each sequence's own queue, which the
+// request's thread drains into its sink: a slow client never holds up the batch.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "worker/pipeline/stage.h"
+
+namespace omni::pipeline {
+
+// One request in an EngineLoop. A stage kind derives its own with the model's state.
+class EngineSequence {
+ public:
+  virtual ~EngineSequence() = default;
+  // What the loop emits for the request, closed after its last packet or with its error.
+  PacketQueue out;
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  // Any thread: the loop drops the sequence (and frees what it holds) at its next step.
+  void cancel() { cancelled_ = true; }
+  bool cancelled() const { return cancelled_; }
+
+ private:
+  friend class EngineLoop;
+  std::atomic<bool> cancelled_{false};
+  std::chrono::steady_clock::time_point submitted_;
+};
+
+// What a stage kind supplies; called on the loop's thread only, one call at a time.
+class EngineModel {
+ public:
+  virtual ~EngineModel() = default;
+  // Starts `seq` (runs its prompt, emits its first output) when there is room; false: it waits
+  // for a later step. Throwing fails this sequence only.
+  virtual bool admit(EngineSequence& seq) = 0;
+  // Prompt tokens admit() will run for `seq`: counted against max_num_batched_tokens.
+  virtual int64_t prompt_tokens(const EngineSequence& seq) = 0;
+  // One step of every running sequence together (a batched forward, sampling, outputs).
+  // Throwing fails the whole batch.
+  virtual void step(const std::vector<EngineSequence*>& running) = 0;
+  // Whether `seq` has emitted its last packet (its out queue is then closed by the loop).
+  virtual bool finished(const EngineSequence& seq) = 0;
+  // The loop drops `seq` (finished, cancelled, expired or failed): free what it holds.
+  virtual void release(EngineSequence& seq) = 0;
+};
+
+struct EngineLimits {
+  int64_t max_num_seqs = 8;               // sequences running at once
+  int64_t max_num_batched_tokens = 8192;  // prompt tokens admitted per step (one at least)
+  int64_t max_waiting = 256;              // queued beyond it, submit() refuses
+};
+
+// Counters since the loop started (a snapshot).
+struct EngineStats {
+  int64_t running = 0, waiting = 0;
+  int64_t steps = 0;  // batched steps run
+  int64_t admitted = 0, finished = 0, cancelled = 0, failed = 0, refused = 0;
+  int64_t last_batch = 0, max_batch = 0;
+  int64_t batch_rows = 0;     // sum of the steps' batch sizes
+  double queue_ms_total = 0;  // submit to admission, summed over admitted sequences
+  double mean_batch() const { return steps > 0 ? static_cast<double>(batch_rows) / steps : 0; }
+};
+
+class EngineLoop {
+ public:
+  // `model` must outlive the loop. `name` prefixes errors ("stage 0 (thinker)").
+  EngineLoop(std::string name, EngineModel& model, EngineLimits limits);
+  // Fails whatever is waiting or running (kUnavailable) and joins the thread.
+  ~EngineLoop();
+  EngineLoop(const EngineLoop&) = delete;
+  EngineLoop& operator=(const EngineLoop&) = delete;
+
+  // Queues `seq`; throws StageError kUnavailable when max_waiting are already queued.
+  void submit(const std::shared_ptr<EngineSequence>& seq);
+  EngineStats stats() const;
+  const EngineLimits& limits() const { return limits_; }
+
+ private:
+  void run();
+  // Drops `seq` from the loop: release() and close its queue (with `error` if any).
+  void retire(EngineSequence& seq, std::exception_ptr error);
+  void admit_waiting();
+  // Counts `gone` (finished, cancelled, expired, or failed by `step_error`) in the stats, then
+  // retires each.
+  void leave(const std::vector<std::shared_ptr<EngineSequence>>& gone,
+             const std::exception_ptr& step_error);
+
+  std::string name_;
+  EngineModel& model_;
+  EngineLimits limits_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<EngineSequence>> waiting_;   // under mutex_
+  bool stopping_ = false;                                 // under mutex_
+  EngineStats stats_;                                     // under mutex_
+  std::vector<std::shared_ptr<EngineSequence>> running_;  // the loop's thread only
+  std::thread thread_;
+};
+
+}  // namespace omni::pipeline
