@@ -378,4 +378,27 @@ bool BoundedHttpServer::process_and_close_socket(socket_t sock) {
   return true;
 }
 
+bool BoundedHttpServer::widen_listen_backlog(int port) {
+  // httplib keeps its socket private: find it among this process's descriptors.
+  const long max_fd = ::sysconf(_SC_OPEN_MAX);
+  for (int fd = 0; fd < (max_fd > 0 ? max_fd : 1024); ++fd) {
+    int listening = 0;
+    socklen_t len = sizeof(listening);
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) {
+      continue;
+    }
+    sockaddr_storage addr{};
+    socklen_t addr_len = sizeof(addr);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &addr_len) != 0) continue;
+    int bound = -1;
+    if (addr.ss_family == AF_INET) {
+      bound = ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+    } else if (addr.ss_family == AF_INET6) {
+      bound = ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
+    }
+    if (bound == port) return ::listen(fd, SOMAXCONN) == 0;
+  }
+  return false;
+}
+
 }  // namespace omni::http

@@ -39,6 +39,12 @@ class BoundedHttpServer : public httplib::Server {
   // body was not read cannot be followed by another on the same connection).
   static void close_after_response();
 
+  // Re-listens on this process's listening socket bound to `port` (after bind_to_port) with
+  // the kernel's largest backlog. httplib (Debian's library) listens with a backlog of 5: a
+  // burst of connections overflows it, and a client whose SYN is dropped waits the kernel's
+  // 1 s retransmit. False when no such socket was found.
+  static bool widen_listen_backlog(int port);
+
   int open_connections() const { return open_.load(); }
   uint64_t refused_connections() const { return refused_.load(); }
   uint64_t timed_out_requests() const { return timed_out_.load(); }

@@ -207,6 +207,10 @@ class ChatServer::Impl {
       throw std::runtime_error("cannot listen on " + options_.host + ":" +
                                std::to_string(options_.port));
     }
+    if (!BoundedHttpServer::widen_listen_backlog(port_)) {
+      log_warning("serve: could not raise the listen backlog of port ", port_,
+                  "; bursts of connections may wait");
+    }
     thread_ = std::thread([this] { server_->listen_after_bind(); });
   }
   int port() const { return port_; }
