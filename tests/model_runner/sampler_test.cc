@@ -212,6 +212,36 @@ TEST(SamplerTest, SameSeedSameSequenceDifferentSeedDifferent) {
   EXPECT_GT(std::set<int64_t>(a.begin(), a.end()).size(), 4u);
 }
 
+// The batch's draws are each row's own: sample_rows over [B, vocab] gives, bit for bit, what
+// each row's sampler gives alone, with shared parameters (warpers run once over the batch) and
+// with mixed ones (greedy and sampled rows side by side).
+TEST(SamplerTest, SampleRowsGivesEachRowItsOwnDraws) {
+  at::manual_seed(3);
+  for (bool mixed : {false, true}) {
+    SCOPED_TRACE(mixed ? "mixed parameters" : "shared parameters");
+    std::vector<Sampler> alone, batched;
+    for (uint64_t i = 0; i < 6; ++i) {
+      SamplingParams p = sampling(0.8, 20, 0.9, /*seed=*/100 + i);
+      p.suppress_tokens = {3, 5, 999};
+      if (mixed && i % 3 == 0) p.greedy = true;
+      if (mixed && i == 4) p.top_k = 5;
+      alone.emplace_back(p);
+      batched.emplace_back(p);
+    }
+    std::vector<Sampler*> rows;
+    for (auto& s : batched) rows.push_back(&s);
+    for (int step = 0; step < 30; ++step) {
+      const at::Tensor logits = at::randn({6, 64}) * 3;
+      const auto ids = Sampler::sample_rows(rows, logits);
+      for (int64_t i = 0; i < 6; ++i) {
+        EXPECT_EQ(ids[i], alone[i].sample(logits[i])) << "row " << i << " step " << step;
+        EXPECT_NE(ids[i], 3);
+        EXPECT_NE(ids[i], 5);
+      }
+    }
+  }
+}
+
 void expect_distribution(double temperature, const std::vector<double>& expected) {
   const int n = 20000;
   std::map<int64_t, int> counts;

@@ -122,8 +122,9 @@ TEST(PipelineBatching, EightDifferentRequestsAloneAndTogetherGiveTheSameAnswers)
   EXPECT_EQ(e["running"].get<int64_t>(), 0);
   EXPECT_EQ(e["kv_blocks_reserved"].get<int64_t>(), 0);
   // The talkers stepped together too.
-  const Json t = Json::parse(talker->stats_json())["batching"];
+  const Json t = Json::parse(talker->stats_json())["engine"];
   EXPECT_GE(t["max_batch"].get<int64_t>(), 2) << t.dump();
+  EXPECT_EQ(t["running"].get<int64_t>(), 0) << t.dump();
 }
 
 // The thinker stage alone, called as the orchestrator calls it.
@@ -206,6 +207,7 @@ TEST(PipelineBatching, MoreRequestsThanTheKvBudgetHoldsWaitAndAllFinish) {
   auto probe = local("thinker", 0);
   const Json p = engine_stats(*probe);
   const auto block_bytes = p["kv_block_bytes"].get<uint64_t>();
+  const uint64_t weights_only = probe->info().device_weight_bytes;
   const std::vector<std::string> texts = {"one",  "two two",   "three three three",
                                           "four", "five five", "six"};
   std::vector<ThinkerCall> alone;
@@ -224,6 +226,9 @@ TEST(PipelineBatching, MoreRequestsThanTheKvBudgetHoldsWaitAndAllFinish) {
   auto thinker =
       local("thinker", 0, EngineLimits{8, 8192, 64}, static_cast<uint64_t>(total) * block_bytes);
   EXPECT_EQ(engine_stats(*thinker)["kv_blocks_total"].get<int64_t>(), total);
+  // The device ledger counts the KV pool with the weights (co-located stages share the budget).
+  EXPECT_EQ(thinker->info().device_weight_bytes,
+            weights_only + static_cast<uint64_t>(total) * block_bytes);
   std::vector<ThinkerCall> together(texts.size());
   std::vector<std::thread> clients;
   for (size_t i = 0; i < texts.size(); ++i) {

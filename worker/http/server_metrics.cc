@@ -217,6 +217,10 @@ std::string offload_metrics(const std::string& stats_json) {
                "Time admitted requests waited in the stage's queue.",
                {}};
   Family admitted{"omni_engine_admitted_total", "counter", "Requests admitted to a batch.", {}};
+  Family busy{"omni_engine_busy_seconds_total",
+              "counter",
+              "Time the stage spent running its batches (over wall time: how saturated it is).",
+              {}};
   Family kv_used{"omni_kv_blocks_used", "gauge", "KV cache blocks allocated now.", {}};
   Family kv_reserved{"omni_kv_blocks_reserved",
                      "gauge",
@@ -241,6 +245,7 @@ std::string offload_metrics(const std::string& stats_json) {
                                             {&last_batch, "last_batch", 1},
                                             {&queue, "queue_ms_total", 1e-3},
                                             {&admitted, "admitted", 1},
+                                            {&busy, "busy_ms_total", 1e-3},
                                             {&kv_used, "kv_blocks_used", 1},
                                             {&kv_reserved, "kv_blocks_reserved", 1},
                                             {&kv_total, "kv_blocks_total", 1}};
@@ -296,7 +301,8 @@ std::string offload_metrics(const std::string& stats_json) {
                         &evictions,    &expert_hits,   &expert_misses, &expert_host, &expert_moved,
                         &expert_stall, &expert_device, &disk_read,     &disk_wait,   &disk_entries,
                         &running,      &waiting,       &steps,         &rows,        &last_batch,
-                        &queue,        &admitted,      &kv_used,       &kv_reserved, &kv_total}) {
+                        &queue,        &admitted,      &busy,          &kv_used,     &kv_reserved,
+                        &kv_total}) {
     write_family(out, *f);
   }
   out << "# HELP omni_process_resident_bytes Resident memory of the server process.\n"

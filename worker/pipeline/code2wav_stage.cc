@@ -2,11 +2,9 @@
 // waveform at the end.
 #include <ATen/ATen.h>
 
-#include <functional>
-#include <optional>
-
 #include "cpu_offload/logging.h"
 #include "model_runner/qwen3_omni/code2wav_stream.h"
+#include "model_runner/runner/code2wav_batcher.h"
 #include "model_runner/runner/speech_runners.h"
 #include "worker/pipeline/local_stage_base.h"
 #include "worker/pipeline/stage_params.h"
@@ -23,6 +21,8 @@ class Code2WavStage : public LocalStageBase {
       ro.offload.components = {"code2wav"};
     }
     runner_ = models::Code2WavRunner::load(ro, engine_);
+    batcher_ = std::make_unique<models::Code2WavBatcher>(runner_->model(), runner_->offload(),
+                                                         mutex_, o.limits.max_num_seqs);
   }
 
   StageInfo info() override {
@@ -37,26 +37,33 @@ class Code2WavStage : public LocalStageBase {
     const auto params_ptr = params_as<Code2WavParams>(call, code2wav_params);
     const Code2WavParams& params = *params_ptr;
     translate_errors([&] { params.stream.validate(); });
-    // Each decode takes the model for itself, not the whole request: the chunks of concurrent
-    // requests take turns as their frames arrive, so one request's first audio never waits for
-    // another's whole answer.
-    const auto with_model = [&](const std::function<void()>& fn) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto forward = backend().forward_scope();
-      fn();
-    };
+    // The chunks of concurrent requests decode together as their frames arrive
+    // (Code2WavBatcher); each model call takes the stage's lock, not the whole request.
+    models::StepRendezvous::Member member(batcher_->rendezvous());
     std::unique_ptr<models::qwen3_omni::Code2WavStreamer> streamer;
     std::vector<std::vector<int64_t>> frames;
     std::string upstream_reason = "none";
     double code2wav_ms = 0;
     const int64_t groups = runner_->num_quantizers();
+    const auto decode = [&](const at::Tensor& window) {
+      const auto start = Clock::now();
+      auto wav = batcher_->decode(window);
+      code2wav_ms += ms_since(start);
+      return wav;
+    };
     const auto emit = [&](const at::Tensor& samples) {
       if (samples.numel() == 0) return;
       StagePacket packet;
       packet.audio = samples.to(at::kCPU, at::kFloat).contiguous();
       sink(std::move(packet));
     };
-    while (auto packet = input.pop(&cancel)) {
+    const auto next_packet = [&] {
+      member.waiting_for_input(true);
+      auto packet = input.pop(&cancel);
+      member.waiting_for_input(false);
+      return packet;
+    };
+    while (auto packet = next_packet()) {
       if (packet->finished) upstream_reason = packet->finish_reason;
       if (packet->frames.empty()) continue;
       check_going(call, cancel);
@@ -66,15 +73,9 @@ class Code2WavStage : public LocalStageBase {
         at::NoGradGuard no_grad;
         if (!streamer) {
           streamer = std::make_unique<models::qwen3_omni::Code2WavStreamer>(runner_->model(),
-                                                                            params.stream);
+                                                                            params.stream, decode);
         }
-        at::Tensor samples;
-        with_model([&] {
-          const auto start = Clock::now();
-          samples = streamer->push(models::qwen3_omni::frames_to_codes(packet->frames, groups));
-          code2wav_ms += ms_since(start);
-        });
-        emit(samples);
+        emit(streamer->push(models::qwen3_omni::frames_to_codes(packet->frames, groups)));
       });
     }
     StagePacket last;
@@ -83,18 +84,10 @@ class Code2WavStage : public LocalStageBase {
     if (!frames.empty() && upstream_reason != "cancelled") {
       translate_errors([&] {
         at::NoGradGuard no_grad;
-        if (streamer) {
-          at::Tensor samples;
-          with_model([&] {
-            const auto start = Clock::now();
-            samples = streamer->finish();
-            code2wav_ms += ms_since(start);
-          });
-          emit(samples);
-        }
+        if (streamer) emit(streamer->finish());
         if (params.waveform) {
           const auto codes = models::qwen3_omni::frames_to_codes(frames, groups);
-          with_model([&] {
+          batcher_->run([&] {
             const auto start = Clock::now();
             last.tensors.emplace_back(
                 "waveform", cpu(models::qwen3_omni::chunked_decode(runner_->model(), codes, 300, 25)
@@ -111,8 +104,18 @@ class Code2WavStage : public LocalStageBase {
  protected:
   offload::OffloadBackend& backend() override { return runner_->offload(); }
 
+  // The offload figures (as of the last moment no decode ran) and "engine": the batching's,
+  // live, with the forwards run (a batch of far-apart window lengths takes several).
+  std::string stats_json() override {
+    Json all = Json::parse(LocalStageBase::stats_json());
+    all["engine"] = batching_stats(batcher_->stats());
+    all["engine"]["forwards"] = batcher_->forwards();
+    return all.dump();
+  }
+
  private:
   std::unique_ptr<models::Code2WavRunner> runner_;
+  std::unique_ptr<models::Code2WavBatcher> batcher_;
 };
 
 }  // namespace

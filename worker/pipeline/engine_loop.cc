@@ -163,6 +163,7 @@ void EngineLoop::run() {
     }
     running_ = std::move(keep);
     leave(gone, nullptr);
+    const auto busy_start = Clock::now();
     admit_waiting();
     // Sequences admit() already finished (a one-token answer) leave without a step.
     std::vector<EngineSequence*> batch;
@@ -177,6 +178,8 @@ void EngineLoop::run() {
         step_error = as_stage_error(std::current_exception());
       }
       std::lock_guard<std::mutex> lock(mutex_);
+      stats_.busy_ms_total +=
+          std::chrono::duration<double, std::milli>(Clock::now() - busy_start).count();
       ++stats_.steps;
       stats_.last_batch = static_cast<int64_t>(batch.size());
       stats_.max_batch = std::max(stats_.max_batch, stats_.last_batch);

@@ -70,6 +70,7 @@ struct EngineStats {
   int64_t last_batch = 0, max_batch = 0;
   int64_t batch_rows = 0;     // sum of the steps' batch sizes
   double queue_ms_total = 0;  // submit to admission, summed over admitted sequences
+  double busy_ms_total = 0;   // time the loop spent admitting (prefills) and stepping
   double mean_batch() const { return steps > 0 ? static_cast<double>(batch_rows) / steps : 0; }
 };
 

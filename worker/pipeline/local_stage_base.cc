@@ -26,6 +26,16 @@ std::vector<int64_t> ids_from(const at::Tensor& t) {
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
+Json batching_stats(const models::StepRendezvous::Stats& s) {
+  return {{"running", s.members},
+          {"steps", s.steps},
+          {"batch_rows", s.rows},
+          {"last_batch", s.last_batch},
+          {"max_batch", s.largest_batch},
+          {"mean_batch", s.steps > 0 ? static_cast<double>(s.rows) / s.steps : 0.0},
+          {"busy_ms_total", s.busy_ms}};
+}
+
 std::string offload_stats_json(offload::OffloadBackend& backend) {
   return backend.stats().to_json();
 }

@@ -14,6 +14,7 @@
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/offload_backend.h"
+#include "model_runner/runner/step_rendezvous.h"
 #include "worker/pipeline/local_stages.h"
 #include "worker/pipeline/stage.h"
 
@@ -29,6 +30,10 @@ at::Tensor cpu(const at::Tensor& t);
 at::Tensor ids_tensor(const std::vector<int64_t>& ids);
 std::vector<int64_t> ids_from(const at::Tensor& t);
 std::string offload_stats_json(offload::OffloadBackend& backend);
+// A batching stage's "engine" figures, under the names the thinker's engine loop uses: running
+// (requests in the stage now), steps, batch_rows, last_batch, max_batch, mean_batch,
+// busy_ms_total (time in batched calls).
+Json batching_stats(const models::StepRendezvous::Stats& s);
 // offload_stage: every top-level part of the stage is a component, and the budget holds them
 // all, so once loaded they stay until the ledger releases them.
 models::RunnerOffloadOptions whole_stage_offload(bool pin_memory);

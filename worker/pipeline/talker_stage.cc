@@ -120,11 +120,10 @@ class TalkerStage : public LocalStageBase {
     sink(std::move(last));
   }
 
-  std::string idle_stats_json() override {
-    Json all = Json::parse(offload_stats_json(backend()));
-    all["batching"] = {{"steps", batcher_->steps()},
-                       {"batch_rows", batcher_->rows()},
-                       {"max_batch", batcher_->largest_batch()}};
+  // The offload figures (as of the last moment no step ran) and "engine": the batching's, live.
+  std::string stats_json() override {
+    Json all = Json::parse(LocalStageBase::stats_json());
+    all["engine"] = batching_stats(batcher_->stats());
     return all.dump();
   }
 

@@ -127,13 +127,14 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
     }
     return bytes;
   }
+  // What the device ledger counts beside the weights: the expert cache's slots and, under
+  // kv_cache_memory_bytes, the whole KV pool (the most the batch's caches may hold).
   uint64_t extra_device_bytes() override {
-    auto* experts = runner_->expert_cache();
-    return experts == nullptr ? 0 : experts->stats().device_bytes;
+    return expert_device_bytes() + static_cast<uint64_t>(kv_.total_blocks * kv_.bytes_per_block);
   }
   uint64_t device_bytes() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    return backend().stats().current_device_bytes + extra_device_bytes() + kv_used_bytes();
+    return backend().stats().current_device_bytes + expert_device_bytes() + kv_used_bytes();
   }
   // The offload backend's figures (as of the last moment no step ran), and "engine": the
   // batching loop's, live (running, waiting, steps, batch sizes, queue time) with its KV blocks
@@ -154,6 +155,7 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
                      {"mean_batch", e.mean_batch()},
                      {"batch_rows", e.batch_rows},
                      {"queue_ms_total", e.queue_ms_total},
+                     {"busy_ms_total", e.busy_ms_total},
                      {"max_num_seqs", loop_->limits().max_num_seqs},
                      {"kv_block_size", kv_.block_size},
                      {"kv_block_bytes", kv_.bytes_per_block},
@@ -205,6 +207,11 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
   uint64_t kv_used_bytes() const {
     return static_cast<uint64_t>(kv_used_.load() * kv_.bytes_per_block);
   }
+  uint64_t expert_device_bytes() {
+    auto* experts = runner_->expert_cache();
+    return experts == nullptr ? 0 : experts->stats().device_bytes;
+  }
+
   // Publishes the KV figures for stats_json (with mutex_ held, after each change).
   void publish_kv() {
     kv_reserved_ = kv_.reserved;

@@ -16,21 +16,23 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // HF TopKLogitsWarper: everything strictly below the k-th largest value goes, so ties with the
 // k-th value survive.
+// Over the last dimension: [vocab] or [B, vocab].
 at::Tensor apply_top_k(const at::Tensor& logits, int64_t top_k) {
-  const int64_t k = std::min(top_k, logits.size(0));
-  const at::Tensor kth = std::get<0>(at::topk(logits, k)).select(0, k - 1);
+  const int64_t k = std::min(top_k, logits.size(-1));
+  const at::Tensor kth = std::get<0>(at::topk(logits, k)).narrow(-1, k - 1, 1);
   return logits.masked_fill(logits < kth, kNegInf);
 }
 
 // HF TopPLogitsWarper: sort ascending, drop the tokens whose cumulative probability (from the
 // least likely up) is <= 1 - top_p, and always keep the most likely one.
+// Over the last dimension: [vocab] or [B, vocab].
 at::Tensor apply_top_p(const at::Tensor& logits, double top_p) {
   // Stable, so that equal logits are ordered the same way on every run.
-  auto [sorted, indices] = at::sort(logits, /*stable=*/true, /*dim=*/0, /*descending=*/false);
-  const at::Tensor cumulative = at::softmax(sorted, 0).cumsum(0);
+  auto [sorted, indices] = at::sort(logits, /*stable=*/true, /*dim=*/-1, /*descending=*/false);
+  const at::Tensor cumulative = at::softmax(sorted, -1).cumsum(-1);
   at::Tensor sorted_remove = cumulative <= (1.0 - top_p);
-  sorted_remove.index_put_({-1}, false);
-  const at::Tensor remove = at::zeros_like(sorted_remove).scatter(0, indices, sorted_remove);
+  sorted_remove.narrow(-1, sorted_remove.size(-1) - 1, 1).fill_(false);
+  const at::Tensor remove = at::zeros_like(sorted_remove).scatter(-1, indices, sorted_remove);
   return logits.masked_fill(remove, kNegInf);
 }
 
@@ -105,6 +107,48 @@ int64_t Sampler::sample(const at::Tensor& logits, const std::vector<int64_t>& co
   OMNI_CHECK(probs.isfinite().all().item<bool>(),
              "Sampler::sample: no token has a finite logit after the warpers");
   return at::multinomial(probs, 1, /*replacement=*/false, gen_).item<int64_t>();
+}
+
+std::vector<int64_t> Sampler::sample_rows(const std::vector<Sampler*>& samplers,
+                                          const at::Tensor& logits) {
+  const auto b = static_cast<int64_t>(samplers.size());
+  OMNI_CHECK(logits.defined() && logits.dim() == 2 && logits.size(0) == b && b > 0,
+             "Sampler::sample_rows: logits must be [", b, ", vocab] for ", b, " samplers");
+  const SamplingParams& p = samplers[0]->params_;
+  bool shared = !p.is_greedy();
+  for (const auto* s : samplers) {
+    const SamplingParams& q = s->params_;
+    shared = shared && !q.is_greedy() && q.temperature == p.temperature && q.top_k == p.top_k &&
+             q.top_p == p.top_p && q.suppress_tokens == p.suppress_tokens;
+  }
+  std::vector<int64_t> ids;
+  if (b == 1 || !shared) {  // each row its own way (greedy rows are one pass over the row)
+    for (int64_t i = 0; i < b; ++i) ids.push_back(samplers[i]->sample(logits[i]));
+    return ids;
+  }
+  // The same steps as sample(), row-wise over the batch, then each row's own draw.
+  at::Tensor x = logits.to(at::kCPU, at::kFloat).contiguous();
+  OMNI_CHECK(at::isFloatingType(logits.scalar_type()) && !x.isnan().any().item<bool>(),
+             "Sampler::sample_rows: logits must be floating point without NaN");
+  const int64_t vocab = x.size(1);
+  if (!p.suppress_tokens.empty()) {
+    std::vector<int64_t> suppressed;
+    for (int64_t id : p.suppress_tokens) {
+      if (id >= 0 && id < vocab) suppressed.push_back(id);
+    }
+    x = x.index_fill(1, at::tensor(suppressed, at::kLong), kNegInf);
+  }
+  if (p.temperature != 1.0) x = x / p.temperature;
+  if (p.top_k > 0) x = apply_top_k(x, p.top_k);
+  if (p.top_p < 1.0) x = apply_top_p(x, p.top_p);
+  const at::Tensor probs = at::softmax(x, -1);
+  OMNI_CHECK(probs.isfinite().all().item<bool>(),
+             "Sampler::sample: no token has a finite logit after the warpers");
+  for (int64_t i = 0; i < b; ++i) {
+    ids.push_back(
+        at::multinomial(probs[i], 1, /*replacement=*/false, samplers[i]->gen_).item<int64_t>());
+  }
+  return ids;
 }
 
 }  // namespace omni::models

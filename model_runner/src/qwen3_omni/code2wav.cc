@@ -424,8 +424,11 @@ at::Tensor Code2Wav::forward(const at::Tensor& codes) {
 }
 
 at::Tensor Code2Wav::forward_validated(const at::Tensor& codes) {
-  OMNI_CHECK(codes.dim() == 2 && codes.size(1) >= 1,
-             "code2wav: codes must hold at least one frame, got ", shape_of(codes));
+  OMNI_CHECK((codes.dim() == 2 || codes.dim() == 3) && codes.size(-2) == cfg_.num_quantizers,
+             "code2wav: codes must be [", cfg_.num_quantizers, ", T] or [B, ", cfg_.num_quantizers,
+             ", T], got ", shape_of(codes));
+  OMNI_CHECK(codes.size(-1) >= 1, "code2wav: codes must hold at least one frame, got ",
+             shape_of(codes));
   return invoke("forward", {codes},
                 [this](HookArgs& a) -> c10::IValue { return forward_impl(a[0].toTensor()); })
       .toTensor();
@@ -436,12 +439,13 @@ at::Tensor Code2Wav::forward_impl(const at::Tensor& codes) {
   const auto device = table.device();
   const auto dtype = table.scalar_type();
   const auto long_opts = at::TensorOptions(at::kLong).device(device);
-  const int64_t frames = codes.size(1);
+  const int64_t frames = codes.size(-1);
 
-  // [1, Q, T] + q * codebook_size, embedded and averaged over the quantizers: [1, T, hidden].
+  // [B, Q, T] + q * codebook_size, embedded and averaged over the quantizers: [B, T, hidden].
   const auto offsets =
       (at::arange(cfg_.num_quantizers, long_opts) * cfg_.codebook_size).view({1, -1, 1});
-  const auto ids = codes.to(device, at::kLong).unsqueeze(0) + offsets;
+  const auto batched = codes.dim() == 3 ? codes : codes.unsqueeze(0);
+  const auto ids = batched.to(device, at::kLong) + offsets;
   auto hidden = code_embedding_->forward(ids).mean(1);
 
   // Standard rope over frame positions 0..T-1.
@@ -454,7 +458,7 @@ at::Tensor Code2Wav::forward_impl(const at::Tensor& codes) {
   const auto blocked = (k > q).logical_or_(k <= q - cfg_.sliding_window);
 
   for (auto& layer : layers_) hidden = layer->forward(hidden, cos, sin, blocked);
-  hidden = norm_->forward(hidden).permute({0, 2, 1});  // [1, hidden, T]
+  hidden = norm_->forward(hidden).permute({0, 2, 1});  // [B, hidden, T]
 
   for (size_t i = 0; i < upsample_convs_.size(); ++i) {
     hidden = upsample_convs_[i]->forward(hidden);

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "cpu_offload/check.h"
@@ -32,9 +33,12 @@ void Code2WavStreamOptions::validate() const {
   }
 }
 
-Code2WavStreamer::Code2WavStreamer(Code2Wav& model, Code2WavStreamOptions options)
-    : model_(model), options_(options) {
+Code2WavStreamer::Code2WavStreamer(Code2Wav& model, Code2WavStreamOptions options, DecodeFn decode)
+    : model_(model), options_(options), decode_(std::move(decode)) {
   options_.validate();
+  if (!decode_) {
+    decode_ = [&model](const at::Tensor& window) { return model.forward_validated(window); };
+  }
 }
 
 int64_t Code2WavStreamer::buffered_frames() const {
@@ -46,7 +50,7 @@ int64_t Code2WavStreamer::next_chunk_frames() const {
 }
 
 at::Tensor Code2WavStreamer::decode(const at::Tensor& window, int64_t context) {
-  const auto wav = model_.forward_validated(window);  // push() checked the frames
+  const auto wav = decode_(window);  // push() checked the frames
   const int64_t length = wav.size(-1);
   const int64_t drop = std::min(context * model_.samples_per_frame(), length);
   auto samples = wav.narrow(-1, drop, length - drop).reshape({-1}).to(at::kCPU, at::kFloat);

@@ -131,11 +131,8 @@ std::vector<CodePredictor::Frame> CodePredictor::predict_batch(
               .to(at::kFloat)
               .cpu();
       if (logits) logits->push_back(b == 1 ? step_logits[0] : step_logits);
-      std::vector<int64_t> codes;
-      for (int64_t i = 0; i < b; ++i) {
-        codes.push_back(samplers[i]->sample(step_logits[i]));
-        frames[i].codes.push_back(codes.back());
-      }
+      const auto codes = Sampler::sample_rows(samplers, step_logits);
+      for (int64_t i = 0; i < b; ++i) frames[i].codes.push_back(codes[i]);
       const auto embed = model_->embed(k, at::tensor(codes, at::kLong).to(ids_opts));  // [B, h]
       embeds.push_back(embed);
       input = embed.unsqueeze(1);

@@ -185,9 +185,9 @@ qwen3_omni::TalkerRun TalkerRunner::generate_streaming(
   at::NoGradGuard no_grad;
   // Alone, the whole run holds the model; batched, each model call takes the batcher's lock.
   std::optional<offload::OffloadBackend::ForwardScope> forward;
-  std::optional<TalkerBatcher::Member> member;
+  std::optional<StepRendezvous::Member> member;
   if (batcher) {
-    member.emplace(*batcher);
+    member.emplace(batcher->rendezvous());
   } else {
     forward.emplace(backend_->forward_scope());
   }

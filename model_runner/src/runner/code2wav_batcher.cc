@@ -1,0 +1,84 @@
+#include "model_runner/runner/code2wav_batcher.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "model_runner/runner/exclusive_forward.h"
+
+namespace omni::models {
+namespace {
+
+// A window joins a forward while it is at most this many times the forward's shortest: the
+// padding then costs at most (ratio - 1) of the work.
+constexpr double kMaxLengthRatio = 1.5;
+
+}  // namespace
+
+Code2WavBatcher::Code2WavBatcher(qwen3_omni::Code2Wav& model, offload::OffloadBackend& backend,
+                                 std::mutex& model_mutex, int64_t max_batch,
+                                 std::chrono::microseconds straggler_wait)
+    : model_(model),
+      backend_(backend),
+      model_mutex_(model_mutex),
+      rendezvous_(max_batch, straggler_wait) {}
+
+void Code2WavBatcher::run(const std::function<void()>& fn) {
+  run_exclusive(model_mutex_, backend_, fn);
+}
+
+at::Tensor Code2WavBatcher::decode(const at::Tensor& window) {
+  Decode d;
+  d.window = window;
+  rendezvous_.call(d, [this](const auto& batch) { run_batch(batch); });
+  return d.wav;
+}
+
+int64_t Code2WavBatcher::forwards() const {
+  std::lock_guard<std::mutex> lock(forwards_mutex_);
+  return forwards_;
+}
+
+void Code2WavBatcher::run_batch(const std::vector<StepRendezvous::Ticket*>& batch) {
+  std::vector<Decode*> all;
+  for (auto* t : batch) all.push_back(static_cast<Decode*>(t));
+  std::stable_sort(all.begin(), all.end(), [](const Decode* a, const Decode* b) {
+    return a->window.size(1) < b->window.size(1);
+  });
+  for (size_t start = 0; start < all.size();) {
+    size_t end = start + 1;
+    const auto shortest = static_cast<double>(all[start]->window.size(1));
+    while (end < all.size() &&
+           static_cast<double>(all[end]->window.size(1)) <= kMaxLengthRatio * shortest) {
+      ++end;
+    }
+    decode_group({all.begin() + static_cast<std::ptrdiff_t>(start),
+                  all.begin() + static_cast<std::ptrdiff_t>(end)});
+    start = end;
+  }
+}
+
+void Code2WavBatcher::decode_group(const std::vector<Decode*>& group) {
+  if (group.size() == 1) {
+    run([&] { group[0]->wav = model_.forward_validated(group[0]->window); });
+  } else {
+    const int64_t frames = group.back()->window.size(1);  // the longest: sorted
+    std::vector<at::Tensor> rows;
+    for (const auto* d : group) {
+      rows.push_back(at::constant_pad_nd(d->window.to(at::kLong), {0, frames - d->window.size(1)}));
+    }
+    const auto codes = at::stack(rows);
+    at::Tensor wav;
+    run([&] { wav = model_.forward_validated(codes); });
+    // Every forward ends the same number of samples short of frames * samples_per_frame.
+    const int64_t short_by = frames * model_.samples_per_frame() - wav.size(-1);
+    for (size_t i = 0; i < group.size(); ++i) {
+      const int64_t keep = group[i]->window.size(1) * model_.samples_per_frame() - short_by;
+      group[i]->wav = wav.narrow(0, static_cast<int64_t>(i), 1).narrow(-1, 0, keep).clone();
+    }
+  }
+  std::lock_guard<std::mutex> lock(forwards_mutex_);
+  ++forwards_;
+}
+
+}  // namespace omni::models
