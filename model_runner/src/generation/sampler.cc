@@ -46,6 +46,30 @@ int64_t first_argmax(const at::Tensor& logits) {
   return best;
 }
 
+// Every suppressed id to -inf in each row of x ([vocab] or [B, vocab], CPU float32, the
+// sampler's own copy: written in place).
+void suppress_ids(at::Tensor& x, const std::vector<int64_t>& ids) {
+  const int64_t vocab = x.size(-1);
+  float* data = x.data_ptr<float>();
+  for (int64_t row = 0; row < x.numel() / vocab; ++row, data += vocab) {
+    for (int64_t id : ids) {
+      if (id >= 0 && id < vocab) data[id] = kNegInf;
+    }
+  }
+}
+
+// The warpers in HF's order (temperature, top-k, top-p) and the softmax, over the last
+// dimension: the distribution each row draws from.
+at::Tensor warped_probs(at::Tensor x, const SamplingParams& p) {
+  if (p.temperature != 1.0) x = x / p.temperature;
+  if (p.top_k > 0) x = apply_top_k(x, p.top_k);
+  if (p.top_p < 1.0) x = apply_top_p(x, p.top_p);
+  at::Tensor probs = at::softmax(x, -1);
+  OMNI_CHECK(probs.isfinite().all().item<bool>(),
+             "Sampler::sample: no token has a finite logit after the warpers");
+  return probs;
+}
+
 }  // namespace
 
 void SamplingParams::validate() const {
@@ -91,22 +115,10 @@ int64_t Sampler::sample(const at::Tensor& logits, const std::vector<int64_t>& co
       data[id] = data[id] < 0 ? data[id] * penalty : data[id] / penalty;
     }
   }
-  if (!params_.suppress_tokens.empty()) {
-    float* data = x.data_ptr<float>();
-    for (int64_t id : params_.suppress_tokens) {
-      if (id >= 0 && id < vocab) data[id] = kNegInf;
-    }
-  }
+  if (!params_.suppress_tokens.empty()) suppress_ids(x, params_.suppress_tokens);
 
   if (params_.is_greedy()) return first_argmax(x);
-
-  if (params_.temperature != 1.0) x = x / params_.temperature;
-  if (params_.top_k > 0) x = apply_top_k(x, params_.top_k);
-  if (params_.top_p < 1.0) x = apply_top_p(x, params_.top_p);
-  const at::Tensor probs = at::softmax(x, 0);
-  OMNI_CHECK(probs.isfinite().all().item<bool>(),
-             "Sampler::sample: no token has a finite logit after the warpers");
-  return at::multinomial(probs, 1, /*replacement=*/false, gen_).item<int64_t>();
+  return at::multinomial(warped_probs(x, params_), 1, /*replacement=*/false, gen_).item<int64_t>();
 }
 
 std::vector<int64_t> Sampler::sample_rows(const std::vector<Sampler*>& samplers,
@@ -130,20 +142,11 @@ std::vector<int64_t> Sampler::sample_rows(const std::vector<Sampler*>& samplers,
   at::Tensor x = logits.to(at::kCPU, at::kFloat).contiguous();
   OMNI_CHECK(at::isFloatingType(logits.scalar_type()) && !x.isnan().any().item<bool>(),
              "Sampler::sample_rows: logits must be floating point without NaN");
-  const int64_t vocab = x.size(1);
   if (!p.suppress_tokens.empty()) {
-    std::vector<int64_t> suppressed;
-    for (int64_t id : p.suppress_tokens) {
-      if (id >= 0 && id < vocab) suppressed.push_back(id);
-    }
-    x = x.index_fill(1, at::tensor(suppressed, at::kLong), kNegInf);
+    x = x.clone();  // x may alias the caller's tensor
+    suppress_ids(x, p.suppress_tokens);
   }
-  if (p.temperature != 1.0) x = x / p.temperature;
-  if (p.top_k > 0) x = apply_top_k(x, p.top_k);
-  if (p.top_p < 1.0) x = apply_top_p(x, p.top_p);
-  const at::Tensor probs = at::softmax(x, -1);
-  OMNI_CHECK(probs.isfinite().all().item<bool>(),
-             "Sampler::sample: no token has a finite logit after the warpers");
+  const at::Tensor probs = warped_probs(x, p);
   for (int64_t i = 0; i < b; ++i) {
     ids.push_back(
         at::multinomial(probs[i], 1, /*replacement=*/false, samplers[i]->gen_).item<int64_t>());

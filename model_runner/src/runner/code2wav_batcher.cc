@@ -34,11 +34,6 @@ at::Tensor Code2WavBatcher::decode(const at::Tensor& window) {
   return d.wav;
 }
 
-int64_t Code2WavBatcher::forwards() const {
-  std::lock_guard<std::mutex> lock(forwards_mutex_);
-  return forwards_;
-}
-
 void Code2WavBatcher::run_batch(const std::vector<StepRendezvous::Ticket*>& batch) {
   std::vector<Decode*> all;
   for (auto* t : batch) all.push_back(static_cast<Decode*>(t));
@@ -77,7 +72,6 @@ void Code2WavBatcher::decode_group(const std::vector<Decode*>& group) {
       group[i]->wav = wav.narrow(0, static_cast<int64_t>(i), 1).narrow(-1, 0, keep).clone();
     }
   }
-  std::lock_guard<std::mutex> lock(forwards_mutex_);
   ++forwards_;
 }
 

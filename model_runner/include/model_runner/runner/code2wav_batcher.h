@@ -9,6 +9,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -42,7 +43,9 @@ class Code2WavBatcher {
   at::Tensor decode(const at::Tensor& window);
 
   StepRendezvous::Stats stats() const { return rendezvous_.stats(); }
-  int64_t forwards() const;  // model forwards run (a batch of far-apart lengths takes several)
+  int64_t forwards() const {
+    return forwards_;
+  }  // model forwards run (a batch of far-apart lengths takes several)
 
  private:
   struct Decode : StepRendezvous::Ticket {
@@ -56,8 +59,7 @@ class Code2WavBatcher {
   offload::OffloadBackend& backend_;
   std::mutex& model_mutex_;
   StepRendezvous rendezvous_;
-  mutable std::mutex forwards_mutex_;
-  int64_t forwards_ = 0;
+  std::atomic<int64_t> forwards_{0};
 };
 
 }  // namespace omni::models
