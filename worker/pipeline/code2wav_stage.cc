@@ -1,6 +1,7 @@
 // The code2wav stage: codec frames in, audio chunks out as they are decoded, and the whole
 // waveform at the end.
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include "cpu_offload/logging.h"
 #include "model_runner/qwen3_omni/code2wav_stream.h"
@@ -34,6 +35,7 @@ class Code2WavStage : public LocalStageBase {
 
   void run(const StageCall& call, PacketQueue& input, const PacketSink& sink,
            const CancelToken& cancel) override {
+    c10::InferenceMode inference;  // for the whole request: no autograd bookkeeping per op
     const auto params_ptr = params_as<Code2WavParams>(call, code2wav_params);
     const Code2WavParams& params = *params_ptr;
     translate_errors([&] { params.stream.validate(); });
@@ -70,7 +72,6 @@ class Code2WavStage : public LocalStageBase {
       frames.insert(frames.end(), packet->frames.begin(), packet->frames.end());
       if (!params.stream_audio) continue;
       translate_errors([&] {
-        at::NoGradGuard no_grad;
         if (!streamer) {
           streamer = std::make_unique<models::qwen3_omni::Code2WavStreamer>(runner_->model(),
                                                                             params.stream, decode);
@@ -83,7 +84,6 @@ class Code2WavStage : public LocalStageBase {
     last.finish_reason = upstream_reason;
     if (!frames.empty() && upstream_reason != "cancelled") {
       translate_errors([&] {
-        at::NoGradGuard no_grad;
         if (streamer) emit(streamer->finish());
         if (params.waveform) {
           const auto codes = models::qwen3_omni::frames_to_codes(frames, groups);

@@ -1,5 +1,6 @@
 // The talker stage: the thinker's rows in, codec frames out as the talker speaks.
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include <optional>
 
@@ -70,6 +71,7 @@ class TalkerStage : public LocalStageBase {
   // (TalkerBatcher): each model call takes the stage's lock, not the whole request.
   void run(const StageCall& call, PacketQueue& input, const PacketSink& sink,
            const CancelToken& cancel) override {
+    c10::InferenceMode inference;  // for the whole request: no autograd bookkeeping per op
     const auto params_ptr = params_as<TalkerParams>(call, talker_params);
     const TalkerParams& params = *params_ptr;
     check_going(call, cancel);

@@ -1,6 +1,7 @@
 // The thinker stage: the prompt in, text out (streamed), and for a talker downstream the
 // hidden rows it needs, packet by packet.
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include <algorithm>
 #include <atomic>
@@ -271,7 +272,7 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
     running_.push_back(&seq);
     seq.start = Clock::now();
     translate_errors([&] {
-      at::NoGradGuard no_grad;
+      c10::InferenceMode inference;  // no autograd bookkeeping per op
       auto forward = backend().forward_scope();
       if (seq.tokens.finished()) return finish(seq);  // max_new_tokens 0
       seq.next_logits = runner_->model().prefill(seq.inputs, seq.state)[0];
@@ -291,7 +292,7 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     translate_errors([&] {
-      at::NoGradGuard no_grad;
+      c10::InferenceMode inference;  // no autograd bookkeeping per op
       auto forward = backend().forward_scope();
       const auto logits = runner_->model().decode_batch(tokens, states);
       for (size_t i = 0; i < batch.size(); ++i) {

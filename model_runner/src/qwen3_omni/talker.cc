@@ -70,10 +70,23 @@ CodePredictorModel::CodePredictorModel(const CodePredictorConfig& cfg, at::Scala
 }
 
 at::Tensor CodePredictorModel::forward(const at::Tensor& embeds, KvCache* cache) {
-  const int64_t past = cache->length();
-  const auto positions =
-      at::arange(past, past + embeds.size(1), at::TensorOptions(at::kLong).device(embeds.device()));
-  auto [cos, sin] = rope_cos_sin(cfg_.rope_theta, cfg_.head_dim, positions, embeds.scalar_type());
+  return forward(embeds, rope_table(cache->length() + embeds.size(1), embeds.options()), cache);
+}
+
+std::pair<at::Tensor, at::Tensor> CodePredictorModel::rope_table(
+    int64_t n, const at::TensorOptions& like) const {
+  const auto positions = at::arange(0, n, at::TensorOptions(at::kLong).device(like.device()));
+  return rope_cos_sin(cfg_.rope_theta, cfg_.head_dim, positions, like.dtype().toScalarType());
+}
+
+at::Tensor CodePredictorModel::forward(const at::Tensor& embeds,
+                                       const std::pair<at::Tensor, at::Tensor>& table,
+                                       KvCache* cache) {
+  const int64_t past = cache->length(), l = embeds.size(1);
+  OMNI_CHECK(table.first.size(0) >= past + l, "CodePredictorModel: the rotary table has ",
+             table.first.size(0), " positions, ", past + l, " needed");
+  const auto cos = table.first.narrow(0, past, l);
+  const auto sin = table.second.narrow(0, past, l);
   at::Tensor hidden = embeds;
   for (auto& layer : layers_) hidden = layer->forward(hidden, cos, sin, cache);
   return norm_->forward(hidden);
@@ -122,8 +135,10 @@ std::vector<CodePredictor::Frame> CodePredictor::predict_batch(
     at::Tensor input = at::stack({h, e0}, 1);  // [B, 2, hidden]
     std::vector<at::Tensor> embeds;
     const auto ids_opts = at::TensorOptions(at::kLong).device(h.device());
+    // Positions 0 .. groups: the two inputs of step 0, then one per later step.
+    const auto rope = model_->rope_table(cfg_.num_code_groups, input.options());
     for (int64_t k = 0; k + 1 < cfg_.num_code_groups; ++k) {
-      const auto out = model_->forward(input, &cache);
+      const auto out = model_->forward(input, rope, &cache);
       const auto last = out.select(1, out.size(1) - 1);  // [B, hidden]
       // One row alone keeps its [hidden] product: the reference's numbers.
       const auto step_logits =

@@ -1,6 +1,7 @@
 #include "model_runner/runner/speech_runners.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -145,7 +146,7 @@ qwen3_omni::TalkerRun TalkerRunner::generate(
     const qwen3_omni::ThinkerHandoff& handoff, const std::vector<int64_t>& thinker_stop_tokens,
     const std::vector<std::array<int64_t, 3>>& image_grids, const Request& request,
     const std::function<bool(const std::vector<int64_t>&)>& on_frame) {
-  at::NoGradGuard no_grad;
+  c10::InferenceMode inference;              // no autograd bookkeeping per op
   auto forward = backend_->forward_scope();  // the whole run: one request at a time
   const std::string name = request.speaker.empty() ? default_speaker() : request.speaker;
   const int64_t speaker = qwen3_omni::speaker_codec_id(cfg_, name);
@@ -165,6 +166,9 @@ void TalkerRunner::StreamingHandoff::append_rows(const at::Tensor& embeds,
   if (!embeds_storage_.defined() || rows_ + k > embeds_storage_.size(0)) {
     const int64_t capacity = std::max<int64_t>(2 * (rows_ + k), 64);
     auto grow = [&](const at::Tensor& old, const at::Tensor& like) {
+      // A normal tensor even under InferenceMode: the rows after it are written in place,
+      // possibly by a caller outside it.
+      c10::InferenceMode normal_tensor(false);
       auto fresh = at::empty({capacity, like.size(1)}, like.options());
       if (rows_ > 0) fresh.narrow(0, 0, rows_).copy_(old.narrow(0, 0, rows_));
       return fresh;
@@ -182,7 +186,7 @@ void TalkerRunner::StreamingHandoff::append_rows(const at::Tensor& embeds,
 qwen3_omni::TalkerRun TalkerRunner::generate_streaming(
     StreamingHandoff& h, const std::function<bool()>& pull, const Request& request,
     const std::function<bool(const std::vector<int64_t>&)>& on_frame, TalkerBatcher* batcher) {
-  at::NoGradGuard no_grad;
+  c10::InferenceMode inference;  // no autograd bookkeeping per op
   // Alone, the whole run holds the model; batched, each model call takes the batcher's lock.
   std::optional<offload::OffloadBackend::ForwardScope> forward;
   std::optional<StepRendezvous::Member> member;

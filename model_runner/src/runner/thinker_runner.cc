@@ -1,6 +1,7 @@
 #include "model_runner/runner/thinker_runner.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -96,7 +97,7 @@ GenerationResult ThinkerRunner::generate(const ThinkerInputs& inputs, SamplingPa
                                          qwen3_omni::ThinkerState* state) {
   if (params.stop_token_ids.empty()) params.stop_token_ids = stop_tokens_;
   params.max_context = thinker_->config().text.max_position_embeddings;
-  at::NoGradGuard no_grad;
+  c10::InferenceMode inference;              // no autograd bookkeeping per op
   auto forward = backend_->forward_scope();  // one request's forwards (recursive: nests)
   std::optional<qwen3_omni::ThinkerState> own;
   if (state == nullptr) state = &own.emplace(thinker_->new_state());
@@ -109,7 +110,7 @@ GenerationResult ThinkerRunner::generate(const ThinkerInputs& inputs, SamplingPa
 }
 
 at::Tensor ThinkerRunner::prompt_logits(const ThinkerInputs& inputs) {
-  at::NoGradGuard no_grad;
+  c10::InferenceMode inference;  // no autograd bookkeeping per op
   auto forward = backend_->forward_scope();
   auto state = thinker_->new_state();
   return thinker_->prefill(inputs, state, /*all_logits=*/true);

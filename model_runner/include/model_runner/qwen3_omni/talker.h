@@ -14,6 +14,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "cpu_offload/hooks.h"
@@ -40,8 +41,13 @@ class ResizeMlp : public offload::HookableModule {
 class CodePredictorModel : public torch::nn::Module {
  public:
   CodePredictorModel(const CodePredictorConfig& cfg, at::ScalarType dtype);
-  // embeds [1, L, hidden] at positions cache->length() .. + L - 1 -> normalized [1, L, hidden].
+  // embeds [B, L, hidden] at positions cache->length() .. + L - 1 -> normalized [B, L, hidden].
   at::Tensor forward(const at::Tensor& embeds, KvCache* cache);
+  // The same with the rotary tables of positions 0 .. n - 1 computed once (rope_table(n)): a
+  // frame's 15 forwards share them, and each slice is bitwise what forward() computes.
+  at::Tensor forward(const at::Tensor& embeds, const std::pair<at::Tensor, at::Tensor>& table,
+                     KvCache* cache);
+  std::pair<at::Tensor, at::Tensor> rope_table(int64_t n, const at::TensorOptions& like) const;
   at::Tensor embed(int64_t table, const at::Tensor& ids);
 
  private:
