@@ -14,9 +14,11 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "worker/http/chat_server.h"
+#include "worker/http/stage_errors.h"
 #include "worker/pipeline/local_stages.h"
 #include "worker/pipeline/pipeline.h"
 
@@ -157,6 +159,24 @@ TEST(ChatServerConcurrency, ClientsAtOnceGetTheirAnswersAndLeavingOnesFreeTheirS
   EXPECT_EQ(health_failures, 0);
   EXPECT_GT(metrics_reads, 0);
   server.stop();
+}
+
+// What a client sees of each stage failure: the status an OpenAI client acts on (it retries 429
+// and 503 with backoff), never an internal message.
+TEST(StageErrorStatus, EachStageErrorCodeHasItsHttpStatus) {
+  using Code = pipeline::StageError::Code;
+  const std::vector<std::pair<Code, int>> expected = {{Code::kInvalidArgument, 400},
+                                                      {Code::kDeadlineExceeded, 504},
+                                                      {Code::kResourceExhausted, 429},
+                                                      {Code::kUnavailable, 503},
+                                                      {Code::kInternal, 500}};
+  for (const auto& [code, status] : expected) {
+    const ApiError a = stage_error(pipeline::StageError(code, "stage 0 (thinker)", "at capacity"));
+    EXPECT_EQ(a.status, status) << static_cast<int>(code);
+    EXPECT_NE(a.message.find("error id"), std::string::npos) << a.message;
+  }
+  EXPECT_EQ(stage_error(pipeline::StageError(Code::kResourceExhausted, "", "full")).type,
+            "rate_limit_error");
 }
 
 }  // namespace

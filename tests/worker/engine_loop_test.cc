@@ -168,7 +168,7 @@ TEST(EngineLoop, TheQueueIsBoundedAndAFailedStepFailsOnlyItsBatch) {
     loop.submit(std::make_shared<CountingSequence>(3));
     FAIL() << "a full queue took another request";
   } catch (const StageError& e) {
-    EXPECT_EQ(e.code(), StageError::Code::kUnavailable);
+    EXPECT_EQ(e.code(), StageError::Code::kResourceExhausted);
     EXPECT_NE(std::string(e.what()).find("retry later"), std::string::npos);
   }
   model.fail_next_step_ = true;  // fails the running batch: only `running`

@@ -32,6 +32,14 @@ ApiError stage_error(const pipeline::StageError& e) {
     a.status = 504;
     a.type = "server_error";
     a.code = "timeout";
+  } else if (e.code() == pipeline::StageError::Code::kResourceExhausted) {
+    a.status = 429;  // a full stage queue: the OpenAI clients retry this with backoff
+    a.type = "rate_limit_error";
+    a.code = "stage_queue_full";
+  } else if (e.code() == pipeline::StageError::Code::kUnavailable) {
+    a.status = 503;
+    a.type = "server_error";
+    a.code = "stage_unavailable";
   } else {
     a.status = 500;
     a.type = "server_error";

@@ -15,8 +15,9 @@ std::string random_id(const char* prefix);
 // with the id under which the whole text is in the server's log.
 std::string published(const std::string& internal);
 
-// A bad request is the client's (400, naming the stage that refused it), a deadline 504, anything
-// else ours (500, naming the stage that failed).
+// A bad request is the client's (400, naming the stage that refused it), a deadline 504, a full
+// stage queue 429 (retry later), a stage that cannot serve 503, anything else ours (500, naming
+// the stage that failed).
 ApiError stage_error(const pipeline::StageError& e);
 
 }  // namespace omni::http

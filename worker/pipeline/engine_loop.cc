@@ -53,7 +53,7 @@ void EngineLoop::submit(const std::shared_ptr<EngineSequence>& seq) {
     }
     if (static_cast<int64_t>(waiting_.size()) >= limits_.max_waiting) {
       ++stats_.refused;
-      throw StageError(StageError::Code::kUnavailable, "",
+      throw StageError(StageError::Code::kResourceExhausted, "",
                        name_ + " is at capacity: " + std::to_string(waiting_.size()) +
                            " requests are already waiting; retry later");
     }

@@ -83,7 +83,8 @@ class EngineLoop {
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
 
-  // Queues `seq`; throws StageError kUnavailable when max_waiting are already queued.
+  // Queues `seq`; throws StageError kResourceExhausted when max_waiting are already queued
+  // (kUnavailable while shutting down).
   void submit(const std::shared_ptr<EngineSequence>& seq);
   EngineStats stats() const;
   const EngineLimits& limits() const { return limits_; }

@@ -1,5 +1,7 @@
 #include "worker/pipeline/stage.h"
 
+#include <utility>
+
 namespace omni::pipeline {
 
 at::Tensor StagePacket::tensor(const std::string& name) const {
@@ -21,6 +23,8 @@ const char* code_name(StageError::Code code) {
       return "deadline_exceeded";
     case StageError::Code::kUnavailable:
       return "unavailable";
+    case StageError::Code::kResourceExhausted:
+      return "resource_exhausted";
   }
   return "internal";
 }
@@ -36,7 +40,7 @@ void PacketQueue::close(std::exception_ptr error) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (closed_) return;
   closed_ = true;
-  error_ = error;
+  error_ = std::move(error);
   changed_.notify_all();
 }
 

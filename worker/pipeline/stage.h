@@ -92,7 +92,16 @@ struct StageInfo {
 // Why a stage failed; the orchestrator turns it into the request's error.
 class StageError : public std::runtime_error {
  public:
-  enum class Code { kInternal, kInvalidArgument, kCancelled, kDeadlineExceeded, kUnavailable };
+  // kUnavailable: the stage cannot serve (shutting down, unreachable); kResourceExhausted: it is
+  // at capacity (a bounded queue is full), so the same request may succeed later.
+  enum class Code {
+    kInternal,
+    kInvalidArgument,
+    kCancelled,
+    kDeadlineExceeded,
+    kUnavailable,
+    kResourceExhausted
+  };
   StageError(Code code, std::string stage, const std::string& message)
       : std::runtime_error(stage.empty() ? message : stage + ": " + message),
         code_(code),

@@ -45,6 +45,8 @@ grpc::StatusCode status_code(Code code) {
       return grpc::StatusCode::DEADLINE_EXCEEDED;
     case Code::kUnavailable:
       return grpc::StatusCode::UNAVAILABLE;
+    case Code::kResourceExhausted:
+      return grpc::StatusCode::RESOURCE_EXHAUSTED;
     case Code::kInternal:
       break;
   }

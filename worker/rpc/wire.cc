@@ -442,6 +442,9 @@ proto::StageError to_proto(const pipeline::StageError& error) {
     case Code::kUnavailable:
       out.set_code(proto::StageError::UNAVAILABLE);
       break;
+    case Code::kResourceExhausted:
+      out.set_code(proto::StageError::RESOURCE_EXHAUSTED);
+      break;
   }
   out.set_stage(error.stage());
   out.set_message(error.message());
@@ -462,6 +465,9 @@ pipeline::StageError from_proto(const proto::StageError& error) {
       break;
     case proto::StageError::UNAVAILABLE:
       code = Code::kUnavailable;
+      break;
+    case proto::StageError::RESOURCE_EXHAUSTED:
+      code = Code::kResourceExhausted;
       break;
     default:
       break;

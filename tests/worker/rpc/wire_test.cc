@@ -275,11 +275,15 @@ TEST(WireTest, MediaRoundTripIsBitwiseExact) {
 }
 
 TEST(WireTest, ErrorsRoundTrip) {
-  const StageError error(StageError::Code::kDeadlineExceeded, "stage 2 (code2wav)", "too slow");
-  const StageError back = from_proto(to_proto(error));
-  EXPECT_EQ(back.code(), error.code());
-  EXPECT_EQ(back.stage(), error.stage());
-  EXPECT_EQ(back.message(), error.message());
+  using Code = StageError::Code;
+  for (const Code code : {Code::kInternal, Code::kInvalidArgument, Code::kCancelled,
+                          Code::kDeadlineExceeded, Code::kUnavailable, Code::kResourceExhausted}) {
+    const StageError error(code, "stage 2 (code2wav)", "too slow");
+    const StageError back = from_proto(to_proto(error));
+    EXPECT_EQ(back.code(), error.code()) << static_cast<int>(code);
+    EXPECT_EQ(back.stage(), error.stage());
+    EXPECT_EQ(back.message(), error.message());
+  }
 }
 
 }  // namespace
