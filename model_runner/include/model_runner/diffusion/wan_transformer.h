@@ -1,0 +1,148 @@
+// diffusers' WanTransformer3DModel (Wan2.1 / Wan2.2 T2V and TI2V) on ATen: a 3-D patch
+// embedding, a 3-D rotary embedding split over (frames, height, width), timestep and text
+// embeddings, `blocks` of self-attention (q/k RMS norm across heads), cross-attention and a
+// gelu-tanh FFN modulated by scale/shift/gate, then the output norm and unpatchify.
+//
+// Parameters carry diffusers' names ("blocks.3.attn1.to_q.weight"), so a `transformer/`
+// folder loads with load_weights. The modules diffusers keeps in float32 whatever the compute
+// dtype (the time embedder, the scale/shift tables, the block norms) are float32 here too,
+// and the casts between them follow diffusers'. Each `blocks.{i}` is a HookableModule, the unit
+// the offload engine streams; so is the whole model.
+//
+// Not supported (rejected by the config reader): I2V's image embedder and added k/v
+// projections (`image_dim`, `added_kv_proj_dim`, `pos_embed_seq_len`).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "cpu_offload/hooks.h"
+#include "model_runner/layers.h"
+
+namespace omni::models {
+
+class HfConfig;
+
+struct WanTransformerConfig {
+  int64_t patch_t = 1, patch_h = 2, patch_w = 2;
+  int64_t num_heads = 40;
+  int64_t head_dim = 128;
+  int64_t in_channels = 16;
+  int64_t out_channels = 16;
+  int64_t text_dim = 4096;
+  int64_t freq_dim = 256;
+  int64_t ffn_dim = 13824;
+  int64_t num_layers = 40;
+  bool cross_attn_norm = true;
+  double eps = 1e-6;
+  int64_t rope_max_seq_len = 1024;
+
+  int64_t inner_dim() const { return num_heads * head_dim; }
+
+  // From a diffusers transformer/config.json; an unsupported value throws naming the file and
+  // the field.
+  static WanTransformerConfig from_hf(const HfConfig& config);
+  // `path`: the config.json or the folder holding it.
+  static WanTransformerConfig load(const std::string& path);
+};
+
+// torch.nn.RMSNorm with a weight (at::rms_norm).
+class WanRMSNorm : public torch::nn::Module {
+ public:
+  WanRMSNorm(int64_t dim, at::ScalarType dtype, double eps);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight;
+  double eps;
+};
+
+// WanAttention without image k/v: to_q/to_k/to_v/to_out.0 and norm_q/norm_k over all heads.
+class WanAttention : public torch::nn::Module {
+ public:
+  WanAttention(const WanTransformerConfig& c, at::ScalarType dtype);
+  // x [B, L, D]; context [B, S, D] (cross-attention) or undefined (self-attention); rope_cos /
+  // rope_sin [1, L, 1, head_dim] float32, or undefined for none.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& context, const at::Tensor& rope_cos,
+                     const at::Tensor& rope_sin);
+
+ private:
+  int64_t heads_;
+  std::shared_ptr<Linear> to_q_, to_k_, to_v_, to_out_;  // to_out_ is "to_out.0"
+  std::shared_ptr<WanRMSNorm> norm_q_, norm_k_;
+};
+
+// FeedForward(activation "gelu-approximate"): net.0.proj, gelu tanh, net.2.
+class WanFeedForward : public torch::nn::Module {
+ public:
+  WanFeedForward(int64_t dim, int64_t inner, at::ScalarType dtype);
+  at::Tensor forward(const at::Tensor& x) const;
+
+ private:
+  std::shared_ptr<Linear> proj_, out_;  // "net.0.proj", "net.2"
+};
+
+class WanTransformerBlock : public offload::HookableModule {
+ public:
+  WanTransformerBlock(const WanTransformerConfig& c, at::ScalarType dtype);
+  // x [B, L, D]; context [B, S, D] (the embedded text); temb [B, T, 6, D] (T = 1, or L with
+  // per-token timesteps); rope_cos / rope_sin [1, L, 1, head_dim] float32.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& context, const at::Tensor& temb,
+                     const at::Tensor& rope_cos, const at::Tensor& rope_sin);
+
+ private:
+  double eps_;
+  bool cross_attn_norm_;
+  std::shared_ptr<WanAttention> attn1_, attn2_;
+  at::Tensor norm2_weight_, norm2_bias_;  // cross_attn_norm: FP32LayerNorm with affine
+  std::shared_ptr<WanFeedForward> ffn_;
+  at::Tensor scale_shift_table_;  // [1, 6, D] float32
+};
+
+class WanTransformer3DModel : public offload::HookableModule {
+ public:
+  // Parameters uninitialized (bind them with load_weights), in `dtype` except the float32 ones.
+  WanTransformer3DModel(const WanTransformerConfig& c, at::ScalarType dtype);
+
+  // hidden_states [B, C_in, F, H, W]; timestep [B], or [B, L] per-token timesteps (TI2V's
+  // expand_timesteps; L = the number of patches); encoder_hidden_states [B, S, text_dim]
+  // -> [B, C_out, F, H, W].
+  at::Tensor forward(const at::Tensor& hidden_states, const at::Tensor& timestep,
+                     const at::Tensor& encoder_hidden_states);
+
+  const WanTransformerConfig& config() const { return c_; }
+  at::ScalarType dtype() const { return dtype_; }
+  // The offload engine's block list.
+  static constexpr const char* kBlocks = "blocks";
+
+  // WanRotaryPosEmbed for a latent of `frames` x `height` x `width` (before patching):
+  // cos and sin [1, L, 1, head_dim], float32, on `device`.
+  std::pair<at::Tensor, at::Tensor> rotary(int64_t frames, int64_t height, int64_t width,
+                                           const c10::Device& device) const;
+
+ private:
+  at::Tensor forward_impl(const at::Tensor& hidden_states, const at::Tensor& timestep,
+                          const at::Tensor& encoder_hidden_states);
+
+  WanTransformerConfig c_;
+  at::ScalarType dtype_;
+  int64_t t_dim_, h_dim_, w_dim_;
+  at::Tensor rope_cos_, rope_sin_;  // [rope_max_seq_len, head_dim] float32, CPU
+  at::Tensor patch_weight_, patch_bias_;
+  std::shared_ptr<Linear> time_linear_1_, time_linear_2_, time_proj_;
+  std::shared_ptr<Linear> text_linear_1_, text_linear_2_;
+  torch::nn::ModuleList blocks_;
+  std::shared_ptr<Linear> proj_out_;
+  at::Tensor scale_shift_table_;  // [1, 2, D] float32
+};
+
+// Reads `dir`/config.json and binds diffusion_pytorch_model.safetensors (or its sharded
+// index) into a model of compute dtype `dtype` (float32 modules stay float32).
+std::shared_ptr<WanTransformer3DModel> load_wan_transformer(const std::string& dir,
+                                                            at::ScalarType dtype);
+
+}  // namespace omni::models

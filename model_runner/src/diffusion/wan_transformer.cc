@@ -1,0 +1,380 @@
+#include "model_runner/diffusion/wan_transformer.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "cpu_offload/check.h"
+#include "model_runner/weights/hf_config.h"
+#include "model_runner/weights/load_weights.h"
+#include "model_runner/weights/safetensors.h"
+
+namespace omni::models {
+namespace {
+
+template <typename M, typename... Args>
+std::shared_ptr<M> child(torch::nn::Module& parent, const std::string& name, Args&&... args) {
+  return parent.register_module(name, std::make_shared<M>(std::forward<Args>(args)...));
+}
+
+// A container without parameters of its own, for diffusers' nesting of names
+// ("condition_embedder.time_embedder", "to_out.0", "net.0.proj").
+std::shared_ptr<torch::nn::Module> group(torch::nn::Module& parent, const std::string& name) {
+  return parent.register_module(name, std::make_shared<torch::nn::Module>(name));
+}
+
+// diffusers' FP32LayerNorm: layer norm in float32 (weight and bias too, when given), cast back
+// to the input's dtype.
+at::Tensor fp32_layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                           double eps) {
+  auto w = weight.defined() ? weight.to(at::kFloat) : at::Tensor();
+  auto b = bias.defined() ? bias.to(at::kFloat) : at::Tensor();
+  return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, w, b, eps).to(x.scalar_type());
+}
+
+// diffusers' Timesteps(flip_sin_to_cos=True, downscale_freq_shift=0): [N] -> [N, dim] float32,
+// cos first.
+at::Tensor timestep_embedding(const at::Tensor& t, int64_t dim) {
+  const int64_t half = dim / 2;
+  auto exponent = at::arange(half, t.options().dtype(at::kFloat)) * (-std::log(10000.0));
+  exponent = exponent / static_cast<double>(half);
+  auto args = t.to(at::kFloat).unsqueeze(1) * at::exp(exponent).unsqueeze(0);
+  auto emb = at::cat({at::cos(args), at::sin(args)}, -1);
+  if (dim % 2 == 1) emb = at::constant_pad_nd(emb, {0, 1, 0, 0});
+  return emb;
+}
+
+// get_1d_rotary_pos_embed(dim, max_seq_len, use_real, repeat_interleave_real) in float64,
+// returned as float32 [max_seq_len, dim] cos and sin.
+std::pair<at::Tensor, at::Tensor> rotary_table(int64_t dim, int64_t max_seq_len, double theta) {
+  auto opts = at::TensorOptions().dtype(at::kDouble);
+  auto freqs = 1.0 / at::pow(theta, at::arange(0, dim, 2, opts) / static_cast<double>(dim));
+  auto angles = at::outer(at::arange(max_seq_len, opts), freqs);
+  return {at::repeat_interleave(at::cos(angles), 2, 1).to(at::kFloat),
+          at::repeat_interleave(at::sin(angles), 2, 1).to(at::kFloat)};
+}
+
+// WanAttnProcessor's rotation of interleaved pairs: x [B, L, H, d], cos/sin [1, L, 1, d]
+// float32; computed in float32, returned in x's dtype.
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  using at::indexing::None;
+  using at::indexing::Slice;
+  auto x1 = x.index({"...", Slice(0, None, 2)});
+  auto x2 = x.index({"...", Slice(1, None, 2)});
+  auto c = cos.index({"...", Slice(0, None, 2)});
+  auto s = sin.index({"...", Slice(1, None, 2)});
+  auto even = x1 * c - x2 * s;
+  auto odd = x1 * s + x2 * c;
+  return at::stack({even, odd}, -1).flatten(-2).to(x.scalar_type());
+}
+
+void check_field(const HfConfig& json, bool ok, const std::string& field, const std::string& value,
+                 const std::string& why) {
+  OMNI_CHECK(ok, json.source(), ": field '", field, "' = ", value, " is not supported by ",
+             "WanTransformer3DModel: ", why);
+}
+
+}  // namespace
+
+WanTransformerConfig WanTransformerConfig::from_hf(const HfConfig& json) {
+  const std::string cls = json.get_string("_class_name", "WanTransformer3DModel");
+  check_field(json, cls == "WanTransformer3DModel", "_class_name", "\"" + cls + "\"",
+              "expected \"WanTransformer3DModel\"");
+  WanTransformerConfig c;
+  const auto patch = json.get_int_list("patch_size", std::vector<int64_t>{1, 2, 2});
+  check_field(json, patch.size() == 3 && patch[0] > 0 && patch[1] > 0 && patch[2] > 0, "patch_size",
+              nlohmann::json(patch).dump(), "expected 3 positive integers");
+  c.patch_t = patch[0];
+  c.patch_h = patch[1];
+  c.patch_w = patch[2];
+  auto positive = [&json](const char* field, int64_t fallback) {
+    const int64_t v = json.get_int(field, fallback);
+    check_field(json, v > 0, field, std::to_string(v), "must be positive");
+    return v;
+  };
+  c.num_heads = positive("num_attention_heads", 40);
+  c.head_dim = positive("attention_head_dim", 128);
+  c.in_channels = positive("in_channels", 16);
+  c.out_channels = json.has("out_channels") ? positive("out_channels", 16) : c.in_channels;
+  c.text_dim = positive("text_dim", 4096);
+  c.freq_dim = positive("freq_dim", 256);
+  c.ffn_dim = positive("ffn_dim", 13824);
+  c.num_layers = positive("num_layers", 40);
+  c.rope_max_seq_len = positive("rope_max_seq_len", 1024);
+  c.cross_attn_norm = json.get_bool("cross_attn_norm", true);
+  c.eps = json.get_double("eps", 1e-6);
+  check_field(json, c.eps > 0, "eps", std::to_string(c.eps), "must be positive");
+  // The rotary embedding gives 2*(d/6) channels to each of height and width, the rest to
+  // frames; each part must be even.
+  const int64_t hw = 2 * (c.head_dim / 6);
+  check_field(json, c.head_dim % 2 == 0 && hw > 0, "attention_head_dim", std::to_string(c.head_dim),
+              "the 3-D rotary embedding needs an even size >= 6");
+  // diffusers builds the q/k RMS norm across heads whatever this says; accept only the value
+  // the Wan checkpoints carry, so a config that means something else fails loudly.
+  const std::string qk = json.get_string("qk_norm", "rms_norm_across_heads");
+  check_field(json, qk == "rms_norm_across_heads", "qk_norm", "\"" + qk + "\"",
+              "expected \"rms_norm_across_heads\"");
+  for (const char* field : {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"}) {
+    check_field(json, !json.has(field), field, json.has(field) ? json.raw()[field].dump() : "",
+                "image conditioning (I2V's image embedder) is not implemented; expected null");
+  }
+  return c;
+}
+
+WanTransformerConfig WanTransformerConfig::load(const std::string& path) {
+  return from_hf(HfConfig::load(path));
+}
+
+WanRMSNorm::WanRMSNorm(int64_t dim, at::ScalarType dtype, double eps_value)
+    : torch::nn::Module("WanRMSNorm"), eps(eps_value) {
+  weight = register_parameter("weight", uninitialized({dim}, dtype), false);
+}
+
+at::Tensor WanRMSNorm::forward(const at::Tensor& x) const {
+  return at::rms_norm(x, {x.size(-1)}, weight, eps);
+}
+
+WanAttention::WanAttention(const WanTransformerConfig& c, at::ScalarType dtype)
+    : torch::nn::Module("WanAttention"), heads_(c.num_heads) {
+  const int64_t d = c.inner_dim();
+  to_q_ = child<Linear>(*this, "to_q", d, d, dtype, true);
+  to_k_ = child<Linear>(*this, "to_k", d, d, dtype, true);
+  to_v_ = child<Linear>(*this, "to_v", d, d, dtype, true);
+  to_out_ = child<Linear>(*group(*this, "to_out"), "0", d, d, dtype, true);
+  norm_q_ = child<WanRMSNorm>(*this, "norm_q", d, dtype, c.eps);
+  norm_k_ = child<WanRMSNorm>(*this, "norm_k", d, dtype, c.eps);
+}
+
+at::Tensor WanAttention::forward(const at::Tensor& x, const at::Tensor& context,
+                                 const at::Tensor& rope_cos, const at::Tensor& rope_sin) {
+  const at::Tensor& kv_in = context.defined() ? context : x;
+  auto q = norm_q_->forward(to_q_->forward(x));
+  auto k = norm_k_->forward(to_k_->forward(kv_in));
+  auto v = to_v_->forward(kv_in);
+  q = q.unflatten(2, {heads_, -1});  // [B, L, H, d]
+  k = k.unflatten(2, {heads_, -1});
+  v = v.unflatten(2, {heads_, -1});
+  if (rope_cos.defined()) {
+    q = apply_rotary(q, rope_cos, rope_sin);
+    k = apply_rotary(k, rope_cos, rope_sin);
+  }
+  auto o =
+      at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2));
+  o = o.transpose(1, 2).flatten(2, 3).to(q.scalar_type());
+  return to_out_->forward(o);
+}
+
+WanFeedForward::WanFeedForward(int64_t dim, int64_t inner, at::ScalarType dtype)
+    : torch::nn::Module("WanFeedForward") {
+  auto net = group(*this, "net");
+  proj_ = child<Linear>(*group(*net, "0"), "proj", dim, inner, dtype, true);
+  out_ = child<Linear>(*net, "2", inner, dim, dtype, true);
+}
+
+at::Tensor WanFeedForward::forward(const at::Tensor& x) const {
+  return out_->forward(at::gelu(proj_->forward(x), "tanh"));
+}
+
+WanTransformerBlock::WanTransformerBlock(const WanTransformerConfig& c, at::ScalarType dtype)
+    : HookableModule("WanTransformerBlock"), eps_(c.eps), cross_attn_norm_(c.cross_attn_norm) {
+  const int64_t d = c.inner_dim();
+  attn1_ = child<WanAttention>(*this, "attn1", c, dtype);
+  attn2_ = child<WanAttention>(*this, "attn2", c, dtype);
+  if (cross_attn_norm_) {
+    auto norm2 = group(*this, "norm2");  // kept in float32, as diffusers does
+    norm2_weight_ = norm2->register_parameter("weight", uninitialized({d}, at::kFloat), false);
+    norm2_bias_ = norm2->register_parameter("bias", uninitialized({d}, at::kFloat), false);
+  }
+  ffn_ = child<WanFeedForward>(*this, "ffn", d, c.ffn_dim, dtype);
+  scale_shift_table_ =
+      register_parameter("scale_shift_table", uninitialized({1, 6, d}, at::kFloat), false);
+}
+
+at::Tensor WanTransformerBlock::forward(const at::Tensor& x, const at::Tensor& context,
+                                        const at::Tensor& temb, const at::Tensor& rope_cos,
+                                        const at::Tensor& rope_sin) {
+  return invoke("forward", {x, context, temb, rope_cos, rope_sin},
+                [this](offload::HookArgs& a) -> c10::IValue {
+                  at::Tensor h = a[0].toTensor();
+                  const at::Tensor ctx = a[1].toTensor();
+                  const at::Tensor t = a[2].toTensor();  // [B, T, 6, D]
+                  const at::Tensor cos = a[3].toTensor();
+                  const at::Tensor sin = a[4].toTensor();
+                  const auto dtype = h.scalar_type();
+                  // [B, T, 6, D] float32 -> six [B, T, D]
+                  auto mod = (scale_shift_table_.unsqueeze(0) + t.to(at::kFloat)).unbind(2);
+                  const auto &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
+                  const auto &c_shift = mod[3], &c_scale = mod[4], &c_gate = mod[5];
+
+                  auto n = (fp32_layer_norm(h.to(at::kFloat), {}, {}, eps_) * (1 + scale_msa) +
+                            shift_msa)
+                               .to(dtype);
+                  auto attn = attn1_->forward(n, at::Tensor(), cos, sin);
+                  h = (h.to(at::kFloat) + attn * gate_msa).to(dtype);
+
+                  n = cross_attn_norm_
+                          ? fp32_layer_norm(h.to(at::kFloat), norm2_weight_, norm2_bias_, eps_)
+                                .to(dtype)
+                          : h;
+                  h = h + attn2_->forward(n, ctx, at::Tensor(), at::Tensor());
+
+                  n = (fp32_layer_norm(h.to(at::kFloat), {}, {}, eps_) * (1 + c_scale) + c_shift)
+                          .to(dtype);
+                  auto ff = ffn_->forward(n);
+                  return (h.to(at::kFloat) + ff.to(at::kFloat) * c_gate).to(dtype);
+                })
+      .toTensor();
+}
+
+WanTransformer3DModel::WanTransformer3DModel(const WanTransformerConfig& c, at::ScalarType dtype)
+    : HookableModule("WanTransformer3DModel"), c_(c), dtype_(dtype) {
+  const int64_t d = c.inner_dim();
+  h_dim_ = w_dim_ = 2 * (c.head_dim / 6);
+  t_dim_ = c.head_dim - h_dim_ - w_dim_;
+  OMNI_CHECK(t_dim_ > 0 && t_dim_ % 2 == 0 && h_dim_ > 0, "WanTransformer3DModel: head_dim ",
+             c.head_dim, " cannot be split over (t, h, w) for the rotary embedding");
+  std::vector<at::Tensor> cos, sin;
+  for (int64_t dim : {t_dim_, h_dim_, w_dim_}) {
+    auto [tc, ts] = rotary_table(dim, c.rope_max_seq_len, 10000.0);
+    cos.push_back(tc);
+    sin.push_back(ts);
+  }
+  rope_cos_ = at::cat(cos, 1);
+  rope_sin_ = at::cat(sin, 1);
+
+  auto patch = group(*this, "patch_embedding");
+  patch_weight_ = patch->register_parameter(
+      "weight", uninitialized({d, c.in_channels, c.patch_t, c.patch_h, c.patch_w}, dtype), false);
+  patch_bias_ = patch->register_parameter("bias", uninitialized({d}, dtype), false);
+
+  auto cond = group(*this, "condition_embedder");
+  auto time = group(*cond, "time_embedder");  // float32, as diffusers keeps it
+  time_linear_1_ = child<Linear>(*time, "linear_1", c.freq_dim, d, at::kFloat, true);
+  time_linear_2_ = child<Linear>(*time, "linear_2", d, d, at::kFloat, true);
+  time_proj_ = child<Linear>(*cond, "time_proj", d, 6 * d, dtype, true);
+  auto text = group(*cond, "text_embedder");
+  text_linear_1_ = child<Linear>(*text, "linear_1", c.text_dim, d, dtype, true);
+  text_linear_2_ = child<Linear>(*text, "linear_2", d, d, dtype, true);
+
+  blocks_ = register_module(kBlocks, torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    blocks_->push_back(std::make_shared<WanTransformerBlock>(c, dtype));
+  }
+  proj_out_ = child<Linear>(*this, "proj_out", d,
+                            c.out_channels * c.patch_t * c.patch_h * c.patch_w, dtype, true);
+  scale_shift_table_ =
+      register_parameter("scale_shift_table", uninitialized({1, 2, d}, at::kFloat), false);
+}
+
+std::pair<at::Tensor, at::Tensor> WanTransformer3DModel::rotary(int64_t frames, int64_t height,
+                                                                int64_t width,
+                                                                const c10::Device& device) const {
+  const int64_t f = frames / c_.patch_t, h = height / c_.patch_h, w = width / c_.patch_w;
+  OMNI_CHECK(f <= c_.rope_max_seq_len && h <= c_.rope_max_seq_len && w <= c_.rope_max_seq_len,
+             "WanTransformer3DModel: a latent of ", f, " x ", h, " x ", w,
+             " patches exceeds rope_max_seq_len ", c_.rope_max_seq_len);
+  auto build = [&](const at::Tensor& table) {
+    auto parts = table.split({t_dim_, h_dim_, w_dim_}, 1);
+    auto pf = parts[0].narrow(0, 0, f).view({f, 1, 1, -1}).expand({f, h, w, -1});
+    auto ph = parts[1].narrow(0, 0, h).view({1, h, 1, -1}).expand({f, h, w, -1});
+    auto pw = parts[2].narrow(0, 0, w).view({1, 1, w, -1}).expand({f, h, w, -1});
+    return at::cat({pf, ph, pw}, -1).reshape({1, f * h * w, 1, -1}).to(device);
+  };
+  return {build(rope_cos_), build(rope_sin_)};
+}
+
+at::Tensor WanTransformer3DModel::forward(const at::Tensor& hidden_states,
+                                          const at::Tensor& timestep,
+                                          const at::Tensor& encoder_hidden_states) {
+  return invoke("forward", {hidden_states, timestep, encoder_hidden_states},
+                [this](offload::HookArgs& a) -> c10::IValue {
+                  return forward_impl(a[0].toTensor(), a[1].toTensor(), a[2].toTensor());
+                })
+      .toTensor();
+}
+
+at::Tensor WanTransformer3DModel::forward_impl(const at::Tensor& hidden_states,
+                                               const at::Tensor& timestep,
+                                               const at::Tensor& encoder_hidden_states) {
+  OMNI_CHECK(hidden_states.dim() == 5 && hidden_states.size(1) == c_.in_channels,
+             "WanTransformer3DModel: hidden_states must be [B, ", c_.in_channels,
+             ", F, H, W], got ", hidden_states.sizes());
+  const int64_t batch = hidden_states.size(0);
+  const int64_t frames = hidden_states.size(2), height = hidden_states.size(3),
+                width = hidden_states.size(4);
+  OMNI_CHECK(frames % c_.patch_t == 0 && height % c_.patch_h == 0 && width % c_.patch_w == 0,
+             "WanTransformer3DModel: latent ", frames, " x ", height, " x ", width,
+             " is not a multiple of patch_size (", c_.patch_t, ", ", c_.patch_h, ", ", c_.patch_w,
+             ")");
+  OMNI_CHECK(encoder_hidden_states.dim() == 3 && encoder_hidden_states.size(0) == batch &&
+                 encoder_hidden_states.size(2) == c_.text_dim,
+             "WanTransformer3DModel: encoder_hidden_states must be [", batch, ", S, ", c_.text_dim,
+             "], got ", encoder_hidden_states.sizes());
+  const int64_t pf = frames / c_.patch_t, ph = height / c_.patch_h, pw = width / c_.patch_w;
+  const int64_t tokens = pf * ph * pw;
+  const int64_t d = c_.inner_dim();
+
+  auto [rope_cos, rope_sin] = rotary(frames, height, width, hidden_states.device());
+
+  auto x =
+      at::conv3d(hidden_states, patch_weight_, patch_bias_, {c_.patch_t, c_.patch_h, c_.patch_w});
+  x = x.flatten(2).transpose(1, 2).contiguous();  // [B, L, D]
+
+  // Time embedding: one timestep per sample ([B] -> T = 1) or per token ([B, L] -> T = L).
+  int64_t t_len = 1;
+  at::Tensor flat_t;
+  if (timestep.dim() == 2) {
+    OMNI_CHECK(timestep.size(0) == batch && timestep.size(1) == tokens,
+               "WanTransformer3DModel: per-token timesteps must be [", batch, ", ", tokens,
+               "], got ", timestep.sizes());
+    t_len = tokens;
+    flat_t = timestep.flatten();
+  } else {
+    OMNI_CHECK(timestep.dim() == 1 && timestep.size(0) == batch,
+               "WanTransformer3DModel: timestep must be [", batch, "] or [", batch, ", ", tokens,
+               "], got ", timestep.sizes());
+    flat_t = timestep;
+  }
+  auto t_freq = timestep_embedding(flat_t, c_.freq_dim).view({batch, t_len, c_.freq_dim});
+  t_freq = t_freq.to(time_linear_1_->weight.scalar_type());
+  auto temb = time_linear_2_->forward(at::silu(time_linear_1_->forward(t_freq)))
+                  .to(encoder_hidden_states.scalar_type());                   // [B, T, D]
+  auto temb_proj = time_proj_->forward(at::silu(temb)).unflatten(2, {6, d});  // [B, T, 6, D]
+
+  auto context =
+      text_linear_2_->forward(at::gelu(text_linear_1_->forward(encoder_hidden_states), "tanh"));
+
+  for (const auto& block : *blocks_) {
+    x = block->as<WanTransformerBlock>()->forward(x, context, temb_proj, rope_cos, rope_sin);
+  }
+
+  // [B, T, 2, D] float32 -> shift, scale [B, T, D]
+  auto mod = (scale_shift_table_.unsqueeze(0) + temb.unsqueeze(2)).unbind(2);
+  x = (fp32_layer_norm(x.to(at::kFloat), {}, {}, c_.eps) * (1 + mod[1]) + mod[0])
+          .to(x.scalar_type());
+  x = proj_out_->forward(x);
+
+  x = x.reshape({batch, pf, ph, pw, c_.patch_t, c_.patch_h, c_.patch_w, -1});
+  x = x.permute({0, 7, 1, 4, 2, 5, 3, 6});
+  return x.reshape({batch, -1, frames, height, width});
+}
+
+std::shared_ptr<WanTransformer3DModel> load_wan_transformer(const std::string& dir,
+                                                            at::ScalarType dtype) {
+  const auto config = WanTransformerConfig::load(dir);
+  namespace fs = std::filesystem;
+  const fs::path root(dir);
+  fs::path weights = root / "diffusion_pytorch_model.safetensors.index.json";
+  if (!fs::exists(weights)) weights = root / "diffusion_pytorch_model.safetensors";
+  OMNI_CHECK(fs::exists(weights), dir,
+             ": no diffusion_pytorch_model.safetensors (or its .index.json) in the folder");
+  const auto checkpoint = SafetensorsCheckpoint::open(weights.string());
+  auto model = std::make_shared<WanTransformer3DModel>(config, dtype);
+  load_weights(*model, checkpoint, "");
+  return model;
+}
+
+}  // namespace omni::models
