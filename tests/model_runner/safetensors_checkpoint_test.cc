@@ -106,13 +106,24 @@ TEST_F(SafetensorsCheckpointTest, TensorListedInIndexButAbsentFromItsShard) {
 }
 
 TEST_F(SafetensorsCheckpointTest, DirectoryWithNeitherFileSaysWhatItHas) {
-  write_safetensors(path("diffusion_pytorch_model.safetensors"), {{"a", a_}});
+  write_safetensors(path("weights.safetensors"), {{"a", a_}});
   const std::string msg = error_of([&] { SafetensorsCheckpoint::open(dir()); });
   EXPECT_CONTAINS(msg, "checkpoint directory '" + dir() +
-                           "' has neither model.safetensors.index.json nor model.safetensors");
-  EXPECT_CONTAINS(msg, "it has: diffusion_pytorch_model.safetensors");
+                           "' has none of model.safetensors.index.json, model.safetensors, "
+                           "diffusion_pytorch_model.safetensors.index.json, "
+                           "diffusion_pytorch_model.safetensors");
+  EXPECT_CONTAINS(msg, "it has: weights.safetensors");
   EXPECT_CONTAINS(error_of([&] { SafetensorsCheckpoint::open(path("nowhere")); }),
                   "checkpoint '" + path("nowhere") + "' does not exist");
+}
+
+// A diffusers component folder (transformer/, vae/) names its weights diffusion_pytorch_model;
+// transformers' model.safetensors wins where both are present.
+TEST_F(SafetensorsCheckpointTest, DiffusersFolderOpensAndModelFileWins) {
+  write_safetensors(path("diffusion_pytorch_model.safetensors"), {{"a", a_}});
+  EXPECT_EQ(SafetensorsCheckpoint::open(dir()).names(), std::vector<std::string>{"a"});
+  write_safetensors(path("model.safetensors"), {{"b", b_}});
+  EXPECT_EQ(SafetensorsCheckpoint::open(dir()).names(), std::vector<std::string>{"b"});
 }
 
 TEST_F(SafetensorsCheckpointTest, MissingTensorNamesTheCheckpoint) {

@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -365,13 +364,7 @@ at::Tensor WanTransformer3DModel::forward_impl(const at::Tensor& hidden_states,
 std::shared_ptr<WanTransformer3DModel> load_wan_transformer(const std::string& dir,
                                                             at::ScalarType dtype) {
   const auto config = WanTransformerConfig::load(dir);
-  namespace fs = std::filesystem;
-  const fs::path root(dir);
-  fs::path weights = root / "diffusion_pytorch_model.safetensors.index.json";
-  if (!fs::exists(weights)) weights = root / "diffusion_pytorch_model.safetensors";
-  OMNI_CHECK(fs::exists(weights), dir,
-             ": no diffusion_pytorch_model.safetensors (or its .index.json) in the folder");
-  const auto checkpoint = SafetensorsCheckpoint::open(weights.string());
+  const auto checkpoint = SafetensorsCheckpoint::open(dir);
   auto model = std::make_shared<WanTransformer3DModel>(config, dtype);
   load_weights(*model, checkpoint, "");
   return model;

@@ -1,5 +1,7 @@
-// SafetensorsCheckpoint: a directory's model.safetensors or the shards of its index.
+// SafetensorsCheckpoint: a directory's model.safetensors (or diffusers'
+// diffusion_pytorch_model.safetensors) or the shards of its index.
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -17,8 +19,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr const char* kIndexName = "model.safetensors.index.json";
-constexpr const char* kSingleName = "model.safetensors";
+// transformers' names, then diffusers' (a component folder: transformer/, vae/).
+constexpr std::array<const char*, 2> kStems = {"model", "diffusion_pytorch_model"};
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
@@ -78,12 +80,21 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& path) {
   std::string index, single;
   if (fs::is_directory(status)) {
     const fs::path dir(path);
-    if (fs::exists(dir / kIndexName)) {
-      index = (dir / kIndexName).string();
-    } else if (fs::exists(dir / kSingleName)) {
-      single = (dir / kSingleName).string();
-    } else {
-      OMNI_THROW("checkpoint directory '", path, "' has neither ", kIndexName, " nor ", kSingleName,
+    for (const char* stem : kStems) {
+      const fs::path stem_index = dir / (std::string(stem) + ".safetensors.index.json");
+      const fs::path stem_single = dir / (std::string(stem) + ".safetensors");
+      if (fs::exists(stem_index)) {
+        index = stem_index.string();
+      } else if (fs::exists(stem_single)) {
+        single = stem_single.string();
+      }
+      if (!index.empty() || !single.empty()) break;
+    }
+    if (index.empty() && single.empty()) {
+      OMNI_THROW("checkpoint directory '", path,
+                 "' has none of model.safetensors.index.json, model.safetensors, "
+                 "diffusion_pytorch_model.safetensors.index.json, "
+                 "diffusion_pytorch_model.safetensors",
                  checkpoint_like_files(path));
     }
   } else if (!fs::exists(status)) {

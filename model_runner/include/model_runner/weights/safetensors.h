@@ -67,8 +67,9 @@ class SafetensorsFile {
 class SafetensorsCheckpoint {
  public:
   // `path` is a directory holding model.safetensors.index.json (preferred) or
-  // model.safetensors, a *.index.json file, or a single .safetensors file. Every shard is
-  // opened once, and every tensor the index lists must be in the shard it names.
+  // model.safetensors (or, a diffusers component folder, the same named
+  // diffusion_pytorch_model), a *.index.json file, or a single .safetensors file. Every shard
+  // is opened once, and every tensor the index lists must be in the shard it names.
   static SafetensorsCheckpoint open(const std::string& path);
 
   const std::string& path() const { return path_; }
