@@ -1,12 +1,19 @@
 // The tokenizer.json "normalizer": what the text between added tokens goes through first.
-// Supported: none (null), NFC, and a Sequence of those; anything else (NFKC, Lowercase, Replace,
-// ...) is refused at load, naming the type, rather than encoding differently.
+// Supported: none (null), NFC, Precompiled (SentencePiece's charsmap, precompiled_charsmap.h),
+// Strip (Unicode whitespace, either side), Replace (String or Regex pattern; what Hugging Face's
+// SentencePiece converters add: " {2,}" -> "▁" or " "), and a Sequence of those; anything else
+// (NFKC, Lowercase, Replace, ...) is refused at load, naming the type, rather than encoding
+// differently.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "json_field.h"
+#include "precompiled_charsmap.h"
 
 namespace omni::models {
 
@@ -21,8 +28,8 @@ class Normalizer {
  private:
   void add(const JsonField& field);
 
-  // NFC is idempotent, so any number of NFC steps in a Sequence is one.
-  bool nfc_ = false;
+  // The steps in order.
+  std::vector<std::function<std::string(const std::string&)>> steps_;
 };
 
 }  // namespace omni::models

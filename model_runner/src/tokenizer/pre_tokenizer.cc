@@ -15,6 +15,32 @@ PreTokenizer::PreTokenizer(const std::optional<JsonField>& field, const std::str
     check_byte_level(*field);
     return;
   }
+  if (type == "Metaspace") {
+    metaspace_ = parse_metaspace(*field, false);
+    return;
+  }
+  if (type == "Sequence") {
+    const std::vector<JsonField> steps = field->get("pretokenizers").items();
+    const auto type_of = [&](size_t i) { return steps[i].get("type").string(); };
+    bool sentencepiece = false;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      sentencepiece |= type_of(i) == "WhitespaceSplit" || type_of(i) == "Metaspace";
+    }
+    if (sentencepiece) {
+      if (steps.size() == 2 && type_of(0) == "WhitespaceSplit" && type_of(1) == "Metaspace") {
+        metaspace_ = parse_metaspace(steps[1], true);
+        return;
+      }
+      if (steps.size() == 1 && type_of(0) == "Metaspace") {
+        metaspace_ = parse_metaspace(steps[0], false);
+        return;
+      }
+      field->get("pretokenizers")
+          .fail(
+              "unsupported SentencePiece pre-tokenizer sequence (supported: [Metaspace], "
+              "[WhitespaceSplit, Metaspace])");
+    }
+  }
   if (type != "Sequence") {
     field->get("type").fail("unsupported pre-tokenizer '" + type +
                             "' (supported: ByteLevel, Sequence[Split..., ByteLevel])");
@@ -28,6 +54,109 @@ PreTokenizer::PreTokenizer(const std::optional<JsonField>& field, const std::str
                           last.get("type").string() + "'");
   }
   check_byte_level(last);
+}
+
+PreTokenizer::Metaspace PreTokenizer::parse_metaspace(const JsonField& field,
+                                                      bool whitespace_split) {
+  Metaspace m;
+  m.whitespace_split = whitespace_split;
+  m.replacement = field.get_string("replacement", "\u2581");
+  if (m.replacement.empty()) field.get("replacement").fail("is empty");
+  if (const auto scheme = field.find("prepend_scheme")) {
+    const std::string value = scheme->string();
+    if (value == "always") {
+      m.prepend = Metaspace::Prepend::kAlways;
+    } else if (value == "first") {
+      m.prepend = Metaspace::Prepend::kFirst;
+    } else if (value == "never") {
+      m.prepend = Metaspace::Prepend::kNever;
+    } else {
+      scheme->fail("unsupported prepend_scheme '" + value + "' (supported: always, first, never)");
+    }
+  } else {
+    m.prepend = field.get_bool("add_prefix_space", true) ? Metaspace::Prepend::kAlways
+                                                         : Metaspace::Prepend::kNever;
+  }
+  m.split = field.get_bool("split", true);
+  return m;
+}
+
+namespace {
+
+// Rust's char::is_whitespace (Unicode White_Space), what WhitespaceSplit splits on.
+size_t whitespace_length(std::string_view text, size_t pos) {
+  const auto b = [&](size_t i) { return static_cast<unsigned char>(text[pos + i]); };
+  const size_t left = text.size() - pos;
+  if (b(0) == ' ' || (b(0) >= 0x09 && b(0) <= 0x0D)) return 1;
+  if (left >= 2 && b(0) == 0xC2 && (b(1) == 0x85 || b(1) == 0xA0)) return 2;
+  if (left >= 3) {
+    const uint32_t cp =
+        (static_cast<uint32_t>(b(0)) << 16) | (static_cast<uint32_t>(b(1)) << 8) | b(2);
+    if (cp == 0xE19A80 /* U+1680 */ || (cp >= 0xE28080 && cp <= 0xE2808A) /* U+2000-200A */ ||
+        cp == 0xE280A8 || cp == 0xE280A9 || cp == 0xE280AF /* U+2028, 2029, 202F */ ||
+        cp == 0xE2819F /* U+205F */ || cp == 0xE38080 /* U+3000 */) {
+      return 3;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void PreTokenizer::split_metaspace(std::string_view text, std::vector<std::string>* words,
+                                   bool at_text_start) const {
+  const Metaspace& m = *metaspace_;
+  // (piece, starts the input)
+  std::vector<std::pair<std::string_view, bool>> pieces;
+  if (m.whitespace_split) {
+    size_t start = std::string_view::npos;
+    for (size_t pos = 0; pos < text.size();) {
+      const size_t ws = whitespace_length(text, pos);
+      if (ws > 0) {
+        if (start != std::string_view::npos) {
+          pieces.emplace_back(text.substr(start, pos - start), at_text_start && start == 0);
+        }
+        start = std::string_view::npos;
+        pos += ws;
+      } else {
+        if (start == std::string_view::npos) start = pos;
+        ++pos;
+      }
+    }
+    if (start != std::string_view::npos) {
+      pieces.emplace_back(text.substr(start), at_text_start && start == 0);
+    }
+  } else if (!text.empty()) {
+    pieces.emplace_back(text, at_text_start);
+  }
+  for (const auto& [piece, first] : pieces) {
+    std::string word;
+    for (const char c : piece) {
+      if (c == ' ') {
+        word += m.replacement;
+      } else {
+        word += c;
+      }
+    }
+    const bool starts_with_replacement = word.compare(0, m.replacement.size(), m.replacement) == 0;
+    if (!starts_with_replacement && (m.prepend == Metaspace::Prepend::kAlways ||
+                                     (m.prepend == Metaspace::Prepend::kFirst && first))) {
+      word.insert(0, m.replacement);
+    }
+    if (!m.split) {
+      words->push_back(std::move(word));
+      continue;
+    }
+    // Split before every replacement, which stays with what follows (MergedWithNext).
+    size_t begin = 0;
+    size_t at = word.find(m.replacement, 1);
+    while (at != std::string::npos) {
+      if (at > begin) words->push_back(word.substr(begin, at - begin));
+      begin = at;
+      at = word.find(m.replacement, at + m.replacement.size());
+    }
+    if (begin < word.size()) words->push_back(word.substr(begin));
+  }
 }
 
 void PreTokenizer::add_split(const JsonField& field) {
@@ -72,7 +201,12 @@ void PreTokenizer::check_byte_level(const JsonField& field) const {
   }
 }
 
-void PreTokenizer::split(std::string_view text, std::vector<std::string>* words) const {
+void PreTokenizer::split(std::string_view text, std::vector<std::string>* words,
+                         bool at_text_start) const {
+  if (metaspace_) {
+    split_metaspace(text, words, at_text_start);
+    return;
+  }
   std::vector<std::string_view> pieces{text};
   std::vector<std::string_view> next;
   for (const SplitStep& step : steps_) {

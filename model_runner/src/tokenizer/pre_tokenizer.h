@@ -2,7 +2,9 @@
 // word's bytes to the byte-level alphabet. Supported: the layout of Qwen2 / Qwen3 (and
 // Llama 3): Sequence[Split(regex)..., ByteLevel], or a lone ByteLevel; Split with behavior
 // Isolated or Removed and either `invert`; ByteLevel with add_prefix_space and use_regex false.
-// Anything else is refused at load, naming the field.
+// For SentencePiece (T5 / UMT5) tokenizers: Metaspace (prepend_scheme always, first or never, or
+// the older add_prefix_space; split true or false), alone or after WhitespaceSplit in a
+// Sequence; its words stay UTF-8. Anything else is refused at load, naming the field.
 #pragma once
 
 #include <memory>
@@ -21,8 +23,14 @@ class PreTokenizer {
   // `field` is the "pre_tokenizer" member; nullopt when absent or null (refused).
   PreTokenizer(const std::optional<JsonField>& field, const std::string& source);
 
-  // Appends the words of well-formed UTF-8 `text`, in the byte-level alphabet.
-  void split(std::string_view text, std::vector<std::string>* words) const;
+  // A SentencePiece Metaspace pre-tokenizer (else byte-level).
+  bool is_metaspace() const { return metaspace_.has_value(); }
+
+  // Appends the words of well-formed UTF-8 `text`, in the byte-level alphabet (ByteLevel) or
+  // with spaces as the Metaspace replacement. `at_text_start`: `text` begins the input (for
+  // Metaspace's prepend_scheme "first").
+  void split(std::string_view text, std::vector<std::string>* words,
+             bool at_text_start = true) const;
 
  private:
   struct SplitStep {
@@ -30,10 +38,21 @@ class PreTokenizer {
     bool invert = false;          // the gaps are the pieces the behavior acts on
     bool remove_matches = false;  // "Removed"; else "Isolated": matches and gaps both kept
   };
+  struct Metaspace {
+    enum class Prepend { kAlways, kFirst, kNever };
+    bool whitespace_split = false;  // a WhitespaceSplit runs first
+    Prepend prepend = Prepend::kAlways;
+    bool split = true;
+    std::string replacement;
+  };
+  static Metaspace parse_metaspace(const JsonField& field, bool whitespace_split);
+  void split_metaspace(std::string_view text, std::vector<std::string>* words,
+                       bool at_text_start) const;
   void add_split(const JsonField& field);
   void check_byte_level(const JsonField& field) const;
 
   std::vector<SplitStep> steps_;
+  std::optional<Metaspace> metaspace_;  // set: a SentencePiece pre-tokenizer, steps_ unused
 };
 
 }  // namespace omni::models

@@ -15,6 +15,7 @@
 #include "json_field.h"
 #include "normalizer.h"
 #include "pre_tokenizer.h"
+#include "unigram_model.h"
 #include "utf8.h"
 #include "util/read_text_file.h"
 
@@ -23,21 +24,112 @@ namespace {
 
 using Json = nlohmann::json;
 
-const JsonField& check_model_type(const JsonField& model) {
-  const std::string type = model.get("type").string();
-  if (type != "BPE") {
-    model.get("type").fail("unsupported model type '" + type + "' (supported: BPE)");
+// The "model": BPE (byte-level, Qwen) or Unigram (SentencePiece, T5 / UMT5).
+class Model {
+ public:
+  explicit Model(const JsonField& model) {
+    const std::string type = model.get("type").string();
+    if (type == "BPE") {
+      bpe_ = std::make_unique<BpeModel>(model);
+    } else if (type == "Unigram") {
+      unigram_ = std::make_unique<UnigramModel>(model);
+    } else {
+      model.get("type").fail("unsupported model type '" + type +
+                             "' (supported: BPE) [also supported: Unigram]");
+    }
   }
-  return model;
+  void tokenize(std::string_view word, std::vector<int32_t>* ids) const {
+    if (bpe_) {
+      bpe_->tokenize(word, ids);
+    } else {
+      unigram_->tokenize(word, ids);
+    }
+  }
+  std::optional<int32_t> token_to_id(std::string_view token) const {
+    return bpe_ ? bpe_->token_to_id(token) : unigram_->token_to_id(token);
+  }
+  const std::string* id_to_token(int32_t id) const {
+    return bpe_ ? bpe_->id_to_token(id) : unigram_->id_to_token(id);
+  }
+  size_t size() const { return bpe_ ? bpe_->size() : unigram_->size(); }
+
+ private:
+  std::unique_ptr<BpeModel> bpe_;
+  std::unique_ptr<UnigramModel> unigram_;
+};
+
+// The decoder: ByteLevel with the ByteLevel pre-tokenizer, Metaspace with Metaspace.
+struct Decoder {
+  bool metaspace = false;
+  std::string replacement;
+  bool strip_first = true;  // prepend_scheme other than "never": the first token loses its ▁
+};
+
+Decoder parse_decoder(const JsonField& root, bool metaspace) {
+  const auto decoder = root.find("decoder");
+  if (!decoder) {
+    root.fail_missing("decoder", metaspace ? " (Metaspace needs the Metaspace decoder)"
+                                           : " (byte-level BPE needs the ByteLevel decoder)");
+  }
+  const std::string type = decoder->get("type").string();
+  const std::string wanted = metaspace ? "Metaspace" : "ByteLevel";
+  if (type != wanted) {
+    decoder->get("type").fail("unsupported decoder '" + type + "' (supported: ByteLevel, or " +
+                              "Metaspace with the Metaspace pre-tokenizer; this file needs " +
+                              wanted + ")");
+  }
+  Decoder out;
+  out.metaspace = metaspace;
+  if (metaspace) {
+    out.replacement = decoder->get_string("replacement", "\u2581");
+    if (const auto scheme = decoder->find("prepend_scheme")) {
+      out.strip_first = scheme->string() != "never";
+    } else {
+      out.strip_first = decoder->get_bool("add_prefix_space", true);
+    }
+  }
+  return out;
 }
 
-void check_decoder(const JsonField& root) {
-  const auto decoder = root.find("decoder");
-  if (!decoder) root.fail_missing("decoder", " (byte-level BPE needs the ByteLevel decoder)");
-  const std::string type = decoder->get("type").string();
-  if (type != "ByteLevel") {
-    decoder->get("type").fail("unsupported decoder '" + type + "' (supported: ByteLevel)");
+// The post_processor's template for one sequence: ids before and after it. Absent, null or
+// ByteLevel: none. TemplateProcessing: its "single" template. Anything else: `error` is set and
+// encode_with_template() refuses (encode() never uses it).
+struct Template {
+  std::vector<int32_t> before;
+  std::vector<int32_t> after;
+  std::string error;
+};
+
+Template parse_template(const JsonField& root) {
+  Template out;
+  const auto processor = root.find("post_processor");
+  if (!processor) return out;
+  const std::string type = processor->get("type").string();
+  if (type == "ByteLevel") return out;
+  if (type != "TemplateProcessing") {
+    out.error = root.source() + ": field 'post_processor.type': unsupported post_processor '" +
+                type + "' (supported: TemplateProcessing, ByteLevel)";
+    return out;
   }
+  const JsonField special = processor->get("special_tokens");
+  bool seen_sequence = false;
+  for (const JsonField& item : processor->get("single").items()) {
+    if (const auto sequence = item.find("Sequence")) {
+      if (seen_sequence) sequence->fail("a second sequence in the single template");
+      if (sequence->get("id").string() != "A") sequence->get("id").fail("must be \"A\"");
+      seen_sequence = true;
+    } else if (const auto token = item.find("SpecialToken")) {
+      const std::string name = token->get("id").string();
+      const JsonField entry = special.get(name);
+      for (const JsonField& id : entry.get("ids").items()) {
+        (seen_sequence ? out.after : out.before).push_back(static_cast<int32_t>(id.integer()));
+      }
+    } else {
+      item.fail("must be {\"Sequence\": ...} or {\"SpecialToken\": ...}");
+    }
+  }
+  if (!seen_sequence) processor->get("single").fail("has no {\"Sequence\": {\"id\": \"A\"}}");
+  return out;
 }
 
 }  // namespace
@@ -50,11 +142,12 @@ class Tokenizer::Impl {
       : source_(root.source()),
         normalizer_(root.find("normalizer")),
         pre_tokenizer_(root.find("pre_tokenizer"), source_),
-        model_(check_model_type(root.get("model"))),
+        model_(root.get("model")),
         added_(AddedVocabulary::parse(
             root.find("added_tokens"),
             [this](const std::string& content) { return normalizer_.normalize(content); })) {
-    check_decoder(root);
+    decoder_ = parse_decoder(root, pre_tokenizer_.is_metaspace());
+    template_ = parse_template(root);
     check_added_ids(root.find("added_tokens"));
     vocab_size_ = model_.size();
     for (const AddedToken& token : added_.tokens()) {
@@ -72,10 +165,12 @@ class Tokenizer::Impl {
     std::vector<TextPiece> raw_pieces;
     added_.raw_matcher().split(text, allow_special, &raw_pieces);
     std::vector<TextPiece> pieces;
+    bool at_text_start = true;
     std::vector<std::string> words;
     for (const TextPiece& raw : raw_pieces) {
       if (raw.token_id >= 0) {
         ids.push_back(raw.token_id);
+        at_text_start = false;
         continue;
       }
       const std::string normalized = normalizer_.normalize(std::string(raw.text));
@@ -84,17 +179,38 @@ class Tokenizer::Impl {
       for (const TextPiece& piece : pieces) {
         if (piece.token_id >= 0) {
           ids.push_back(piece.token_id);
+          at_text_start = false;
           continue;
         }
         words.clear();
-        pre_tokenizer_.split(piece.text, &words);
+        pre_tokenizer_.split(piece.text, &words, at_text_start);
+        at_text_start = false;
         for (const std::string& word : words) model_.tokenize(word, &ids);
       }
     }
     return ids;
   }
 
+  std::vector<int32_t> encode_with_template(const std::string& text,
+                                            std::optional<size_t> max_length) const {
+    if (!template_.error.empty()) OMNI_THROW(template_.error);
+    std::vector<int32_t> ids = template_.before;
+    std::vector<int32_t> body = encode(text, true);
+    if (max_length) {
+      const size_t added = template_.before.size() + template_.after.size();
+      if (*max_length < added) {
+        OMNI_THROW(source_, ": max_length ", *max_length, " leaves no room for the ", added,
+                   " special tokens of the template");
+      }
+      if (body.size() > *max_length - added) body.resize(*max_length - added);
+    }
+    ids.insert(ids.end(), body.begin(), body.end());
+    ids.insert(ids.end(), template_.after.begin(), template_.after.end());
+    return ids;
+  }
+
   std::string decode(const std::vector<int32_t>& ids, bool skip_special) const {
+    if (decoder_.metaspace) return decode_metaspace(ids, skip_special);
     std::string bytes;
     for (const int32_t id : ids) {
       const std::string* token = id_to_token(id);
@@ -104,6 +220,29 @@ class Tokenizer::Impl {
       if (!byte_level::decode(*token, &bytes)) bytes += *token;
     }
     return utf8::to_valid_lossy(bytes);
+  }
+
+  std::string decode_metaspace(const std::vector<int32_t>& ids, bool skip_special) const {
+    std::string out;
+    bool first = true;
+    for (const int32_t id : ids) {
+      const std::string* token = id_to_token(id);
+      if (token == nullptr) continue;
+      if (skip_special && added_.is_special_content(*token)) continue;
+      std::string text;
+      for (size_t pos = 0; pos < token->size();) {
+        if (token->compare(pos, decoder_.replacement.size(), decoder_.replacement) == 0) {
+          text += ' ';
+          pos += decoder_.replacement.size();
+        } else {
+          text += (*token)[pos++];
+        }
+      }
+      if (first && decoder_.strip_first && !text.empty() && text[0] == ' ') text.erase(0, 1);
+      first = false;
+      out += text;
+    }
+    return out;
   }
 
   std::optional<int32_t> find_token(const std::string& token) const {
@@ -153,8 +292,10 @@ class Tokenizer::Impl {
   std::string source_;
   Normalizer normalizer_;
   PreTokenizer pre_tokenizer_;
-  BpeModel model_;
+  Model model_;
   AddedVocabulary added_;
+  Decoder decoder_;
+  Template template_;
   size_t vocab_size_ = 0;
 };
 
@@ -183,6 +324,20 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& source) {
 
 std::vector<int32_t> Tokenizer::encode(const std::string& text, bool allow_special) const {
   return impl_->encode(text, allow_special);
+}
+
+std::vector<int32_t> Tokenizer::encode_with_template(const std::string& text) const {
+  return impl_->encode_with_template(text, std::nullopt);
+}
+
+Tokenizer::Padded Tokenizer::encode_padded(const std::string& text, size_t max_length,
+                                           int32_t pad_id) const {
+  Padded out;
+  out.ids = impl_->encode_with_template(text, max_length);
+  out.attention_mask.assign(out.ids.size(), 1);
+  out.ids.resize(max_length, pad_id);
+  out.attention_mask.resize(max_length, 0);
+  return out;
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {

@@ -1,6 +1,6 @@
 // A Hugging Face `tokenizer.json` tokenizer: the byte-level BPE of GPT-2 / Qwen2 / Qwen2.5-Omni /
-// Qwen3-Omni, encoding and decoding exactly like the `tokenizers` library (the tests hold it to
-// encodings that library produced).
+// Qwen3-Omni (and the SentencePiece Unigram of T5 / UMT5, see below), encoding and decoding exactly
+// like the `tokenizers` library (the tests hold it to encodings that library produced).
 //
 // encode(): added tokens (`<|im_start|>`, ...) are matched first in the raw text, longest match
 // first; the text between them is normalized (NFC), matched against the added tokens marked
@@ -24,7 +24,16 @@
 // Removed)..., ByteLevel], ByteLevel with add_prefix_space and use_regex false; decoder
 // ByteLevel; added tokens without lstrip/rstrip/single_word. Everything else is refused at
 // load() with the file, the field and what is supported, never silently encoded differently.
-// post_processor, truncation and padding are not used.
+// post_processor, truncation and padding are not used by encode().
+//
+// SentencePiece Unigram tokenizers (T5TokenizerFast: T5, UMT5 as Wan2.x's text encoder uses)
+// are supported too: model Unigram (Viterbi over the piece scores, unk_id, byte_fallback);
+// normalizer Precompiled (the sentencepiece charsmap, applied per grapheme cluster as Hugging
+// Face does; see precompiled_charsmap.h for the cluster approximation), with Strip and Replace
+// (as transformers' SpmConverter adds them) in a Sequence; pre_tokenizer
+// Metaspace, alone or after WhitespaceSplit; decoder Metaspace; and, for
+// encode_with_template() / encode_padded(), the TemplateProcessing post-processor (T5's
+// "$A </s>").
 #pragma once
 
 #include <cstddef>
@@ -48,6 +57,22 @@ class Tokenizer {
   // Face's `split_special_tokens`); non-special added tokens (e.g. `<tool_call>`) still match.
   // Thread-safe.
   std::vector<int32_t> encode(const std::string& text, bool allow_special = true) const;
+  // encode() wrapped in the post-processor's single-sequence template: Hugging Face's
+  // `tokenizer(text).input_ids` (add_special_tokens=True), e.g. T5's ids then </s>. Throws when
+  // the post_processor is not TemplateProcessing, ByteLevel or absent. Thread-safe.
+  std::vector<int32_t> encode_with_template(const std::string& text) const;
+
+  // What diffusers' Wan / UMT5 pipelines ask of the tokenizer: `tokenizer(text,
+  // padding="max_length", max_length=max_length, truncation=True, add_special_tokens=True,
+  // return_attention_mask=True)`. The text's ids are cut to leave room for the template's
+  // special tokens, then the template is applied, then `pad_id` (T5: <pad> = 0) fills up to
+  // max_length with mask 0. Thread-safe.
+  struct Padded {
+    std::vector<int32_t> ids;
+    std::vector<int32_t> attention_mask;
+  };
+  Padded encode_padded(const std::string& text, size_t max_length, int32_t pad_id) const;
+
   // With `skip_special`, special added tokens are dropped. Thread-safe.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
 
