@@ -5,7 +5,7 @@ serve`, at each concurrency, streamed and not, through the openai client. One JS
 
     python3 bench/serve_bench.py [--vllm-omni build/worker/vllm-omni] [--model DIR]
                                  [--url http://127.0.0.1:8091/v1 --served-model-name NAME]
-                                 [--requests 16] [--tokens 16] [--frames 24]
+                                 [--requests 96] [--tokens 16] [--frames 24]
                                  [--concurrency 1,8] [--stream both|yes|no]
 
 Non-streamed answers arrive whole: their first token and first audio are the whole latency.
@@ -65,7 +65,9 @@ def main():
     p.add_argument("--model", default="tests/fixtures/qwen3_omni_tiny")
     p.add_argument("--url", default="")
     p.add_argument("--served-model-name", default="tiny")
-    p.add_argument("--requests", type=int, default=16)
+    p.add_argument("--requests", type=int, default=96,
+                   help="requests per row (fewer: the first wave of simultaneous requests weighs "
+                        "on the medians)")
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--frames", type=int, default=24)
     p.add_argument("--concurrency", default="1,8", help="comma-separated client counts")
