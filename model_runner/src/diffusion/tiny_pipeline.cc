@@ -7,14 +7,10 @@
 #include <cmath>
 
 #include "cpu_offload/check.h"
+#include "module_tree.h"
 
 namespace omni::models {
 namespace {
-
-template <typename M, typename... Args>
-std::shared_ptr<M> child(torch::nn::Module& parent, const std::string& name, Args&&... args) {
-  return parent.register_module(name, std::make_shared<M>(std::forward<Args>(args)...));
-}
 
 // [B] timesteps in [0, 1] -> [B, dim] sinusoidal features (float32).
 at::Tensor timestep_features(const at::Tensor& t, int64_t dim) {

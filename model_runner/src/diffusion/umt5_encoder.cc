@@ -10,14 +10,10 @@
 #include "model_runner/weights/hf_config.h"
 #include "model_runner/weights/load_weights.h"
 #include "model_runner/weights/safetensors.h"
+#include "module_tree.h"
 
 namespace omni::models {
 namespace {
-
-template <typename M, typename... Args>
-std::shared_ptr<M> child(torch::nn::Module& parent, const std::string& name, Args&&... args) {
-  return parent.register_module(name, std::make_shared<M>(std::forward<Args>(args)...));
-}
 
 // transformers' NewGELUActivation ("gelu_new"), written as it is there so that the float
 // rounding matches: 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))).

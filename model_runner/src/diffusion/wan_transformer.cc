@@ -10,20 +10,10 @@
 #include "model_runner/weights/hf_config.h"
 #include "model_runner/weights/load_weights.h"
 #include "model_runner/weights/safetensors.h"
+#include "module_tree.h"
 
 namespace omni::models {
 namespace {
-
-template <typename M, typename... Args>
-std::shared_ptr<M> child(torch::nn::Module& parent, const std::string& name, Args&&... args) {
-  return parent.register_module(name, std::make_shared<M>(std::forward<Args>(args)...));
-}
-
-// A container without parameters of its own, for diffusers' nesting of names
-// ("condition_embedder.time_embedder", "to_out.0", "net.0.proj").
-std::shared_ptr<torch::nn::Module> group(torch::nn::Module& parent, const std::string& name) {
-  return parent.register_module(name, std::make_shared<torch::nn::Module>(name));
-}
 
 // diffusers' FP32LayerNorm: layer norm in float32 (weight and bias too, when given), cast back
 // to the input's dtype.

@@ -12,19 +12,10 @@
 #include "model_runner/weights/hf_config.h"
 #include "model_runner/weights/load_weights.h"
 #include "model_runner/weights/safetensors.h"
+#include "module_tree.h"
 
 namespace omni::models {
 namespace {
-
-template <typename M, typename... Args>
-std::shared_ptr<M> child(torch::nn::Module& parent, const std::string& name, Args&&... args) {
-  return parent.register_module(name, std::make_shared<M>(std::forward<Args>(args)...));
-}
-
-// A container without parameters of its own, for diffusers' nesting ("resample.1").
-std::shared_ptr<torch::nn::Module> group(torch::nn::Module& parent, const std::string& name) {
-  return parent.register_module(name, std::make_shared<torch::nn::Module>(name));
-}
 
 // The last min(T, n) frames of x, copied (the cache must not keep the chunk alive).
 at::Tensor last_frames(const at::Tensor& x, int64_t n) {
