@@ -99,11 +99,39 @@ TEST(StageParams, TheStructInProcessAndItsJsonOverTheWire) {
   }
 }
 
+// Slows a stage's packets down, so that a test of overlap between stages does not race.
+class SlowStage : public Stage {
+ public:
+  explicit SlowStage(std::shared_ptr<Stage> inner) : inner_(std::move(inner)) {}
+  const std::string& name() const override { return inner_->name(); }
+  void run(const StageCall& call, PacketQueue& input, const PacketSink& sink,
+           const CancelToken& cancel) override {
+    inner_->run(
+        call, input,
+        [&](StagePacket&& p) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(40));
+          sink(std::move(p));
+        },
+        cancel);
+  }
+  std::string stats_json() override { return inner_->stats_json(); }
+  StageInfo info() override { return inner_->info(); }
+  uint64_t set_device_released(bool r) override { return inner_->set_device_released(r); }
+  uint64_t device_bytes() override { return inner_->device_bytes(); }
+
+ private:
+  std::shared_ptr<Stage> inner_;
+};
+
 TEST(PipelineLocal, StreamsTextAndAudioWhileTheStagesOverlap) {
   const auto& ref = reference();
   ASSERT_GE(ref.tokens.size(), 2u);
   ASSERT_GT(ref.codes.size(1), 0);
-  Pipeline pipeline(local_stages());
+  // The talker's frames slowed to 40 ms each: without it, the tiny talker can finish before
+  // code2wav's first chunk (it did under ASan), and the overlap checked below is a race.
+  auto stages = local_stages();
+  stages[1].stage = std::make_shared<SlowStage>(stages[1].stage);
+  Pipeline pipeline(stages);
   std::vector<at::Tensor> chunks;
   std::string streamed_text;
   PipelineCallbacks cb;
@@ -132,34 +160,12 @@ TEST(PipelineLocal, StreamsTextAndAudioWhileTheStagesOverlap) {
   // The first audio left code2wav before the talker finished (the stages overlap).
   const auto& talker = got.stage_metrics.at("stage 1 (talker)");
   const auto& code2wav = got.stage_metrics.at("stage 2 (code2wav)");
-  EXPECT_LT(code2wav.at("first_packet_ms"), talker.at("done_ms"));
+  EXPECT_LT(code2wav.at("first_packet_ms"), talker.at("done_ms"))
+      << ref.codes.size(1) << " frames; the talker sleeps 40 ms before each";
 }
 
 // The thinker's packets slowed down: the talker must start speaking while the thinker still
 // writes (it reads each text row when it needs it), and the frames must not change.
-class SlowStage : public Stage {
- public:
-  explicit SlowStage(std::shared_ptr<Stage> inner) : inner_(std::move(inner)) {}
-  const std::string& name() const override { return inner_->name(); }
-  void run(const StageCall& call, PacketQueue& input, const PacketSink& sink,
-           const CancelToken& cancel) override {
-    inner_->run(
-        call, input,
-        [&](StagePacket&& p) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(40));
-          sink(std::move(p));
-        },
-        cancel);
-  }
-  std::string stats_json() override { return inner_->stats_json(); }
-  StageInfo info() override { return inner_->info(); }
-  uint64_t set_device_released(bool r) override { return inner_->set_device_released(r); }
-  uint64_t device_bytes() override { return inner_->device_bytes(); }
-
- private:
-  std::shared_ptr<Stage> inner_;
-};
-
 TEST(PipelineLocal, TheTalkerSpeaksWhileTheThinkerStillWrites) {
   const auto& ref = reference();
   auto stages = local_stages();
