@@ -1,7 +1,8 @@
 // The continuous-batching loop (worker/pipeline/engine_loop.h) over a model that counts: many
 // clients submit and cancel at once (also under TSan), a sequence that does not fit waits for
 // room, every sequence's resources are released exactly once, the queue is bounded, a failed
-// step fails its batch but not the loop, and deadlines hold in the queue.
+// step fails its batch but not the loop, deadlines hold in the queue, and sequences waiting for
+// input sit steps out while the loop sleeps.
 #include "worker/pipeline/engine_loop.h"
 
 #include <gtest/gtest.h>
@@ -204,6 +205,78 @@ TEST(EngineLoop, StoppingFailsWhatIsStillQueued) {
   EXPECT_EQ(drain(*queued).second, "unavailable");
   EXPECT_EQ(drain(*running).second, "unavailable");
   EXPECT_EQ(model.free_slots(), 1);
+}
+
+// Sequences that step only as far as their input allows (a talker waiting for its thinker's
+// text): the client raises `available` and wakes the loop.
+struct GatedSequence : CountingSequence {
+  explicit GatedSequence(int64_t n) : CountingSequence(n) {}
+  std::atomic<int64_t> available{0};
+  std::atomic<bool> bad_input{false};
+};
+
+class GatedModel : public CountingModel {
+ public:
+  GatedModel() : CountingModel(8) {}
+  bool ready(EngineSequence& base) override {
+    auto& seq = static_cast<GatedSequence&>(base);
+    if (seq.bad_input) throw StageError(StageError::Code::kInvalidArgument, "", "bad input");
+    return seq.emitted < seq.available;
+  }
+};
+
+TEST(EngineLoop, ASequenceWaitingForInputSitsOutTheStepsAndTheLoopSleeps) {
+  GatedModel model;
+  EngineLoop loop("stage 1 (gated)", model, EngineLimits{4, 8192, 8});
+  auto waits = std::make_shared<GatedSequence>(3);
+  auto goes = std::make_shared<GatedSequence>(10);
+  goes->available = 10;
+  loop.submit(waits);
+  loop.submit(goes);
+  // The other one finishes while the first has no input.
+  EXPECT_EQ(drain(*goes), std::make_pair(int64_t{10}, std::string()));
+  const int64_t steps = loop.stats().steps;
+  EXPECT_EQ(steps, 10);
+  EXPECT_EQ(loop.stats().running, 1);
+  // Nothing is ready: no step runs (the loop sleeps, it does not spin through empty steps).
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(loop.stats().steps, steps);
+  // Its input, packet by packet.
+  for (int64_t k = 1; k <= 3; ++k) {
+    waits->available = k;
+    loop.wake();
+    auto p = waits->out.pop();
+    ASSERT_TRUE(p.has_value());
+    EXPECT_EQ(p->tokens.at(0), k - 1);
+  }
+  EXPECT_EQ(drain(*waits, 3), std::make_pair(int64_t{3}, std::string()));
+  EXPECT_EQ(loop.stats().finished, 2);
+}
+
+TEST(EngineLoop, ASleepingSequenceCancelsAndBadInputFailsOnlyItsSequence) {
+  GatedModel model;
+  EngineLoop loop("stage 1 (gated)", model, EngineLimits{4, 8192, 8});
+  auto sleeper = std::make_shared<GatedSequence>(5);
+  auto bad = std::make_shared<GatedSequence>(5);
+  auto fine = std::make_shared<GatedSequence>(4);
+  loop.submit(sleeper);
+  loop.submit(bad);
+  loop.submit(fine);
+  while (loop.stats().running < 3) std::this_thread::yield();
+  sleeper->cancel();
+  loop.wake();
+  EXPECT_EQ(drain(*sleeper).second, "cancelled");
+  bad->bad_input = true;
+  fine->available = 4;
+  loop.wake();
+  EXPECT_EQ(drain(*bad).second, "invalid_argument");
+  EXPECT_EQ(drain(*fine), std::make_pair(int64_t{4}, std::string()));
+  const auto s = loop.stats();
+  EXPECT_EQ(s.cancelled, 1);
+  EXPECT_EQ(s.failed, 1);
+  EXPECT_EQ(s.finished, 1);
+  EXPECT_EQ(s.running, 0);
+  EXPECT_EQ(model.free_slots(), 8);
 }
 
 }  // namespace

@@ -64,6 +64,14 @@ void EngineLoop::submit(const std::shared_ptr<EngineSequence>& seq) {
   wake_.notify_all();
 }
 
+void EngineLoop::wake() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    woken_ = true;
+  }
+  wake_.notify_all();
+}
+
 EngineStats EngineLoop::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return stats_;
@@ -163,12 +171,18 @@ void EngineLoop::run() {
     }
     running_ = std::move(keep);
     leave(gone, nullptr);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      woken_ = false;  // a wake() from here on is seen by the sleep below
+    }
     const auto busy_start = Clock::now();
     admit_waiting();
-    // Sequences admit() already finished (a one-token answer) leave without a step.
-    std::vector<EngineSequence*> batch;
-    for (auto& seq : running_) {
-      if (!model_.finished(*seq)) batch.push_back(seq.get());
+    const auto batch = ready_batch();
+    const bool any_finished = std::any_of(running_.begin(), running_.end(),
+                                          [&](const auto& seq) { return model_.finished(*seq); });
+    if (batch.empty() && !any_finished && !running_.empty()) {
+      sleep_until_woken();
+      continue;
     }
     std::exception_ptr step_error;
     if (!batch.empty()) {
@@ -193,6 +207,38 @@ void EngineLoop::run() {
     running_ = std::move(keep);
     leave(gone, step_error);
   }
+}
+
+std::vector<EngineSequence*> EngineLoop::ready_batch() {
+  // Sequences admit() already finished (a one-token answer) leave without a step.
+  std::vector<EngineSequence*> batch;
+  std::vector<std::shared_ptr<EngineSequence>> failed;
+  for (auto it = running_.begin(); it != running_.end();) {
+    auto& seq = **it;
+    bool ready = false;
+    try {
+      ready = !model_.finished(seq) && model_.ready(seq) && !model_.finished(seq);
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++stats_.failed;
+        stats_.running = static_cast<int64_t>(running_.size()) - 1;
+      }
+      retire(seq, as_stage_error(std::current_exception()));
+      it = running_.erase(it);
+      continue;
+    }
+    if (ready) batch.push_back(&seq);
+    ++it;
+  }
+  return batch;
+}
+
+void EngineLoop::sleep_until_woken() {
+  auto until = Clock::now() + std::chrono::seconds(1);
+  for (const auto& seq : running_) until = std::min(until, seq->deadline);
+  std::unique_lock<std::mutex> lock(mutex_);
+  wake_.wait_until(lock, until, [&] { return stopping_ || woken_ || !waiting_.empty(); });
 }
 
 void EngineLoop::leave(const std::vector<std::shared_ptr<EngineSequence>>& gone,

@@ -47,7 +47,12 @@ class EngineModel {
   virtual bool admit(EngineSequence& seq) = 0;
   // Prompt tokens admit() will run for `seq`: counted against max_num_batched_tokens.
   virtual int64_t prompt_tokens(const EngineSequence& seq) = 0;
-  // One step of every running sequence together (a batched forward, sampling, outputs).
+  // Whether `seq` takes part in the next step; one waiting for input (a talker's, for its
+  // thinker's text) sits it out, and the loop sleeps while none is ready until wake(). May
+  // prepare the sequence (read its input, run its prompt) or finish it. Throwing fails `seq`
+  // only.
+  virtual bool ready(EngineSequence& /*seq*/) { return true; }
+  // One step of every ready running sequence together (a batched forward, sampling, outputs).
   // Throwing fails the whole batch.
   virtual void step(const std::vector<EngineSequence*>& running) = 0;
   // Whether `seq` has emitted its last packet (its out queue is then closed by the loop).
@@ -86,6 +91,8 @@ class EngineLoop {
   // Queues `seq`; throws StageError kResourceExhausted when max_waiting are already queued
   // (kUnavailable while shutting down).
   void submit(const std::shared_ptr<EngineSequence>& seq);
+  // Any thread: something a sequence waited for arrived (its input, its cancellation).
+  void wake();
   EngineStats stats() const;
   const EngineLimits& limits() const { return limits_; }
 
@@ -94,6 +101,11 @@ class EngineLoop {
   // Drops `seq` from the loop: release() and close its queue (with `error` if any).
   void retire(EngineSequence& seq, std::exception_ptr error);
   void admit_waiting();
+  // The running sequences that are not finished and are ready; fails those whose ready()
+  // throws.
+  std::vector<EngineSequence*> ready_batch();
+  // Nothing was ready: sleeps until wake(), a submission, or the nearest deadline.
+  void sleep_until_woken();
   // Counts `gone` (finished, cancelled, expired, or failed by `step_error`) in the stats, then
   // retires each.
   void leave(const std::vector<std::shared_ptr<EngineSequence>>& gone,
@@ -106,6 +118,7 @@ class EngineLoop {
   std::condition_variable wake_;
   std::deque<std::shared_ptr<EngineSequence>> waiting_;   // under mutex_
   bool stopping_ = false;                                 // under mutex_
+  bool woken_ = false;                                    // under mutex_: wake() since the step
   EngineStats stats_;                                     // under mutex_
   std::vector<std::shared_ptr<EngineSequence>> running_;  // the loop's thread only
   std::thread thread_;

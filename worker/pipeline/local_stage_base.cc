@@ -26,6 +26,25 @@ std::vector<int64_t> ids_from(const at::Tensor& t) {
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
+Json engine_stats(const EngineLoop& loop) {
+  const auto e = loop.stats();
+  return {{"running", e.running},
+          {"waiting", e.waiting},
+          {"steps", e.steps},
+          {"admitted", e.admitted},
+          {"finished", e.finished},
+          {"cancelled", e.cancelled},
+          {"failed", e.failed},
+          {"refused", e.refused},
+          {"last_batch", e.last_batch},
+          {"max_batch", e.max_batch},
+          {"mean_batch", e.mean_batch()},
+          {"batch_rows", e.batch_rows},
+          {"queue_ms_total", e.queue_ms_total},
+          {"busy_ms_total", e.busy_ms_total},
+          {"max_num_seqs", loop.limits().max_num_seqs}};
+}
+
 Json batching_stats(const models::StepRendezvous::Stats& s) {
   return {{"running", s.members},
           {"steps", s.steps},

@@ -15,6 +15,7 @@
 #include "cpu_offload/check.h"
 #include "cpu_offload/offload_backend.h"
 #include "model_runner/runner/step_rendezvous.h"
+#include "worker/pipeline/engine_loop.h"
 #include "worker/pipeline/local_stages.h"
 #include "worker/pipeline/stage.h"
 
@@ -34,6 +35,8 @@ std::string offload_stats_json(offload::OffloadBackend& backend);
 // (requests in the stage now), steps, batch_rows, last_batch, max_batch, mean_batch,
 // busy_ms_total (time in batched calls).
 Json batching_stats(const models::StepRendezvous::Stats& s);
+// An engine loop's figures (EngineStats and max_num_seqs) as a stage's "engine" stats.
+Json engine_stats(const EngineLoop& loop);
 // offload_stage: every top-level part of the stage is a component, and the budget holds them
 // all, so once loaded they stay until the ledger releases them.
 models::RunnerOffloadOptions whole_stage_offload(bool pin_memory);

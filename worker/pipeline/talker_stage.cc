@@ -2,10 +2,16 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
-#include <optional>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <thread>
+#include <utility>
 
 #include "cpu_offload/logging.h"
+#include "model_runner/runner/exclusive_forward.h"
 #include "model_runner/runner/speech_runners.h"
+#include "worker/pipeline/engine_loop.h"
 #include "worker/pipeline/local_stage_base.h"
 #include "worker/pipeline/stage_params.h"
 
@@ -44,7 +50,30 @@ void add_packet(models::TalkerRunner::StreamingHandoff& h, const StagePacket& p)
   }
 }
 
-class TalkerStage : public LocalStageBase {
+// One request in the talker's engine loop. The request's thread puts the thinker's packets in
+// the inbox; the loop's thread moves them into the session before each step.
+struct TalkerSequence : EngineSequence {
+  // Any thread.
+  void deliver(std::optional<StagePacket> packet) {
+    std::lock_guard<std::mutex> lock(inbox_mutex);
+    if (packet) {
+      inbox.push_back(std::move(*packet));
+    } else {
+      input_ended = true;
+    }
+  }
+  std::mutex inbox_mutex;
+  std::deque<StagePacket> inbox;  // under inbox_mutex
+  bool input_ended = false;       // under inbox_mutex: the thinker's stream is closed
+
+  // The loop's thread only (the request's thread reads them once `out` is closed).
+  std::unique_ptr<models::TalkerRunner::Session> session;  // until the loop releases it
+  models::qwen3_omni::TalkerRun result;                    // the session's, at its release
+  bool done = false;
+  double talker_ms = 0;  // the prefill and the steps it took part in
+};
+
+class TalkerStage : public LocalStageBase, private EngineModel {
  public:
   explicit TalkerStage(const LocalStageOptions& o) : LocalStageBase(o) {
     models::SpeechRunnerOptions ro{o.model_dir, o.dtype, o.offload};
@@ -53,9 +82,10 @@ class TalkerStage : public LocalStageBase {
       ro.offload.components = {"talker.*"};
     }
     runner_ = models::TalkerRunner::load(ro, engine_);
-    batcher_ = std::make_unique<models::TalkerBatcher>(runner_->model(), runner_->offload(), mutex_,
-                                                       o.limits.max_num_seqs);
+    EngineModel& model = *this;
+    loop_ = std::make_unique<EngineLoop>(name_, model, o.limits);
   }
+  ~TalkerStage() override { loop_.reset(); }  // before the model it steps
 
   StageInfo info() override {
     StageInfo i;
@@ -66,71 +96,149 @@ class TalkerStage : public LocalStageBase {
     return with_bytes(std::move(i));
   }
 
-  // The talker starts as soon as the thinker's first tokens and rows are in, and reads the
-  // rest while it speaks (TalkerRunner::generate_streaming). Concurrent requests step together
-  // (TalkerBatcher): each model call takes the stage's lock, not the whole request.
+  // The talker starts as soon as the thinker's first tokens and rows are in and reads the rest
+  // while it speaks (TalkerRunner::Session). The engine loop steps every request that has its
+  // next text row in one batch; this thread forwards the thinker's packets to it and the
+  // frames it makes to `sink`.
   void run(const StageCall& call, PacketQueue& input, const PacketSink& sink,
            const CancelToken& cancel) override {
-    c10::InferenceMode inference;  // for the whole request: no autograd bookkeeping per op
-    const auto params_ptr = params_as<TalkerParams>(call, talker_params);
-    const TalkerParams& params = *params_ptr;
+    const auto params = params_as<TalkerParams>(call, talker_params);
     check_going(call, cancel);
-    translate_errors([&] { generate(call, params, input, sink, cancel); });
+    auto seq = std::make_shared<TalkerSequence>();
+    models::TalkerRunner::Request request;
+    request.speaker = params->speaker;
+    request.talker = params->talker;
+    request.code_predictor = params->code_predictor;
+    request.max_frames = params->max_frames;
+    seq->session = runner_->start_session(request);
+    seq->deadline = call.deadline;
+    loop_->submit(seq);
+    // The thinker's stream, read to its end (also what it sends after the last frame).
+    std::exception_ptr input_error;
+    std::thread reader([&] {
+      try {
+        while (true) {
+          auto packet = input.pop(&cancel);
+          const bool end = !packet;
+          seq->deliver(std::move(packet));
+          loop_->wake();
+          if (end) break;
+        }
+      } catch (...) {
+        input_error = std::current_exception();
+        seq->cancel();
+        loop_->wake();
+      }
+    });
+    std::exception_ptr output_error;
+    try {
+      while (auto packet = seq->out.pop(&cancel)) sink(std::move(*packet));
+    } catch (...) {
+      output_error = std::current_exception();
+      seq->cancel();  // the client went away or the request failed: leave the batch at once
+      loop_->wake();
+    }
+    reader.join();
+    if (input_error) std::rethrow_exception(input_error);
+    if (output_error) std::rethrow_exception(output_error);
+    const auto& run = seq->result;
+    StagePacket last;
+    last.finished = true;
+    last.finish_reason = run.finish_reason;
+    last.metrics = {{"talker_ms", seq->talker_ms},
+                    {"code_predictor_ms", run.code_predictor_ms},
+                    {"frames", static_cast<double>(run.frames.size())}};
+    if (!run.frames.empty() && seq->talker_ms > 0) {
+      last.metrics["frames_per_s"] =
+          static_cast<double>(run.frames.size()) / (seq->talker_ms / 1000.0);
+    }
+    sink(std::move(last));
   }
 
  protected:
   offload::OffloadBackend& backend() override { return runner_->offload(); }
 
  private:
-  void generate(const StageCall& call, const TalkerParams& params, PacketQueue& input,
-                const PacketSink& sink, const CancelToken& cancel) {
-    models::TalkerRunner::StreamingHandoff h;
-    const auto pull = [&] {
-      auto packet = input.pop(&cancel);
-      if (!packet) return false;
-      add_packet(h, *packet);
-      return true;
-    };
-    models::TalkerRunner::Request request;
-    request.speaker = params.speaker;
-    request.talker = params.talker;
-    request.code_predictor = params.code_predictor;
-    request.max_frames = params.max_frames;
-    const auto run = runner_->generate_streaming(
-        h, pull, request,
-        [&](const std::vector<int64_t>& frame) {
-          check_going(call, cancel);
-          StagePacket packet;
-          packet.frames = {frame};
-          sink(std::move(packet));
-          return true;
-        },
-        batcher_.get());
-    // Whatever the thinker still sends after the last frame (its last rows, its end).
-    while (!h.finished && pull()) {
-    }
-    StagePacket last;
-    last.finished = true;
-    last.finish_reason = run.finish_reason;
-    last.metrics = {{"talker_ms", run.talker_ms},
-                    {"code_predictor_ms", run.code_predictor_ms},
-                    {"frames", static_cast<double>(run.frames.size())}};
-    if (!run.frames.empty() && run.talker_ms > 0) {
-      last.metrics["frames_per_s"] =
-          static_cast<double>(run.frames.size()) / (run.talker_ms / 1000.0);
-    }
-    sink(std::move(last));
-  }
-
-  // The offload figures (as of the last moment no step ran) and "engine": the batching's, live.
+  // The offload figures (as of the last moment no step ran) and "engine": the loop's, live.
   std::string stats_json() override {
     Json all = Json::parse(LocalStageBase::stats_json());
-    all["engine"] = batching_stats(batcher_->stats());
+    all["engine"] = engine_stats(*loop_);
     return all.dump();
   }
 
+  // Model calls of the loop's thread: the stage's lock (stats and device release wait for it)
+  // and the backend's forward scope.
+  template <typename Fn>
+  void with_model(Fn&& fn) {
+    translate_errors([&] {
+      c10::InferenceMode inference;  // no autograd bookkeeping per op
+      models::run_exclusive(mutex_, backend(), fn);
+    });
+  }
+
+  // ---- EngineModel: called on the loop's thread.
+  int64_t prompt_tokens(const EngineSequence&) override { return 0; }  // known at prefill only
+  bool admit(EngineSequence&) override { return true; }  // the prefill waits for the thinker
+
+  // Moves the thinker's packets in, then prefills or adds the next text row if they allow.
+  bool ready(EngineSequence& base) override {
+    auto& seq = static_cast<TalkerSequence&>(base);
+    auto& session = *seq.session;
+    {
+      std::lock_guard<std::mutex> lock(seq.inbox_mutex);
+      for (auto& packet : seq.inbox) add_packet(session.h, packet);
+      seq.inbox.clear();
+      if (seq.input_ended) session.h.finished = true;
+    }
+    using Next = models::TalkerRunner::Session::Next;
+    Next next = Next::kInput;
+    const auto start = Clock::now();
+    with_model([&] { next = session.advance(); });
+    seq.talker_ms += ms_since(start);
+    seq.done = next == Next::kDone;
+    return next == Next::kStep;
+  }
+
+  void step(const std::vector<EngineSequence*>& batch) override {
+    std::vector<int64_t> codes;
+    std::vector<models::qwen3_omni::TalkerState*> states;
+    std::vector<models::Sampler*> samplers;
+    for (auto* base : batch) {
+      auto& session = *static_cast<TalkerSequence&>(*base).session;
+      codes.push_back(session.decode().code());
+      states.push_back(&session.state());
+      samplers.push_back(&session.decode().code_predictor_sampler());
+    }
+    const auto start = Clock::now();
+    at::Tensor logits;
+    std::vector<std::vector<int64_t>> frames;
+    with_model([&] { frames = runner_->model().step_batch(codes, states, samplers, logits); });
+    const double took = ms_since(start);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      auto& seq = static_cast<TalkerSequence&>(*batch[i]);
+      auto& decode = seq.session->decode();
+      seq.talker_ms += took;
+      StagePacket packet;
+      packet.frames = {frames[i]};
+      decode.stepped(std::move(frames[i]), logits[static_cast<int64_t>(i)]);
+      seq.out.push(std::move(packet));
+      seq.done = decode.done();
+    }
+  }
+
+  bool finished(const EngineSequence& seq) override {
+    return static_cast<const TalkerSequence&>(seq).done;
+  }
+
+  // The session's KV cache goes now; its frames and figures stay for the request's thread.
+  void release(EngineSequence& base) override {
+    auto& seq = static_cast<TalkerSequence&>(base);
+    seq.result = seq.session->run();
+    seq.session.reset();
+  }
+
   std::unique_ptr<models::TalkerRunner> runner_;
-  std::unique_ptr<models::TalkerBatcher> batcher_;
+  std::unique_ptr<EngineLoop> loop_;  // last: stopped before the rest goes
 };
 
 }  // namespace

@@ -143,27 +143,13 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
   std::string stats_json() override {
     Json all = Json::parse(LocalStageBase::stats_json());
     const auto e = loop_->stats();
-    all["engine"] = {{"running", e.running},
-                     {"waiting", e.waiting},
-                     {"steps", e.steps},
-                     {"admitted", e.admitted},
-                     {"finished", e.finished},
-                     {"cancelled", e.cancelled},
-                     {"failed", e.failed},
-                     {"refused", e.refused},
-                     {"last_batch", e.last_batch},
-                     {"max_batch", e.max_batch},
-                     {"mean_batch", e.mean_batch()},
-                     {"batch_rows", e.batch_rows},
-                     {"queue_ms_total", e.queue_ms_total},
-                     {"busy_ms_total", e.busy_ms_total},
-                     {"max_num_seqs", loop_->limits().max_num_seqs},
-                     {"kv_block_size", kv_.block_size},
-                     {"kv_block_bytes", kv_.bytes_per_block},
-                     {"kv_blocks_total", kv_.total_blocks},
-                     {"kv_blocks_reserved", kv_reserved_.load()},
-                     {"kv_blocks_used", kv_used_.load()},
-                     {"tokens", tokens_.load()}};
+    all["engine"] = engine_stats(*loop_);
+    all["engine"].update({{"kv_block_size", kv_.block_size},
+                          {"kv_block_bytes", kv_.bytes_per_block},
+                          {"kv_blocks_total", kv_.total_blocks},
+                          {"kv_blocks_reserved", kv_reserved_.load()},
+                          {"kv_blocks_used", kv_used_.load()},
+                          {"tokens", tokens_.load()}});
     // Offload with batches: the weight bytes copied per generated token and per forward (a
     // decode step of the batch, or one request's prompt).
     if (all.contains("bytes_h2d")) {

@@ -6,68 +6,76 @@
 
 namespace omni::models::qwen3_omni {
 
+TalkerDecode::TalkerDecode(const TalkerConfig& tc, SamplingParams talker_params,
+                           SamplingParams code_predictor_params, int64_t max_frames)
+    : eos_(tc.codec_eos_token_id),
+      max_codes_(max_frames + 1),
+      sampler_([&] {
+        OMNI_CHECK(max_frames >= 1, "max_audio_frames must be >= 1, got ", max_frames);
+        // Each frame takes one position of the talker's context (checked before max_frames + 1).
+        const int64_t context = tc.text.max_position_embeddings;
+        OMNI_CHECK(context == 0 || max_frames <= context, "max_audio_frames (", max_frames,
+                   ") exceeds the talker's context of ", context, " positions");
+        talker_params.suppress_tokens = talker_suppressed_tokens(tc);
+        talker_params.stop_token_ids = {tc.codec_eos_token_id};
+        talker_params.max_new_tokens = max_frames + 1;
+        return talker_params;
+      }()),
+      cp_sampler_([&] {
+        code_predictor_params.greedy = sampler_.params().is_greedy();
+        return code_predictor_params;
+      }()) {
+  run_.finish_reason = "length";
+}
+
+void TalkerDecode::start(const at::Tensor& logits) { sample(logits); }
+
+void TalkerDecode::stepped(std::vector<int64_t> frame, const at::Tensor& logits) {
+  run_.frames.push_back(std::move(frame));
+  sample(logits);
+}
+
+void TalkerDecode::sample(const at::Tensor& logits) {
+  const int64_t code = sampler_.sample(logits, codes0_);
+  codes0_.push_back(code);
+  if (code == eos_) return finish("stop");
+  if (static_cast<int64_t>(codes0_.size()) >= max_codes_) finish("length");
+}
+
+void TalkerDecode::finish(const char* reason) {
+  run_.finish_reason = reason;
+  done_ = true;
+}
+
 TalkerRun run_talker(Talker& talker, const TalkerPrompt& prompt,
                      const std::vector<std::array<int64_t, 3>>& image_grids,
                      SamplingParams talker_params, SamplingParams code_predictor_params,
                      int64_t max_frames,
-                     const std::function<bool(const std::vector<int64_t>&)>& on_frame,
-                     const std::function<void(TalkerState&)>& feed_text,
-                     const TalkerCalls* batched) {
+                     const std::function<bool(const std::vector<int64_t>&)>& on_frame) {
   using Clock = std::chrono::steady_clock;
-  OMNI_CHECK(max_frames >= 1, "max_audio_frames must be >= 1, got ", max_frames);
-  const auto& tc = talker.config();
-  // Each frame takes one position of the talker's context (checked before max_frames + 1).
-  const int64_t context = tc.text.max_position_embeddings;
-  OMNI_CHECK(context == 0 || max_frames <= context, "max_audio_frames (", max_frames,
-             ") exceeds the talker's context of ", context, " positions");
-  talker_params.suppress_tokens = talker_suppressed_tokens(tc);
-  talker_params.stop_token_ids = {tc.codec_eos_token_id};
-  talker_params.max_new_tokens = max_frames + 1;
-  code_predictor_params.greedy = talker_params.is_greedy();
-  Sampler talker_sampler(talker_params);
-  Sampler cp_sampler(code_predictor_params);
-
-  TalkerRun run;
+  TalkerDecode decode(talker.config(), std::move(talker_params), std::move(code_predictor_params),
+                      max_frames);
   double callback_ms = 0;
   const auto start = Clock::now();
   auto state = talker.new_state();
-  at::Tensor logits;
-  const auto prefill = [&] { logits = talker.prefill(prompt, image_grids, state); };
-  batched ? batched->with_model(prefill) : prefill();
-  if (feed_text) state.trailing_complete = false;
-  std::vector<int64_t> codes0;
-  run.finish_reason = "length";
-  while (true) {
-    const int64_t code = talker_sampler.sample(logits, codes0);
-    codes0.push_back(code);
-    if (code == tc.codec_eos_token_id) {
-      run.finish_reason = "stop";
-      break;
-    }
-    // The last code sampled within the cap is never fed back: it has no frame (as HF).
-    if (static_cast<int64_t>(codes0.size()) >= talker_params.max_new_tokens) break;
-    if (feed_text) {
-      const auto feed_start = Clock::now();
-      feed_text(state);  // may wait for the thinker: not talker time
-      callback_ms += std::chrono::duration<double, std::milli>(Clock::now() - feed_start).count();
-    }
-    run.frames.push_back(batched ? batched->step(code, state, cp_sampler, logits)
-                                 : talker.step(code, state, cp_sampler, logits));
+  decode.start(talker.prefill(prompt, image_grids, state));
+  while (!decode.done()) {
+    at::Tensor logits;
+    auto frame = talker.step(decode.code(), state, decode.code_predictor_sampler(), logits);
+    decode.stepped(std::move(frame), logits);
     if (on_frame) {
       const auto callback_start = Clock::now();
-      const bool go_on = on_frame(run.frames.back());
+      const bool go_on = on_frame(decode.run().frames.back());
       callback_ms +=
           std::chrono::duration<double, std::milli>(Clock::now() - callback_start).count();
-      if (!go_on) {
-        run.finish_reason = "cancelled";
-        break;
-      }
+      if (!go_on) decode.cancel();
     }
   }
+  auto& run = decode.run();
   run.talker_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - start).count() - callback_ms;
   run.code_predictor_ms = state.code_predictor_ms;
-  return run;
+  return std::move(run);
 }
 
 HandoffIds handoff_ids(const ThinkerConfig& thinker, const TalkerConfig& tc,

@@ -1,7 +1,6 @@
-// The talker's generation loop over a built hand-off (the only one: TalkerRunner runs it for
-// the talker stage): group 0 from the talker (suppressed special ids, codec EOS
-// stops), groups 1..15 from the code predictor, the last code sampled within the cap never fed
-// back (as the reference).
+// The talker's generation around its steps: group 0 from the talker (suppressed special ids,
+// codec EOS stops), groups 1..15 from the code predictor (inside Talker::step), the last code
+// sampled within the cap never fed back (as the reference).
 #pragma once
 
 #include <array>
@@ -24,28 +23,49 @@ struct TalkerRun {
   double code_predictor_ms = 0;              // of talker_ms
 };
 
-// `talker_params`: the request's talker sampling (suppressed ids, stop token and cap are set
-// here); `code_predictor_params` follow the talker's greedy flag (the reference since
-// transformers 5.15). `on_frame` sees each frame as it is made; false cancels.
-// `feed_text`, for a hand-off still streaming in: `prompt` then holds the prefill only, and
-// feed_text is called before each step to add that step's text row to the state
-// (Talker::add_trailing) or to mark the text complete; without it the prompt is whole.
-// `batched`, when set, takes the model calls: `with_model` runs the prefill under the model's
-// lock and `step` stands for Talker::step (models::TalkerBatcher batches it with other
-// requests'); feed_text then makes its own model calls through the same lock.
-struct TalkerCalls {
-  std::function<void(const std::function<void()>&)> with_model;
-  std::function<std::vector<int64_t>(int64_t code0, TalkerState& state, Sampler& sampler,
-                                     at::Tensor& next_logits)>
-      step;
+// One request's decode around the talker's steps, whoever runs them (run_talker alone, the
+// talker stage's engine loop in a batch): group 0 sampled from the talker's logits (suppressed
+// special ids, codec EOS stops, the generated codes as repetition context), the frames kept,
+// the cap applied. `talker_params`: the request's talker sampling (suppressed ids, stop token
+// and cap are set here); `code_predictor_params` follow the talker's greedy flag (the reference
+// since transformers 5.15).
+class TalkerDecode {
+ public:
+  // Throws on a max_frames the talker's context cannot hold.
+  TalkerDecode(const TalkerConfig& tc, SamplingParams talker_params,
+               SamplingParams code_predictor_params, int64_t max_frames);
+  // The prefill's logits: samples the first code.
+  void start(const at::Tensor& logits);
+  // A step's frame (fed back code() first) and the logits after it: samples the next code.
+  void stepped(std::vector<int64_t> frame, const at::Tensor& logits);
+  // Ends the run now (the caller stopped it).
+  void cancel() { finish("cancelled"); }
+
+  bool done() const { return done_; }
+  int64_t code() const { return codes0_.back(); }  // the code the next step feeds back
+  Sampler& code_predictor_sampler() { return cp_sampler_; }
+  const TalkerRun& run() const { return run_; }
+  TalkerRun& run() { return run_; }
+
+ private:
+  void sample(const at::Tensor& logits);
+  void finish(const char* reason);
+
+  int64_t eos_;
+  int64_t max_codes_;  // max_frames + 1: the last code sampled within the cap has no frame
+  Sampler sampler_, cp_sampler_;
+  std::vector<int64_t> codes0_;
+  TalkerRun run_;
+  bool done_ = false;
 };
+
+// The whole loop for a complete hand-off (`prompt` holds every text row): prefill, then steps
+// until EOS or the cap. `on_frame` sees each frame as it is made; false cancels.
 TalkerRun run_talker(Talker& talker, const TalkerPrompt& prompt,
                      const std::vector<std::array<int64_t, 3>>& image_grids,
                      SamplingParams talker_params, SamplingParams code_predictor_params,
                      int64_t max_frames,
-                     const std::function<bool(const std::vector<int64_t>&)>& on_frame,
-                     const std::function<void(TalkerState&)>& feed_text = nullptr,
-                     const TalkerCalls* batched = nullptr);
+                     const std::function<bool(const std::vector<int64_t>&)>& on_frame);
 
 // The hand-off's ids for `speaker` (a codec id) from the checkpoint's configs.
 HandoffIds handoff_ids(const ThinkerConfig& thinker, const TalkerConfig& talker,

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,6 @@
 #include "model_runner/qwen3_omni/talker_generate.h"
 #include "model_runner/qwen3_omni/talker_handoff.h"
 #include "model_runner/runner/offload_options.h"
-#include "model_runner/runner/talker_batcher.h"
 
 namespace omni::models {
 
@@ -61,8 +61,8 @@ class TalkerRunner {
 
   // The thinker's answer as it streams in: the talker starts as soon as its prefill is known
   // (the prompt, the first generated token's row and a second token) and reads each step's text
-  // row when the thinker has produced it, instead of waiting for the whole answer. The frames
-  // are exactly generate()'s for the same hand-off.
+  // row when the thinker has produced it, instead of waiting for the whole answer (Session).
+  // The frames are exactly generate()'s for the same hand-off.
   struct StreamingHandoff {
     qwen3_omni::ThinkerHandoff handoff;  // grows: use append_rows for embeds / hidden
     std::vector<int64_t> thinker_stop_tokens;
@@ -77,15 +77,44 @@ class TalkerRunner {
     at::Tensor embeds_storage_, hidden_storage_;
     int64_t rows_ = 0;
   };
-  // `pull` waits for more of the thinker's answer and adds it to `h` (setting h.finished with
-  // the last of it); false once nothing more will come. A thinker that said fewer than 2 tokens
-  // gives no frames (finish_reason "none"); a cancelled thinker, "cancelled".
-  // With `batcher`, the steps are batched with the other requests that use it at the same time
-  // (TalkerBatcher; each model call takes its lock); without, the run has the model to itself.
-  qwen3_omni::TalkerRun generate_streaming(
-      StreamingHandoff& h, const std::function<bool()>& pull, const Request& request,
-      const std::function<bool(const std::vector<int64_t>&)>& on_frame,
-      TalkerBatcher* batcher = nullptr);
+  // One request's talker run over a hand-off still streaming in. Whoever owns the model drives
+  // it (the talker stage's engine loop, stepping every ready session in one batch): advance()
+  // before each step, then the step with decode().code(), state() and
+  // decode().code_predictor_sampler(), then decode().stepped(frame, logits).
+  class Session {
+   public:
+    enum class Next {
+      kInput,  // needs more of the thinker's answer in `h`
+      kStep,   // ready for its next step
+      kDone,   // run() is final
+    };
+    // Reads what `h` holds now: prefills once it can, then adds the next step's text row. Makes
+    // model calls (the caller holds the model). Throws on an unknown speaker (listing the known
+    // ones) and on a malformed hand-off.
+    Next advance();
+    qwen3_omni::TalkerDecode& decode() { return *decode_; }
+    qwen3_omni::TalkerState& state() { return *state_; }
+    // Frames and finish reason; "none" when the thinker said fewer than 2 tokens (no frames),
+    // "cancelled" when the thinker was cancelled before the talker could start.
+    qwen3_omni::TalkerRun run() const;
+
+    StreamingHandoff h;  // the caller adds the thinker's packets
+
+   private:
+    friend class TalkerRunner;
+    Session(TalkerRunner& runner, Request request);
+    Next end_without_frames(const char* reason);
+
+    TalkerRunner& runner_;
+    Request request_;
+    std::optional<qwen3_omni::HandoffIds> ids_;
+    std::optional<qwen3_omni::TrailingText> text_;
+    std::optional<qwen3_omni::TalkerState> state_;
+    std::optional<qwen3_omni::TalkerDecode> decode_;
+    int64_t next_ = 0;  // the next trailing text entry to add
+    std::string none_reason_;
+  };
+  std::unique_ptr<Session> start_session(const Request& request);
 
   // The thinker's token ids the hand-off needs from the thinker stage: tts_bos, tts_eos, tts_pad.
   std::vector<int64_t> tts_token_ids() const;
