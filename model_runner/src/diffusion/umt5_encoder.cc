@@ -194,7 +194,7 @@ at::Tensor UMT5Block::forward(const at::Tensor& x, const at::Tensor& buckets,
 }
 
 UMT5Encoder::UMT5Encoder(const UMT5Config& c, at::ScalarType dtype)
-    : torch::nn::Module("UMT5EncoderModel"), config_(c), dtype_(dtype) {
+    : HookableModule("UMT5EncoderModel"), config_(c), dtype_(dtype) {
   shared_ = child<Embedding>(*this, "shared", c.vocab_size, c.d_model, dtype);
   encoder_ = register_module("encoder", std::make_shared<torch::nn::Module>("UMT5Stack"));
   blocks_ = encoder_->register_module("block", torch::nn::ModuleList());
@@ -211,6 +211,17 @@ UMT5Block& UMT5Encoder::block(int64_t i) {
 }
 
 at::Tensor UMT5Encoder::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask) {
+  return invoke("forward", {input_ids, attention_mask},
+                [this](offload::HookArgs& a) -> c10::IValue {
+                  // An undefined mask travels as None.
+                  return forward_impl(a[0].toTensor(),
+                                      a[1].isNone() ? at::Tensor() : a[1].toTensor());
+                })
+      .toTensor();
+}
+
+at::Tensor UMT5Encoder::forward_impl(const at::Tensor& input_ids,
+                                     const at::Tensor& attention_mask) {
   OMNI_CHECK(input_ids.dim() == 2, "UMT5Encoder: input_ids must be [batch, length], got ",
              input_ids.sizes());
   const int64_t batch = input_ids.size(0);

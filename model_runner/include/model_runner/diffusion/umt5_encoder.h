@@ -96,8 +96,9 @@ class UMT5Block : public offload::HookableModule {
 };
 
 // UMT5EncoderModel: `shared` (the token embedding), `encoder.block`, `encoder.final_layer_norm`.
-// Parameters are uninitialized until load_weights binds them (prefix "").
-class UMT5Encoder : public torch::nn::Module {
+// Parameters are uninitialized until load_weights binds them (prefix ""). Hookable as a whole
+// too, so that model-level offload can bring it to the device as a pipeline's `text_encoder`.
+class UMT5Encoder : public offload::HookableModule {
  public:
   UMT5Encoder(const UMT5Config& c, at::ScalarType dtype);
 
@@ -112,6 +113,8 @@ class UMT5Encoder : public torch::nn::Module {
   UMT5Block& block(int64_t i);
 
  private:
+  at::Tensor forward_impl(const at::Tensor& input_ids, const at::Tensor& attention_mask);
+
   UMT5Config config_;
   at::ScalarType dtype_;
   std::shared_ptr<Embedding> shared_;

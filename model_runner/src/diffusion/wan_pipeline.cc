@@ -1,0 +1,214 @@
+// WanPipeline::generate: diffusers' pipeline_wan.py __call__ (and, for a TI2V image, the
+// expand_timesteps path of pipeline_wan_i2v.py), line for line where the numbers depend on it.
+#include "model_runner/diffusion/wan_pipeline.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/InferenceMode.h>
+
+#include <cctype>
+#include <string>
+#include <vector>
+
+#include "cpu_offload/check.h"
+
+namespace omni::models {
+namespace {
+
+// diffusers' prompt_clean without ftfy / html.unescape: runs of whitespace become one space,
+// ends stripped.
+std::string prompt_clean(const std::string& text) {
+  std::string out;
+  bool space = false;
+  for (const char c : text) {
+    if (std::isspace(static_cast<unsigned char>(c))) {
+      space = true;
+      continue;
+    }
+    if (space && !out.empty()) out.push_back(' ');
+    space = false;
+    out.push_back(c);
+  }
+  return out;
+}
+
+at::Tensor to_tensor(const std::vector<int32_t>& v) {
+  return at::tensor(std::vector<int64_t>(v.begin(), v.end()), at::kLong).unsqueeze(0);
+}
+
+}  // namespace
+
+void WanPipeline::validate(const WanRequest& r) const {
+  const auto& vae = vae_->config();
+  const auto& t = transformer_->config();
+  // check_inputs' 16, and the patchification multiple diffusers would round down to.
+  const int64_t h_multiple = vae.scale_factor_spatial * t.patch_h;
+  const int64_t w_multiple = vae.scale_factor_spatial * t.patch_w;
+  OMNI_CHECK(r.height > 0 && r.height % 16 == 0 && r.height % h_multiple == 0,
+             "WanRequest.height must be a positive multiple of 16 and of ", h_multiple,
+             " (VAE spatial factor x patch), got ", r.height);
+  OMNI_CHECK(r.width > 0 && r.width % 16 == 0 && r.width % w_multiple == 0,
+             "WanRequest.width must be a positive multiple of 16 and of ", w_multiple,
+             " (VAE spatial factor x patch), got ", r.width);
+  OMNI_CHECK(r.num_frames >= 1 && (r.num_frames - 1) % vae.scale_factor_temporal == 0,
+             "WanRequest.num_frames must be ", vae.scale_factor_temporal, "k + 1, got ",
+             r.num_frames);
+  OMNI_CHECK(r.num_inference_steps >= 1, "WanRequest.num_inference_steps must be >= 1, got ",
+             r.num_inference_steps);
+  OMNI_CHECK(r.max_sequence_length >= 1, "WanRequest.max_sequence_length must be >= 1, got ",
+             r.max_sequence_length);
+  const auto boundary = r.boundary_ratio ? r.boundary_ratio : config_.boundary_ratio;
+  OMNI_CHECK(!r.guidance_scale_2 || boundary,
+             "WanRequest.guidance_scale_2 needs a boundary_ratio (model_index.json or the "
+             "request): without one transformer_2 never runs");
+  OMNI_CHECK(!r.boundary_ratio || transformer_2_, "WanRequest.boundary_ratio is set but ", dir_,
+             " has no transformer_2");
+  OMNI_CHECK(!boundary || (*boundary >= 0 && *boundary <= 1),
+             "WanRequest.boundary_ratio must be in [0, 1], got ", *boundary);
+  OMNI_CHECK(!r.flow_shift || *r.flow_shift > 0, "WanRequest.flow_shift must be > 0, got ",
+             r.flow_shift.value_or(0));
+  if (r.image.defined()) {
+    OMNI_CHECK(config_.expand_timesteps, "WanRequest.image needs a TI2V folder (model_index.json ",
+               "expand_timesteps true); ", dir_, " is text-to-video only");
+    OMNI_CHECK(r.image.dim() == 3 && r.image.size(2) == 3,
+               "WanRequest.image must be [height, width, 3], got ", r.image.sizes());
+    OMNI_CHECK(r.image.size(0) == r.height && r.image.size(1) == r.width, "WanRequest.image is ",
+               r.image.size(0), "x", r.image.size(1), " but the request is ", r.height, "x",
+               r.width, " (resizing is not supported)");
+    OMNI_CHECK(r.image.scalar_type() == at::kByte || at::isFloatingType(r.image.scalar_type()),
+               "WanRequest.image must be uint8 or floating point, got ", r.image.scalar_type());
+  }
+}
+
+at::Tensor WanPipeline::encode_prompt(const std::string& prompt, int64_t max_sequence_length,
+                                      bool negative, const WanTrace* trace, c10::Device device) {
+  const auto padded = tokenizer_.encode_padded(
+      prompt_clean(prompt), static_cast<size_t>(max_sequence_length), tokenizer_.token_id("<pad>"));
+  const auto ids = to_tensor(padded.ids);
+  const auto mask = to_tensor(padded.attention_mask);
+  const int64_t seq_len = mask.gt(0).sum().item<int64_t>();
+  const auto hidden = text_encoder_->forward(ids.to(device), mask.to(device)).to(device);
+  // Cut to the real tokens and pad back with zeros: the padding rows carry values in
+  // last_hidden_state that the transformer must not see.
+  const auto real = hidden[0].slice(0, 0, seq_len);
+  const auto embeds =
+      at::cat({real, real.new_zeros({max_sequence_length - seq_len, real.size(1)})}).unsqueeze(0);
+  if (trace && trace->prompt) trace->prompt(negative, ids, mask, embeds);
+  return embeds;
+}
+
+at::Tensor WanPipeline::encode_image(const at::Tensor& image, c10::Device device) {
+  // VaeImageProcessor.preprocess: uint8 / 255 in float32 (pil_to_numpy), then 2x - 1.
+  auto x = image.scalar_type() == at::kByte ? image.to(at::kFloat) / 255.0 : image.to(at::kFloat);
+  x = 2.0 * x - 1.0;
+  // [H, W, 3] -> [1, 3, 1, H, W] (a one-frame video).
+  const auto video = x.permute({2, 0, 1}).unsqueeze(0).unsqueeze(2).contiguous();
+  const auto param = vae_->parameters().front();
+  const auto latent = vae_->encode(video.to(device, param.scalar_type())).mode();
+  return vae_->normalize_latents(latent.to(device, at::kFloat));
+}
+
+at::Tensor WanPipeline::decode(const at::Tensor& latents) {
+  const auto dtype = vae_->parameters().front().scalar_type();
+  const auto video = vae_->decode(vae_->denormalize_latents(latents.to(dtype)));
+  // postprocess_video(output_type="np"): [F, 3, H, W] -> denormalize -> [F, H, W, 3] float32.
+  const auto frames = video[0].permute({1, 0, 2, 3});
+  return (frames * 0.5 + 0.5).clamp(0, 1).cpu().permute({0, 2, 3, 1}).to(at::kFloat).contiguous();
+}
+
+WanResult WanPipeline::generate(const WanRequest& r, const WanStepCallback& on_step,
+                                c10::Device device) {
+  validate(r);
+  c10::InferenceMode guard;
+  const WanTrace* trace = r.trace;
+  const auto boundary_ratio = r.boundary_ratio ? r.boundary_ratio : config_.boundary_ratio;
+  const double guidance_scale = r.guidance_scale;
+  const double guidance_scale_2 = r.guidance_scale_2.value_or(guidance_scale);
+  const bool cfg = guidance_scale > 1.0;
+
+  auto prompt_embeds = encode_prompt(r.prompt, r.max_sequence_length, false, trace, device);
+  at::Tensor negative_embeds;
+  if (cfg)
+    negative_embeds = encode_prompt(r.negative_prompt, r.max_sequence_length, true, trace, device);
+  const auto transformer_dtype = transformer_->dtype();
+  prompt_embeds = prompt_embeds.to(transformer_dtype);
+  if (negative_embeds.defined()) negative_embeds = negative_embeds.to(transformer_dtype);
+
+  auto scheduler = make_scheduler(r.flow_shift);
+  scheduler->set_timesteps(r.num_inference_steps);
+  const auto timesteps = scheduler->timesteps();
+
+  // prepare_latents: randn_tensor with a CPU generator draws on the CPU in float32, then moves.
+  const auto& vae = vae_->config();
+  const int64_t latent_frames = (r.num_frames - 1) / vae.scale_factor_temporal + 1;
+  const int64_t latent_h = r.height / vae.scale_factor_spatial;
+  const int64_t latent_w = r.width / vae.scale_factor_spatial;
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(r.seed);
+  auto latents =
+      at::randn({1, transformer_->config().in_channels, latent_frames, latent_h, latent_w},
+                generator, at::TensorOptions().dtype(at::kFloat))
+          .to(device);
+  if (trace && trace->initial_latents) trace->initial_latents(latents);
+
+  // expand_timesteps: the mask gives each token its timestep (0 for the conditioning frame's).
+  // TI2V image-to-video keeps the image latent in frame 0 (mask 0 there).
+  auto mask = at::ones({1, 1, latent_frames, latent_h, latent_w},
+                       at::TensorOptions().dtype(at::kFloat).device(device));
+  at::Tensor condition;
+  if (r.image.defined()) {
+    condition = encode_image(r.image, device);
+    mask.select(2, 0).zero_();
+  }
+
+  std::optional<double> boundary_timestep;
+  if (boundary_ratio) boundary_timestep = *boundary_ratio * scheduler->num_train_timesteps();
+
+  const int64_t total = timesteps.size(0);
+  for (int64_t i = 0; i < total; ++i) {
+    const auto t = timesteps[i].to(device);
+    // diffusers compares the timestep tensor with a Python float: both in float32.
+    const float t_value = timesteps[i].to(at::kFloat).item<float>();
+    const bool high_noise = !boundary_timestep || t_value >= static_cast<float>(*boundary_timestep);
+    auto& model = high_noise ? *transformer_ : *transformer_2_;
+    const double scale = high_noise ? guidance_scale : guidance_scale_2;
+
+    at::Tensor model_input;
+    at::Tensor timestep;
+    if (config_.expand_timesteps) {
+      model_input = condition.defined() ? (1 - mask) * condition + mask * latents : latents;
+      model_input = model_input.to(transformer_dtype);
+      // (mask[0][0][:, ::2, ::2] * t).flatten(), one row per sample (the loader checked that
+      // the patch is (1, 2, 2)).
+      const auto per_token =
+          (mask[0][0].slice(1, 0, c10::nullopt, 2).slice(2, 0, c10::nullopt, 2) * t).flatten();
+      timestep = per_token.unsqueeze(0).expand({latents.size(0), -1});
+    } else {
+      model_input = latents.to(transformer_dtype);
+      timestep = t.expand({latents.size(0)});
+    }
+
+    auto noise_pred = model.forward(model_input, timestep, prompt_embeds);
+    if (trace && trace->transformer) trace->transformer(i, true, model_input, timestep, noise_pred);
+    if (cfg) {
+      const auto noise_uncond = model.forward(model_input, timestep, negative_embeds);
+      if (trace && trace->transformer)
+        trace->transformer(i, false, model_input, timestep, noise_uncond);
+      noise_pred = noise_uncond + scale * (noise_pred - noise_uncond);
+    }
+    latents = scheduler->step(noise_pred, i, latents);
+    if (trace && trace->step_latents) trace->step_latents(i, latents);
+
+    if (on_step) {
+      WanStep step;
+      step.index = i;
+      step.total = total;
+      step.timestep = timesteps[i].to(at::kDouble).item<double>();
+      step.transformer = high_noise ? "transformer" : "transformer_2";
+      if (!on_step(step)) return WanResult{at::Tensor(), true};
+    }
+  }
+  if (condition.defined()) latents = (1 - mask) * condition + mask * latents;
+  return WanResult{decode(latents), false};
+}
+
+}  // namespace omni::models
