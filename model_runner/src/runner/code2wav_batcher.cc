@@ -40,17 +40,16 @@ void Code2WavBatcher::run_batch(const std::vector<StepRendezvous::Ticket*>& batc
   std::stable_sort(all.begin(), all.end(), [](const Decode* a, const Decode* b) {
     return a->window.size(1) < b->window.size(1);
   });
-  for (size_t start = 0; start < all.size();) {
-    size_t end = start + 1;
-    const auto shortest = static_cast<double>(all[start]->window.size(1));
-    while (end < all.size() &&
-           static_cast<double>(all[end]->window.size(1)) <= kMaxLengthRatio * shortest) {
-      ++end;
-    }
-    decode_group({all.begin() + static_cast<std::ptrdiff_t>(start),
-                  all.begin() + static_cast<std::ptrdiff_t>(end)});
-    start = end;
+  // One forward: the shortest windows and those close to them. The longer ones go in the next
+  // batch, so that a short window (a first chunk: first audio) returns without waiting for them.
+  size_t end = 1;
+  const auto shortest = static_cast<double>(all[0]->window.size(1));
+  while (end < all.size() &&
+         static_cast<double>(all[end]->window.size(1)) <= kMaxLengthRatio * shortest) {
+    ++end;
   }
+  for (size_t i = end; i < all.size(); ++i) all[i]->deferred = true;
+  decode_group({all.begin(), all.begin() + static_cast<std::ptrdiff_t>(end)});
 }
 
 void Code2WavBatcher::decode_group(const std::vector<Decode*>& group) {

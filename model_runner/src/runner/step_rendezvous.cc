@@ -74,11 +74,25 @@ void StepRendezvous::call(Ticket& ticket, const RunBatch& run) {
     last_run_ = took;
     stats_.busy_ms += static_cast<double>(took.count()) / 1000;
     running_batch_ = false;
+    // What the run left for later goes first in the next batch, in its order.
+    std::vector<Ticket*> deferred;
+    for (auto* t : batch) {
+      if (t->deferred && !t->error) {
+        t->deferred = false;
+        deferred.push_back(t);
+      } else {
+        t->done = true;
+      }
+    }
+    const auto ran = n - static_cast<std::ptrdiff_t>(deferred.size());
     ++stats_.steps;
-    stats_.rows += n;
-    stats_.last_batch = n;
-    stats_.largest_batch = std::max<int64_t>(stats_.largest_batch, n);
-    for (auto* t : batch) t->done = true;
+    stats_.rows += ran;
+    stats_.last_batch = ran;
+    stats_.largest_batch = std::max<int64_t>(stats_.largest_batch, ran);
+    if (!deferred.empty()) {
+      pending_.insert(pending_.begin(), deferred.begin(), deferred.end());
+      overflow_ = true;
+    }
     // Those that queued during the batch wait from now for its members to come back: else the
     // requests split into two groups that take turns and never merge again.
     if (!pending_.empty()) first_pending_ = Clock::now();

@@ -3,8 +3,8 @@
 // windows of every request that decodes now. Windows of different lengths are padded on the
 // right with code 0; code2wav is causal, so each row keeps exactly the samples of its own frames.
 // Windows far apart in length (a 4-frame first chunk against a 50-frame later one) are decoded
-// in separate forwards, shortest first: little padding, and first audio never waits for a long
-// chunk's padding.
+// in separate batches, shortest first: little padding, and first audio never waits for a long
+// chunk's forward.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -43,9 +43,7 @@ class Code2WavBatcher {
   at::Tensor decode(const at::Tensor& window);
 
   StepRendezvous::Stats stats() const { return rendezvous_.stats(); }
-  int64_t forwards() const {
-    return forwards_;
-  }  // model forwards run (a batch of far-apart lengths takes several)
+  int64_t forwards() const { return forwards_; }  // model forwards run
 
  private:
   struct Decode : StepRendezvous::Ticket {

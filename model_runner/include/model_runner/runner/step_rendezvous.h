@@ -27,6 +27,9 @@ class StepRendezvous {
   struct Ticket {
     std::exception_ptr error;  // set for every ticket of a batch whose run threw
     bool done = false;
+    // Set by the run for a ticket it left for the next batch: it goes back to the front of the
+    // queue and runs next, without the straggler wait.
+    bool deferred = false;
   };
   using RunBatch = std::function<void(const std::vector<Ticket*>&)>;
 
@@ -57,8 +60,9 @@ class StepRendezvous {
   };
 
   // Queues `ticket` and returns once a batch holding it has run (the oldest tickets first, at
-  // most max_batch): `run` is called on one caller's thread with the batch. Rethrows the batch's
-  // error. `run` must be the same for every caller.
+  // most max_batch): `run` is called on one caller's thread with the batch, and may defer some
+  // of it (Ticket::deferred) to the next. Rethrows the batch's error. `run` must be the same for
+  // every caller.
   void call(Ticket& ticket, const RunBatch& run);
 
   Stats stats() const;
