@@ -13,6 +13,7 @@ APT_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libyaml-cpp-dev nlohmann-json3-dev libabsl-dev libpcre2-dev
   libsndfile1-dev libpng-dev libjpeg62-turbo-dev libsoxr-dev libcli11-dev
+  libavcodec-dev libavformat-dev libavutil-dev libswscale-dev ffmpeg
   iproute2 libcpp-httplib-dev chromium chromium-driver openssl
 )
 
