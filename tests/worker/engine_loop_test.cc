@@ -218,7 +218,9 @@ struct GatedSequence : CountingSequence {
 class GatedModel : public CountingModel {
  public:
   GatedModel() : CountingModel(8) {}
+  std::atomic<int64_t> ready_calls{0};
   bool ready(EngineSequence& base) override {
+    ++ready_calls;
     auto& seq = static_cast<GatedSequence&>(base);
     if (seq.bad_input) throw StageError(StageError::Code::kInvalidArgument, "", "bad input");
     return seq.emitted < seq.available;
@@ -251,6 +253,27 @@ TEST(EngineLoop, ASequenceWaitingForInputSitsOutTheStepsAndTheLoopSleeps) {
   }
   EXPECT_EQ(drain(*waits, 3), std::make_pair(int64_t{3}, std::string()));
   EXPECT_EQ(loop.stats().finished, 2);
+}
+
+// A full batch whose sequences all wait for input, and a request queued behind it: the loop
+// sleeps (the queued one cannot be admitted), it does not spin asking the batch.
+TEST(EngineLoop, AQueuedRequestBehindAFullWaitingBatchDoesNotMakeTheLoopSpin) {
+  GatedModel model;
+  EngineLoop loop("stage 1 (gated)", model, EngineLimits{1, 8192, 8});
+  auto running = std::make_shared<GatedSequence>(2);
+  auto queued = std::make_shared<GatedSequence>(2);
+  queued->available = 2;
+  loop.submit(running);
+  while (loop.stats().running < 1) std::this_thread::yield();
+  loop.submit(queued);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const int64_t before = model.ready_calls;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_LE(model.ready_calls - before, 5) << "the loop polled a batch that could not step";
+  running->available = 2;
+  loop.wake();
+  EXPECT_EQ(drain(*running), std::make_pair(int64_t{2}, std::string()));
+  EXPECT_EQ(drain(*queued), std::make_pair(int64_t{2}, std::string()));
 }
 
 TEST(EngineLoop, ASleepingSequenceCancelsAndBadInputFailsOnlyItsSequence) {

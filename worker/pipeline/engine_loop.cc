@@ -237,8 +237,12 @@ std::vector<EngineSequence*> EngineLoop::ready_batch() {
 void EngineLoop::sleep_until_woken() {
   auto until = Clock::now() + std::chrono::seconds(1);
   for (const auto& seq : running_) until = std::min(until, seq->deadline);
+  // A queued request wakes the loop only if it can be admitted: with the batch full it would
+  // spin until a running sequence's input came.
+  const bool room = static_cast<int64_t>(running_.size()) < limits_.max_num_seqs;
   std::unique_lock<std::mutex> lock(mutex_);
-  wake_.wait_until(lock, until, [&] { return stopping_ || woken_ || !waiting_.empty(); });
+  for (const auto& seq : waiting_) until = std::min(until, seq->deadline);
+  wake_.wait_until(lock, until, [&] { return stopping_ || woken_ || (room && !waiting_.empty()); });
 }
 
 void EngineLoop::leave(const std::vector<std::shared_ptr<EngineSequence>>& gone,
