@@ -89,6 +89,18 @@ WanPipeline::WanPipeline(std::string dir, WanPipelineConfig config, Tokenizer to
   config_.has_transformer_2 = transformer_2_ != nullptr;
 }
 
+offload::ModelSpec WanPipeline::offload_spec() const {
+  offload::ModelSpec spec;
+  spec.dits = {"transformer"};
+  if (transformer_2_) spec.dits.push_back("transformer_2");
+  spec.encoders = {"text_encoder"};
+  spec.vaes = {"vae"};
+  for (const auto& dit : spec.dits) {
+    spec.block_lists.push_back({dit + ".blocks", {"attn1", "attn2", "ffn"}});
+  }
+  return spec;
+}
+
 std::unique_ptr<FlowScheduler> WanPipeline::make_scheduler(std::optional<double> flow_shift) const {
   const std::string path = (fs::path(dir_) / "scheduler" / "scheduler_config.json").string();
   if (!flow_shift) return load_flow_scheduler(path);

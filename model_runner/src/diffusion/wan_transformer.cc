@@ -127,7 +127,7 @@ at::Tensor WanRMSNorm::forward(const at::Tensor& x) const {
 }
 
 WanAttention::WanAttention(const WanTransformerConfig& c, at::ScalarType dtype)
-    : torch::nn::Module("WanAttention"), heads_(c.num_heads) {
+    : HookableModule("WanAttention"), heads_(c.num_heads) {
   const int64_t d = c.inner_dim();
   to_q_ = child<Linear>(*this, "to_q", d, d, dtype, true);
   to_k_ = child<Linear>(*this, "to_k", d, d, dtype, true);
@@ -139,32 +139,44 @@ WanAttention::WanAttention(const WanTransformerConfig& c, at::ScalarType dtype)
 
 at::Tensor WanAttention::forward(const at::Tensor& x, const at::Tensor& context,
                                  const at::Tensor& rope_cos, const at::Tensor& rope_sin) {
-  const at::Tensor& kv_in = context.defined() ? context : x;
-  auto q = norm_q_->forward(to_q_->forward(x));
-  auto k = norm_k_->forward(to_k_->forward(kv_in));
-  auto v = to_v_->forward(kv_in);
-  q = q.unflatten(2, {heads_, -1});  // [B, L, H, d]
-  k = k.unflatten(2, {heads_, -1});
-  v = v.unflatten(2, {heads_, -1});
-  if (rope_cos.defined()) {
-    q = apply_rotary(q, rope_cos, rope_sin);
-    k = apply_rotary(k, rope_cos, rope_sin);
-  }
-  auto o =
-      at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2));
-  o = o.transpose(1, 2).flatten(2, 3).to(q.scalar_type());
-  return to_out_->forward(o);
+  return invoke("forward", {x, context, rope_cos, rope_sin},
+                [this](offload::HookArgs& a) -> c10::IValue {
+                  const at::Tensor h = a[0].toTensor();
+                  const at::Tensor ctx = a[1].toTensor();
+                  const at::Tensor cos = a[2].toTensor();
+                  const at::Tensor sin = a[3].toTensor();
+                  const at::Tensor& kv_in = ctx.defined() ? ctx : h;
+                  auto q = norm_q_->forward(to_q_->forward(h));
+                  auto k = norm_k_->forward(to_k_->forward(kv_in));
+                  auto v = to_v_->forward(kv_in);
+                  q = q.unflatten(2, {heads_, -1});  // [B, L, H, d]
+                  k = k.unflatten(2, {heads_, -1});
+                  v = v.unflatten(2, {heads_, -1});
+                  if (cos.defined()) {
+                    q = apply_rotary(q, cos, sin);
+                    k = apply_rotary(k, cos, sin);
+                  }
+                  auto o = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                            v.transpose(1, 2));
+                  o = o.transpose(1, 2).flatten(2, 3).to(q.scalar_type());
+                  return to_out_->forward(o);
+                })
+      .toTensor();
 }
 
 WanFeedForward::WanFeedForward(int64_t dim, int64_t inner, at::ScalarType dtype)
-    : torch::nn::Module("WanFeedForward") {
+    : HookableModule("WanFeedForward") {
   auto net = group(*this, "net");
   proj_ = child<Linear>(*group(*net, "0"), "proj", dim, inner, dtype, true);
   out_ = child<Linear>(*net, "2", inner, dim, dtype, true);
 }
 
-at::Tensor WanFeedForward::forward(const at::Tensor& x) const {
-  return out_->forward(at::gelu(proj_->forward(x), "tanh"));
+at::Tensor WanFeedForward::forward(const at::Tensor& x) {
+  return invoke("forward", {x},
+                [this](offload::HookArgs& a) -> c10::IValue {
+                  return out_->forward(at::gelu(proj_->forward(a[0].toTensor()), "tanh"));
+                })
+      .toTensor();
 }
 
 WanTransformerBlock::WanTransformerBlock(const WanTransformerConfig& c, at::ScalarType dtype)

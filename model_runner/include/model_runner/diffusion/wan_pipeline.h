@@ -24,6 +24,7 @@
 #include <optional>
 #include <string>
 
+#include "cpu_offload/model_spec.h"
 #include "model_runner/diffusion/flow_schedulers.h"
 #include "model_runner/diffusion/umt5_encoder.h"
 #include "model_runner/diffusion/wan_transformer.h"
@@ -112,6 +113,10 @@ class WanPipeline : public torch::nn::Module {
   WanTransformer3DModel& transformer() { return *transformer_; }
   WanTransformer3DModel* transformer_2() { return transformer_2_.get(); }
   AutoencoderKLWan& vae() { return *vae_; }
+  // What the offload engine needs beyond the children's names: each block's phases (attn1,
+  // attn2, ffn; norm2 and the modulation table are read by the block itself, so they stay
+  // resident under phase granularity instead of forming a phase no call would load).
+  offload::ModelSpec offload_spec() const;
   // A fresh scheduler from scheduler/scheduler_config.json, with `flow_shift` when given.
   std::unique_ptr<FlowScheduler> make_scheduler(std::optional<double> flow_shift) const;
 

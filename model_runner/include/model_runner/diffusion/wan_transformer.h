@@ -62,7 +62,9 @@ class WanRMSNorm : public torch::nn::Module {
 };
 
 // WanAttention without image k/v: to_q/to_k/to_v/to_out.0 and norm_q/norm_k over all heads.
-class WanAttention : public torch::nn::Module {
+// Hookable, like WanFeedForward: the offload engine's phase granularity streams attn1, attn2
+// and ffn of each block as units of their own.
+class WanAttention : public offload::HookableModule {
  public:
   WanAttention(const WanTransformerConfig& c, at::ScalarType dtype);
   // x [B, L, D]; context [B, S, D] (cross-attention) or undefined (self-attention); rope_cos /
@@ -77,10 +79,10 @@ class WanAttention : public torch::nn::Module {
 };
 
 // FeedForward(activation "gelu-approximate"): net.0.proj, gelu tanh, net.2.
-class WanFeedForward : public torch::nn::Module {
+class WanFeedForward : public offload::HookableModule {
  public:
   WanFeedForward(int64_t dim, int64_t inner, at::ScalarType dtype);
-  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor forward(const at::Tensor& x);
 
  private:
   std::shared_ptr<Linear> proj_, out_;  // "net.0.proj", "net.2"
