@@ -18,6 +18,10 @@ class PipelineBackend : public GenerateBackend {
       : options_(o), config_(std::move(config)), owner_(std::move(owner)), pipeline_(pipeline) {}
 
   bool has_talker() override { return pipeline_.has_speech(); }
+  bool answers_video() override { return pipeline_.has_video(); }
+  void set_progress(std::function<void(const std::map<std::string, double>&)> fn) override {
+    progress_ = std::move(fn);
+  }
   std::string default_speaker() override { return pipeline_.default_speaker(); }
   Answer generate(const models::OmniRequest& request,
                   const std::function<void(const std::string&)>& on_text,
@@ -27,6 +31,12 @@ class PipelineBackend : public GenerateBackend {
       on_text(text);
       return true;
     };
+    if (progress_) {
+      callbacks.on_progress = [&](const std::map<std::string, double>& m) {
+        progress_(m);
+        return true;
+      };
+    }
     auto deadline = Clock::time_point::max();
     if (options_.request_timeout_s > 0) {
       deadline = Clock::now() +
@@ -47,6 +57,9 @@ class PipelineBackend : public GenerateBackend {
     Answer answer;
     answer.result = std::move(result.omni);
     answer.text = std::move(result.text);
+    answer.video = std::move(result.video);
+    answer.video_fps = result.video_fps;
+    answer.stage_metrics = std::move(result.stage_metrics);
     return answer;
   }
   std::string offload_json() override { return pipeline_.stats_json(); }
@@ -56,6 +69,7 @@ class PipelineBackend : public GenerateBackend {
   config::PipelineConfig config_;
   std::shared_ptr<void> owner_;
   pipeline::Pipeline& pipeline_;
+  std::function<void(const std::map<std::string, double>&)> progress_;
 };
 
 }  // namespace

@@ -23,7 +23,9 @@
 #include "model_runner/output/wav_writer.h"
 #include "model_runner/tokenizer/text_stream.h"
 #include "worker/cli/generate_backend.h"
+#include "worker/cli/generate_video.h"
 #include "worker/http/chat_request.h"
+#include "worker/pipeline/diffusers_folder.h"
 
 namespace omni::cli {
 namespace {
@@ -154,6 +156,8 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
   };
   try {
     check_paths(o);
+    // A diffusers folder is known before it loads; a stage config once its stages are up.
+    if (o.stage_configs_path.empty()) check_flags_apply(o, pipeline::is_diffusers_folder(o.model));
     models::OmniRequest request = to_request(o);
     std::vector<pipeline::MediaFile> media;
     if (!o.messages.empty()) read_messages(o.messages, request.chat, media);
@@ -173,6 +177,11 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
     const double load_ms = ms_since(load_start);
     progress("ready in " + std::to_string(static_cast<int64_t>(load_ms)) + " ms");
     const std::string source = o.stage_configs_path.empty() ? o.model : o.stage_configs_path;
+    if (!o.stage_configs_path.empty()) check_flags_apply(o, backend->answers_video());
+    if (backend->answers_video()) {
+      run_video(o, io, *backend, load_ms);
+      return 0;
+    }
 
     if (request.audio_output && !backend->has_talker()) {
       if (o.modalities_given) {

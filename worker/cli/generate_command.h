@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <iosfwd>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -31,7 +32,16 @@ class GenerateBackend {
   struct Answer {
     models::OmniResult result;
     std::string text;  // the whole answer's text
+    // A diffusion stage's frames ([F, H, W, 3] float32, undefined if cancelled), its frame
+    // rate, and every stage's metrics (pipeline::PipelineResult::stage_metrics).
+    at::Tensor video;
+    int64_t video_fps = 0;
+    std::map<std::string, std::map<std::string, double>> stage_metrics;
   };
+  // The pipeline answers with video (a diffusion stage).
+  virtual bool answers_video() = 0;
+  // Called with each diffusion step's metrics (step, steps, timestep, step_ms) during generate.
+  virtual void set_progress(std::function<void(const std::map<std::string, double>&)> fn) = 0;
   // `on_text` gets the text as it is generated (whole UTF-8 characters). `media`: the inputs as
   // bytes (a conversation read from --messages) instead of the request's files.
   virtual Answer generate(const models::OmniRequest& request,

@@ -3,7 +3,9 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,11 +46,104 @@ bool GenerateOptions::wants_audio() const {
   return std::find(modalities.begin(), modalities.end(), "audio") != modalities.end();
 }
 
+namespace {
+
+// An optional request field: set only when the flag is given, so the model's default applies.
+template <typename T>
+CLI::Option* add_optional(CLI::App& app, const std::string& name, std::optional<T>& field,
+                          const std::string& help, const std::string& type) {
+  return app
+      .add_option_function<T>(
+          name, [&field](const T& value) { field = value; }, help)
+      ->type_name(type);
+}
+
+std::string lower_extension(const std::string& path) {
+  const auto dot = path.rfind('.');
+  std::string ext = dot == std::string::npos ? "" : path.substr(dot);
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext;
+}
+
+// The video diffusion flags (a diffusers folder as --model); defaults are diffusers' WanPipeline
+// call defaults, which models::WanRequest keeps.
+void add_diffusion_options(CLI::App& app, GenerateOptions& o) {
+  auto& d = o.diffusion;
+  app.add_option("--negative-prompt", d.negative_prompt,
+                 "video: what the video should not show (classifier-free guidance)")
+      ->type_name("TEXT");
+  add_optional(app, "--height", d.height, "video: frame height in pixels (default 480)", "N")
+      ->check(integer_at_least(16));
+  add_optional(app, "--width", d.width, "video: frame width in pixels (default 832)", "N")
+      ->check(integer_at_least(16));
+  add_optional(app, "--num-frames", d.num_frames, "video: frames, 4k + 1 (default 81)", "N")
+      ->check(integer_at_least(1));
+  add_optional(app, "--num-inference-steps", d.num_inference_steps,
+               "video: denoising steps (default 50)", "N")
+      ->check(integer_at_least(1));
+  add_optional(app, "--guidance-scale", d.guidance_scale,
+               "video: classifier-free guidance scale, > 1 uses --negative-prompt (default 5)", "X")
+      ->check(number_in(0, HUGE_VAL));
+  add_optional(app, "--guidance-scale-2", d.guidance_scale_2,
+               "video: the low-noise expert's (transformer_2) guidance scale (default: "
+               "--guidance-scale)",
+               "X")
+      ->check(number_in(0, HUGE_VAL));
+  add_optional(app, "--boundary-ratio", d.boundary_ratio,
+               "video: switch from transformer to transformer_2 below this fraction of the "
+               "training timesteps (default: model_index.json's)",
+               "X")
+      ->check(number_in(0, 1));
+  add_optional(app, "--flow-shift", d.flow_shift,
+               "video: the scheduler's flow shift (default: scheduler_config.json's)", "X")
+      ->check(number_in(0, HUGE_VAL, /*min_open=*/true));
+  add_optional(app, "--max-sequence-length", d.max_sequence_length,
+               "video: prompt tokens the text encoder sees, padded (default 512)", "N")
+      ->check(integer_at_least(1));
+  app.add_option("--output", o.output,
+                 "video: write the frames here, by extension: .mp4 (H.264 at the model's frame "
+                 "rate), .png (one file per frame: NAME_0000.png, ...) or .npy (float32 "
+                 "[F, H, W, 3] in [0, 1], as diffusers' output_type=\"np\")")
+      ->type_name("FILE.mp4|.png|.npy")
+      ->check(
+          [](const std::string& path) -> std::string {
+            const std::string ext = lower_extension(path);
+            if (ext == ".mp4" || ext == ".png" || ext == ".npy") return "";
+            return "'" + path + "' must end in .mp4, .png or .npy";
+          },
+          "");
+}
+
+}  // namespace
+
+// clang-format off
+const std::vector<std::string>& diffusion_only_flags() {
+  static const std::vector<std::string> flags = {
+      "--negative-prompt", "--height", "--width", "--num-frames", "--num-inference-steps",
+      "--guidance-scale", "--guidance-scale-2", "--boundary-ratio", "--flow-shift",
+      "--max-sequence-length", "--output"};
+  return flags;
+}
+
+const std::vector<std::string>& omni_only_flags() {
+  static const std::vector<std::string> flags = {
+      "--messages", "--audio", "--system", "--speaker", "--modalities", "--max-tokens",
+      "--max-audio-frames", "--greedy", "--temperature", "--top-p", "--top-k",
+      "--repetition-penalty", "--talker-temperature", "--talker-top-k", "--talker-top-p",
+      "--talker-repetition-penalty", "--output-wav", "--wav-format", "--stream-first-chunk",
+      "--stream-chunk", "--stream-left-context"};
+  return flags;
+}
+// clang-format on
+
 void add_generate_options(CLI::App& app, GenerateOptions& o) {
   app.option_defaults()->always_capture_default();
 
   auto* model =
-      app.add_option("--model", o.model, "Qwen3-Omni checkpoint directory (Hugging Face layout)")
+      app.add_option("--model", o.model,
+                     "Qwen3-Omni checkpoint directory (Hugging Face layout), or a diffusers "
+                     "Wan folder (model_index.json: one video diffusion stage)")
           ->type_name("DIR");
   auto* stage_configs =
       app.add_option("--stage-configs-path", o.stage_configs_path,
@@ -102,10 +197,11 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
                                "an audio file (WAV, FLAC, OGG) for the prompt; repeatable")
                     ->type_name("FILE")
                     ->allow_extra_args(false);
-  auto* image =
-      app.add_option("--image", o.image, "an image file (PNG, JPEG) for the prompt; repeatable")
-          ->type_name("FILE")
-          ->allow_extra_args(false);
+  auto* image = app.add_option("--image", o.image,
+                               "an image file (PNG, JPEG) for the prompt; repeatable; video (TI2V "
+                               "folders): the first frame, --height x --width")
+                    ->type_name("FILE")
+                    ->allow_extra_args(false);
   auto* system =
       app.add_option("--system", o.system, "a system turn before the user's (default: none)")
           ->type_name("TEXT");
@@ -144,7 +240,8 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
                "predictor); overrides the temperatures and top-k/top-p");
   app.add_option_function<uint64_t>(
          "--seed", [&o](const uint64_t& seed) { o.seed = seed; },
-         "one seed for every stage's sampler (default: their own defaults)")
+         "one seed for every stage's sampler (default: their own defaults); video: "
+         "the initial noise, as diffusers' torch.Generator(\"cpu\").manual_seed (default 0)")
       ->type_name("N")
       ->check(unsigned_integer());
   app.add_option("--temperature", o.temperature, "thinker: temperature (0 = greedy)")
@@ -182,10 +279,12 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
                  "pcm16: 16-bit PCM (x * 32767, rounded); f32: 32-bit float, bit for bit")
       ->type_name("pcm16|f32")
       ->check(one_of({"pcm16", "f32"}));
-  app.add_flag("--json", o.json,
-               "print one JSON object at the end instead of streaming the text (text, "
-               "token_ids, finish_reason, codes, wav, audio_seconds, sample_rate, speaker, "
-               "timings, offload)");
+  app.add_flag(
+      "--json", o.json,
+      "print one JSON object at the end instead of streaming the text (text, "
+      "token_ids, finish_reason, codes, wav, audio_seconds, sample_rate, speaker, "
+      "timings, offload; for video: output, frames, height, width, fps, finish_reason, timings, "
+      "peak_device_bytes, peak_host_bytes, offload)");
 
   app.add_option("--stream-first-chunk", o.stream_first_chunk,
                  "code2wav: frames of the first chunk (small, so that audio starts early)")
@@ -198,6 +297,8 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
                  "code2wav: frames before a chunk decoded with it for continuity")
       ->type_name("N")
       ->check(integer_at_least(0));
+
+  add_diffusion_options(app, o);
 
   add_engine_flags(app, o.engine);
 
@@ -239,6 +340,8 @@ models::OmniRequest to_request(const GenerateOptions& o) {
   r.stream.first_chunk_frames = o.stream_first_chunk;
   r.stream.chunk_frames = o.stream_chunk;
   r.stream.left_context_frames = o.stream_left_context;
+  r.diffusion = o.diffusion;
+  if (o.seed) r.diffusion.seed = *o.seed;
   return r;
 }
 

@@ -53,6 +53,11 @@ struct GenerateOptions {
   double talker_top_p;
   double talker_repetition_penalty;
 
+  // A diffusers folder (video diffusion): the request's settings (unset: the pipeline's
+  // defaults; --seed sets diffusion.seed too) and the frames' file (.mp4, .png or .npy).
+  models::DiffusionRequest diffusion;
+  std::string output;
+
   // Output.
   std::string output_wav;  // empty: the waveform is not written
   std::string wav_format = "pcm16";
@@ -90,6 +95,11 @@ struct GenerateOptions {
 // Adds every option to `app` (the `generate` subcommand), bound to `options`, with its default
 // shown in --help and validated while parsing: a bad value is a CLI::ParseError naming the flag.
 void add_generate_options(CLI::App& app, GenerateOptions& options);
+
+// The flags that only a video diffusion model reads, and those only Qwen3-Omni reads; giving one
+// to the other kind of model is an error naming it (check_flags_apply, generate_video.h).
+const std::vector<std::string>& diffusion_only_flags();
+const std::vector<std::string>& omni_only_flags();
 
 // The request as the options ask for it (audio per --modalities; the command turns it off on
 // a checkpoint without a talker when --modalities was left at its default).

@@ -10,6 +10,7 @@
 #include "model_runner/qwen3_omni/config.h"
 #include "model_runner/runner/expert_offload.h"
 #include "model_runner/weights/hf_config.h"
+#include "worker/pipeline/diffusers_folder.h"
 
 namespace omni::pipeline {
 namespace {
@@ -36,9 +37,21 @@ config::StageConfig checkpoint_stage(int64_t id, const char* model_stage,
 config::PipelineConfig checkpoint_stage_config(const std::string& model_dir,
                                                const std::string& device,
                                                const std::string& dtype) {
+  const std::string devices = device == "cpu" ? "cpu" : "0";
+  if (is_diffusers_folder(model_dir)) {
+    // As vLLM-Omni: one diffusion stage, one request at a time, answering with images.
+    config::PipelineConfig c;
+    c.path = "--model " + model_dir;
+    const std::string model = std::filesystem::absolute(model_dir).lexically_normal().string();
+    auto s = checkpoint_stage(0, "diffusion", {}, "image", model, devices, dtype, c.path);
+    s.stage_type = "diffusion";
+    s.runtime.max_batch_size = 1;
+    c.stages.push_back(std::move(s));
+    config::detail::validate_pipeline(c);
+    return c;
+  }
   const bool speech = models::qwen3_omni::has_speech_output(models::HfConfig::load(model_dir));
   const std::string model = std::filesystem::absolute(model_dir).lexically_normal().string();
-  const std::string devices = device == "cpu" ? "cpu" : "0";
   config::PipelineConfig c;
   c.path = "--model " + model_dir;
   const auto stage = [&](int64_t id, const char* name, std::vector<int64_t> sources,

@@ -132,5 +132,11 @@ class LocalStageBase : public Stage {
 std::unique_ptr<Stage> make_thinker_stage(const LocalStageOptions& options);
 std::unique_ptr<Stage> make_talker_stage(const LocalStageOptions& options);
 std::unique_ptr<Stage> make_code2wav_stage(const LocalStageOptions& options);
+// A diffusers Wan folder (diffusion_stage.cc).
+std::unique_ptr<Stage> make_diffusion_stage(const LocalStageOptions& options);
+// Its encode / denoise / decode steps as three stages (diffusion_split_stages.cc).
+std::unique_ptr<Stage> make_diffusion_encode_stage(const LocalStageOptions& options);
+std::unique_ptr<Stage> make_diffusion_denoise_stage(const LocalStageOptions& options);
+std::unique_ptr<Stage> make_diffusion_decode_stage(const LocalStageOptions& options);
 
 }  // namespace omni::pipeline::local

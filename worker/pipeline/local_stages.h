@@ -12,6 +12,9 @@
 //             none when the thinker said too little to speak).
 //   code2wav  one packet per decoded chunk (`audio`); the last `finished`, with the reference
 //             decode of all frames as "waveform" when asked for.
+//   diffusion one packet per denoising step (metrics step, steps, timestep, step_ms); the last
+//             `finished` (stop | cancelled) with "frames" [F, H, W, 3] float32 in [0, 1] and
+//             metrics load_ms, generate_ms, step_ms_mean, decode_ms, fps (diffusion_stage.cc).
 #pragma once
 
 #include <c10/core/ScalarType.h>

@@ -147,6 +147,11 @@ bool Pipeline::has_speech() const {
                      [](const StageKind* k) { return k->answers_audio; });
 }
 
+bool Pipeline::has_video() const {
+  return std::any_of(kinds_.begin(), kinds_.end(),
+                     [](const StageKind* k) { return k->answers_video; });
+}
+
 std::vector<std::string> Pipeline::speakers() { return speaker_info().speakers; }
 
 std::string Pipeline::default_speaker() { return speaker_info().default_speaker; }

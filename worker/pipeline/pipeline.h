@@ -41,6 +41,9 @@ struct PipelineCallbacks {
   std::function<bool(const std::vector<int64_t>& frame)> on_frame;
   // Samples (float32, CPU) of each streamed chunk.
   std::function<bool(const at::Tensor& samples)> on_audio;
+  // A diffusion stage's step as it ends: its packet's metrics (step, steps, timestep, step_ms);
+  // false cancels.
+  std::function<bool(const std::map<std::string, double>& progress)> on_progress;
   // Polled while the request runs (every 20 ms): true cancels it in every stage (a client that
   // went away while no text or audio was being produced).
   std::function<bool()> cancelled;
@@ -60,6 +63,11 @@ struct PipelineResult {
   // A stage of a kind another stage already answers with (a second branch of the graph): its
   // final output by stage name (a code2wav's waveform).
   std::map<std::string, at::Tensor> branch_outputs;
+  // A diffusion stage's frames: [F, H, W, 3] float32 in [0, 1] (CPU), undefined if cancelled;
+  // the frame rate its folder names, and the steps it reported.
+  at::Tensor video;
+  int64_t video_fps = 0;
+  int64_t progress_packets = 0;
 };
 
 class Pipeline {
@@ -83,6 +91,8 @@ class Pipeline {
 
   // A stage of the pipeline answers with audio.
   bool has_speech() const;
+  // A stage of the pipeline answers with video frames (a diffusion stage).
+  bool has_video() const;
   // The speakers and default of the stage that has them (its info), empty without one.
   std::vector<std::string> speakers();
   std::string default_speaker();

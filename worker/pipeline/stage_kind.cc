@@ -9,7 +9,7 @@ double StageAnswer::metric(const std::string& key) const {
 }
 
 const StageKind* find_stage_kind(const std::string& name) {
-  for (const auto* family : {&qwen3_omni_stage_kinds()}) {
+  for (const auto* family : {&qwen3_omni_stage_kinds(), &diffusion_stage_kinds()}) {
     for (const auto& kind : *family) {
       if (kind.name == name) return &kind;
     }
@@ -19,7 +19,7 @@ const StageKind* find_stage_kind(const std::string& name) {
 
 std::string stage_kind_names() {
   std::string names;
-  for (const auto* family : {&qwen3_omni_stage_kinds()}) {
+  for (const auto* family : {&qwen3_omni_stage_kinds(), &diffusion_stage_kinds()}) {
     for (const auto& kind : *family) names += (names.empty() ? "" : ", ") + kind.name;
   }
   return names;

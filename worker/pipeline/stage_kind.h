@@ -49,6 +49,8 @@ struct StageKind {
   bool speech = false;
   // Its stages answer with audio: a pipeline that has one can speak.
   bool answers_audio = false;
+  // Its stages answer with video frames (PipelineResult::video).
+  bool answers_video = false;
   // Its info lists speakers and a default speaker.
   bool has_speakers = false;
   // The stage's parameters for `request` (StageCall::params); `speak`: audio was asked for.
@@ -87,5 +89,6 @@ std::string handoff_names();
 // The families' tables (one function each per model family).
 const std::vector<StageKind>& qwen3_omni_stage_kinds();
 const std::vector<Handoff>& qwen3_omni_handoffs();
+const std::vector<StageKind>& diffusion_stage_kinds();  // diffusion_kinds.cc
 
 }  // namespace omni::pipeline

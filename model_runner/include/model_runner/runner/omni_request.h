@@ -12,6 +12,7 @@
 #include "model_runner/generation/sampler.h"
 #include "model_runner/qwen3_omni/code2wav_stream.h"
 #include "model_runner/runner/chat_inputs.h"
+#include "model_runner/runner/diffusion_request.h"
 
 namespace omni::models {
 
@@ -55,6 +56,9 @@ struct OmniRequest {
   // Frames per chunk: a small first chunk so that audio starts early (4, then 25, with 25 frames
   // of left context by default).
   qwen3_omni::Code2WavStreamOptions stream;
+  // A diffusion stage's settings (a diffusers folder's pipeline); the Qwen3-Omni stages ignore
+  // them.
+  DiffusionRequest diffusion;
 };
 
 struct OmniTimings {

@@ -1,0 +1,99 @@
+// The diffusion stage kinds: `diffusion`, an entry stage that turns the request's prompt (and
+// image) into video frames (diffusion_stage.cc), and the same as three stages,
+// diffusion_encode -> diffusion_denoise -> diffusion_decode (diffusion_split_stages.cc). Step
+// packets become on_progress calls, the frames of the last packet the result's video.
+#include "worker/pipeline/diffusion_params.h"
+#include "worker/pipeline/local_stage_base.h"
+#include "worker/pipeline/pipeline.h"
+#include "worker/pipeline/stage_kind.h"
+
+namespace omni::pipeline {
+namespace {
+
+// Every diffusion stage reads the whole request's settings.
+std::shared_ptr<const StageParams> params(const models::OmniRequest& request, bool) {
+  DiffusionParams p;
+  p.prompt = request.chat.text;
+  p.request = request.diffusion;
+  return std::make_shared<const DiffusionParams>(std::move(p));
+}
+
+// A step packet: the progress count and callback.
+bool collect_step(const StagePacket& p, StageAnswer& a) {
+  if (!a.primary || !p.metrics.count("step")) return true;
+  ++a.result.progress_packets;
+  return !a.callbacks.on_progress || a.callbacks.on_progress(p.metrics);
+}
+
+// The last packet: its frames are the video (another branch's go to branch_outputs).
+bool collect_frames(const StagePacket& p, StageAnswer& a) {
+  if (!p.finished) return true;
+  auto& r = a.result;
+  const auto frames = p.tensor("frames");
+  if (!a.primary) {
+    if (frames.defined()) r.branch_outputs[a.stage] = frames;
+    return true;
+  }
+  if (frames.defined()) r.video = frames;
+  r.omni.finish_reason = p.finish_reason;
+  return true;
+}
+
+void finish_video(StageAnswer& a) {
+  if (!a.primary) return;
+  a.result.video_fps = static_cast<int64_t>(a.metric("fps"));
+}
+
+StageKind diffusion() {
+  StageKind k;
+  k.name = "diffusion";
+  k.answers_video = true;
+  k.params = &params;
+  k.collect = [](const StagePacket& p, StageAnswer& a) {
+    return p.finished ? collect_frames(p, a) : collect_step(p, a);
+  };
+  k.finish = &finish_video;
+  k.make_local = &local::make_diffusion_stage;
+  return k;
+}
+
+StageKind diffusion_encode() {
+  StageKind k;
+  k.name = "diffusion_encode";
+  k.params = &params;
+  k.collect = [](const StagePacket&, StageAnswer&) { return true; };
+  k.make_local = &local::make_diffusion_encode_stage;
+  return k;
+}
+
+StageKind diffusion_denoise() {
+  StageKind k;
+  k.name = "diffusion_denoise";
+  k.reads = {"diffusion_encode"};
+  k.params = &params;
+  k.collect = &collect_step;
+  k.make_local = &local::make_diffusion_denoise_stage;
+  return k;
+}
+
+StageKind diffusion_decode() {
+  StageKind k;
+  k.name = "diffusion_decode";
+  k.reads = {"diffusion_denoise"};
+  k.answers_video = true;
+  k.params = &params;
+  k.collect = &collect_frames;
+  k.finish = &finish_video;
+  k.make_local = &local::make_diffusion_decode_stage;
+  return k;
+}
+
+}  // namespace
+
+const std::vector<StageKind>& diffusion_stage_kinds() {
+  static const std::vector<StageKind> kinds = {diffusion(), diffusion_encode(), diffusion_denoise(),
+                                               diffusion_decode()};
+  return kinds;
+}
+
+}  // namespace omni::pipeline
