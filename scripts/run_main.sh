@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: set up, build, answer a prompt in text and speech with `vllm-omni generate` on
 # the tiny embedded Qwen3-Omni checkpoint through three stage workers (writes
-# build/tiny_answer.wav), then run offload-bench
+# build/tiny_answer.wav), make a video with the tiny Wan2.2-A14B-style diffusers folder (writes
+# build/tiny_video.mp4), then run offload-bench
 # on the tiny embedded diffusion pipeline under each strategy (simulated device on the CPU; pass
 # --device cuda on a GPU machine), thinker-bench and speech-bench on the tiny Qwen3-Omni
 # checkpoint. Each bench line printed is one JSON object; outputs_equal_to_resident /
@@ -21,6 +22,14 @@ build/worker/vllm-omni generate --stage-configs-path stage_configs/qwen3_omni_ti
     --prompt "Say something nice." --audio "$tiny/audio.wav" --greedy --max-tokens 16 \
     --max-audio-frames 24 --output-wav build/tiny_answer.wav || status=1
 echo "wrote build/tiny_answer.wav"
+
+# A video: the tiny random diffusers folder (two experts, UniPC) as one diffusion stage, its
+# frames as H.264 at the folder's frame rate.
+build/worker/vllm-omni generate --model tests/fixtures/wan22_a14b_pipeline_tiny \
+    --prompt "a red fox jumps over the lazy dog" --height 16 --width 16 --num-frames 9 \
+    --num-inference-steps 2 --seed 42 --max-sequence-length 16 --output build/tiny_video.mp4 \
+    || status=1
+echo "wrote build/tiny_video.mp4"
 
 bench=build/bench/offload-bench
 for args in "--strategy none" "--strategy model" "--strategy model --strict-vae" \

@@ -3,7 +3,9 @@
 #include <c10/util/Exception.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -23,6 +25,7 @@
 #include "worker/config/stage_overrides.h"
 #include "worker/config/stage_yaml.h"
 #include "worker/http/chat_server.h"
+#include "worker/pipeline/diffusers_folder.h"
 #include "worker/pipeline/local_pipeline.h"
 #include "worker/pipeline/stage_launcher.h"
 #include "worker/rpc/auth.h"
@@ -115,6 +118,21 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
                  "before decoding; more get 400")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--max-video-jobs", o.max_video_jobs,
+                 "video jobs (/v1/videos) stored at once, queued, running or finished; more "
+                 "get 429")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--video-job-ttl", o.video_job_ttl_s,
+                 "seconds a finished video job and its MP4 are kept before they are removed")
+      ->type_name("SECONDS")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-video-bytes", o.max_video_bytes,
+                 "MP4 bytes all video jobs may hold on disk; a video that would not fit fails")
+      ->type_name("BYTES")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--device", o.device,
                  "with --model: auto (cuda when a CUDA device is usable), cpu (the simulated "
                  "device) or cuda (a stage YAML names its devices in runtime.devices)")
@@ -170,6 +188,10 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
   server.connections.head_timeout = ms(o.request_head_timeout_s);
   server.connections.body_timeout = ms(o.request_body_timeout_s);
   server.connections.idle_timeout = ms(o.keep_alive_timeout_s);
+  server.videos.max_jobs = o.max_video_jobs;
+  server.videos.max_bytes = o.max_video_bytes;
+  server.videos.ttl = std::chrono::seconds(
+      std::max<int64_t>(1, static_cast<int64_t>(std::llround(o.video_job_ttl_s))));
   std::unique_ptr<pipeline::StageLauncher> launcher;
   std::unique_ptr<pipeline::Pipeline> local;
   try {
@@ -202,6 +224,10 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
       auto cfg = pipeline::checkpoint_stage_config(o.model, device, "auto");
       config::apply_stage_flags(cfg, o.engine, o.stage_overrides);
       server.sampling_defaults = yaml_sampling(cfg);
+      // The frame rate turns a video request's `seconds` into frames.
+      if (pipeline::is_diffusers_folder(o.model)) {
+        server.videos.fps = pipeline::diffusers_frame_rate(o.model);
+      }
       local = pipeline::make_local_pipeline(cfg, device);
     }
   } catch (const config::ConfigError& e) {

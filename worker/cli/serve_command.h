@@ -39,6 +39,11 @@ struct ServeOptions {
   size_t max_media_items = 16;                    // audio and image parts per request
   uint64_t max_image_pixels = uint64_t{1} << 25;  // all images of a request together
   std::string device = "auto";
+  // /v1/videos (a diffusion model): jobs stored, seconds a finished one is kept, MP4 bytes on
+  // disk for all of them.
+  size_t max_video_jobs = 16;
+  double video_job_ttl_s = 3600;
+  uint64_t max_video_bytes = uint64_t{1} << 30;
   // The engine option flags given (--cpu-offload-*, --dtype, ...): they apply to every stage,
   // the checkpoint's own (--model) or the YAML's, as on generate.
   config::EngineFlags engine;

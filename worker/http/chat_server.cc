@@ -27,6 +27,7 @@
 #include "worker/http/request_guard.h"
 #include "worker/http/server_metrics.h"
 #include "worker/http/stage_errors.h"
+#include "worker/http/video_api.h"
 #include "worker/http/wav_bytes.h"
 
 namespace omni::http {
@@ -100,6 +101,7 @@ class ChatServer::Impl {
                          }
                          return values;
                        }};
+      head.path = req.path;
       const auto refusal = refuse_request_head(head, hosts_);
       if (!refusal) return httplib::Server::HandlerResponse::Unhandled;
       // The body was not read: the connection cannot carry another request.
@@ -119,7 +121,7 @@ class ChatServer::Impl {
       res.set_header("Access-Control-Allow-Origin", origin);
       res.set_header("Vary", "Origin");
       if (req.method == "OPTIONS") {
-        res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
         res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
         res.set_header("Access-Control-Max-Age", "600");
       }
@@ -177,7 +179,9 @@ class ChatServer::Impl {
                               {"created", started_},
                               {"owned_by", "omni-offload"},
                               {"speakers", pipeline_.speakers()},
-                              {"default_speaker", pipeline_.default_speaker()}}}}}
+                              {"default_speaker", pipeline_.default_speaker()},
+                              // Ours too: /v1/videos answers (the playground's video tab).
+                              {"video", pipeline_.has_video()}}}}}
                           .dump(),
                       "application/json");
     });
@@ -190,9 +194,15 @@ class ChatServer::Impl {
                           "# HELP omni_requests_running Chat requests running now.\n"
                           "# TYPE omni_requests_running gauge\nomni_requests_running " +
                           std::to_string(running_.load()) + "\n" + connection_metrics() +
-                          offload_metrics(pipeline_.stats_json()),
+                          videos_->prometheus() + offload_metrics(pipeline_.stats_json()),
                       "text/plain; version=0.0.4");
     });
+    videos_ =
+        std::make_unique<VideoApi>(pipeline_, options_.videos, options_.model_name, metrics_,
+                                   [this](const httplib::Request& req, httplib::Response& res) {
+                                     return authorized(req, res);
+                                   });
+    videos_->add_routes(*server_);
     server_->Post("/v1/chat/completions",
                   [this](const httplib::Request& req, httplib::Response& res) {
                     chat_completions(req, res);
@@ -215,6 +225,7 @@ class ChatServer::Impl {
   }
   int port() const { return port_; }
   void stop() {
+    videos_->stop();  // first: a /v1/videos/sync handler waiting for its job returns
     server_->stop();
     if (thread_.joinable()) thread_.join();
   }
@@ -306,6 +317,12 @@ class ChatServer::Impl {
   }
 
   void check_model_and_speaker(const ChatCompletionRequest& r) {
+    if (pipeline_.has_video()) {
+      // A diffusion pipeline would make a whole default-sized video and answer no text.
+      throw ApiException(bad_request("the model '" + options_.model_name +
+                                         "' makes video, not chat answers: use POST /v1/videos",
+                                     "model", "unsupported"));
+    }
     if (r.model != options_.model_name) {
       ApiError e;
       e.status = 404;
@@ -540,12 +557,14 @@ class ChatServer::Impl {
   pipeline::Pipeline& pipeline_;
   ServerOptions options_;
   HostPolicy hosts_;
+  ServerMetrics metrics_;  // before the video jobs and the server, which count into it
+  // Before server_: destroyed after it, as its handlers use the jobs.
+  std::unique_ptr<VideoApi> videos_;
   std::unique_ptr<BoundedHttpServer> server_;
   std::thread thread_;
   int port_ = -1;
   std::atomic<int> running_{0};
   int64_t started_ = unix_now();
-  ServerMetrics metrics_;
 };
 
 ChatServer::ChatServer(pipeline::Pipeline& pipeline, ServerOptions options)

@@ -5,9 +5,9 @@
 // parses and builds it).
 //
 // Routes: POST /v1/chat/completions (JSON, or SSE with "stream": true), GET /v1/models,
-// GET /health (200 only when every stage is healthy), GET /metrics (Prometheus text; behind the
-// key unless metrics_public). Requests are first checked by their head (request_guard.h).
-// Every error is OpenAI's error JSON; no request can take the server down.
+// /v1/videos (video_api.h), GET /health (200 only when every stage is healthy), GET /metrics
+// (Prometheus text; behind the key unless metrics_public). Requests are first checked by their head
+// (request_guard.h). Every error is OpenAI's error JSON; no request can take the server down.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +20,7 @@
 
 #include "worker/http/connection_limits.h"
 #include "worker/http/openai_protocol.h"
+#include "worker/http/video_api.h"
 #include "worker/pipeline/pipeline.h"
 
 namespace omni::http {
@@ -49,6 +50,8 @@ struct ServerOptions {
   std::function<void(models::OmniRequest&, const std::set<std::string>& given)> sampling_defaults;
   // Health of the stages: true when every stage answers (why: what is wrong otherwise).
   std::function<bool(std::string* why)> healthy;
+  // /v1/videos jobs (a pipeline with a diffusion stage; video_api.h).
+  VideoOptions videos;
 };
 
 class ChatServer {

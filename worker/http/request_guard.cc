@@ -84,7 +84,16 @@ std::optional<ApiError> refuse_request_head(const RequestHead& head, const HostP
     const std::string type =
         types.empty() ? ""
                       : ascii_lower(trim_blanks(types.front().substr(0, types.front().find(';'))));
-    if (type != "application/json") {
+    const bool video_form = type == "multipart/form-data" &&
+                            (head.path == "/v1/videos" || head.path == "/v1/videos/sync") &&
+                            !head.header_values("Authorization").empty();
+    if (type != "application/json" && !video_form) {
+      if (type == "multipart/form-data" &&
+          (head.path == "/v1/videos" || head.path == "/v1/videos/sync")) {
+        return refusal(415, "unsupported_media_type",
+                       "a multipart/form-data video request needs an Authorization header (the "
+                       "bearer key; any value on a server without one), or send JSON");
+      }
       // Browsers send forms and text/plain across sites without asking: JSON only.
       return refusal(415, "unsupported_media_type",
                      "the request body must be JSON, sent with Content-Type: application/json");

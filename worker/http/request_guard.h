@@ -29,6 +29,8 @@ HostPolicy host_policy(const std::string& listen_host, bool has_api_key,
 struct RequestHead {
   std::string method;
   std::function<std::vector<std::string>(const std::string& name)> header_values;
+  // The target's path ("/v1/videos"); empty: not known.
+  std::string path = "";
 };
 
 // The error to answer with, or nullopt to go on and read the body:
@@ -36,7 +38,9 @@ struct RequestHead {
 //   that differ;
 // - 411 length_required: a body without Content-Length (chunked);
 // - 415 unsupported_content_encoding: a Content-Encoding other than identity;
-// - 415 unsupported_media_type: a POST whose Content-Type is not application/json;
+// - 415 unsupported_media_type: a POST whose Content-Type is not application/json, save
+//   multipart/form-data to POST /v1/videos[/sync] with an Authorization header (OpenAI's SDK
+//   sends video requests so; a cross-site HTML form cannot set that header);
 // - 403 host_not_allowed: a Host the policy does not list.
 std::optional<ApiError> refuse_request_head(const RequestHead& head, const HostPolicy& hosts);
 

@@ -134,5 +134,34 @@ TEST(RequestGuard, KeyedOrNetworkServersAnswerAnyNameUnlessToldOtherwise) {
   EXPECT_EQ(status_of(head("GET", {{"Host", "[::1]:1"}}), host_policy("::1", false, {})), 0);
 }
 
+// OpenAI's SDK posts video requests as forms; a cross-site HTML form cannot add Authorization.
+TEST(RequestGuard, VideoFormsPassOnlyWithAnAuthorizationHeader) {
+  const std::vector<std::pair<std::string, std::string>> form = {
+      {"Content-Type", "multipart/form-data; boundary=x"}, {"Content-Length", "2"}};
+  auto with_key = form;
+  with_key.emplace_back("Authorization", "Bearer k");
+  for (const char* path : {"/v1/videos", "/v1/videos/sync"}) {
+    SCOPED_TRACE(path);
+    auto h = head("POST", with_key);
+    h.path = path;
+    EXPECT_EQ(status_of(h), 0);
+    h = head("POST", form);
+    h.path = path;
+    EXPECT_EQ(status_of(h), 415);
+    EXPECT_EQ(code_of(h), "unsupported_media_type");
+  }
+  for (const char* path : {"/v1/chat/completions", "/v1/videos/x", ""}) {
+    SCOPED_TRACE(path);
+    auto h = head("POST", with_key);
+    h.path = path;
+    EXPECT_EQ(status_of(h), 415);
+  }
+  auto h = head("POST", {{"Content-Type", "application/x-www-form-urlencoded"},
+                         {"Content-Length", "2"},
+                         {"Authorization", "Bearer k"}});
+  h.path = "/v1/videos";
+  EXPECT_EQ(status_of(h), 415);
+}
+
 }  // namespace
 }  // namespace omni::http

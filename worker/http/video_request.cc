@@ -1,0 +1,166 @@
+#include "worker/http/video_request.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <set>
+
+#include "worker/http/request_json.h"
+
+namespace omni::http {
+namespace {
+
+using Json = nlohmann::json;
+using detail::field;
+
+// Bounds against requests no server could hold (a 100k x 100k video), not the model's rules:
+// the diffusion stage checks those (sizes divisible by 16, ...) and its refusal names them.
+constexpr int64_t kMaxSide = 4096;
+constexpr int64_t kMaxFrames = 1025;
+constexpr int64_t kMaxSteps = 1000;
+constexpr double kMaxSeconds = 600;
+
+int64_t int_in(const Json& v, const std::string& param, int64_t lo, int64_t hi) {
+  const int64_t n = detail::get_int(v, param);
+  if (n < lo || n > hi) {
+    detail::invalid_value(param, "must be from " + std::to_string(lo) + " to " +
+                                     std::to_string(hi) + ", got " + std::to_string(n));
+  }
+  return n;
+}
+
+double finite(const Json& v, const std::string& param) {
+  const double d = detail::get_number(v, param);
+  if (!std::isfinite(d)) detail::invalid_value(param, "must be a finite number");
+  return d;
+}
+
+// "832x480" -> width 832, height 480.
+void parse_size(const std::string& s, VideoRequest& r) {
+  const auto bad = [&] {
+    detail::invalid_value(
+        "size", "must be \"WIDTHxHEIGHT\" (e.g. \"832x480\"), got " + detail::quote_value(s));
+  };
+  const auto x = s.find('x');
+  if (x == std::string::npos || x == 0 || x + 1 == s.size() || s.size() > 16) bad();
+  int64_t side[2] = {0, 0};
+  const std::string parts[2] = {s.substr(0, x), s.substr(x + 1)};
+  for (int i = 0; i < 2; ++i) {
+    for (const char c : parts[i]) {
+      if (c < '0' || c > '9') bad();
+    }
+    side[i] = std::strtoll(parts[i].c_str(), nullptr, 10);
+    if (side[i] < 2 || side[i] > kMaxSide) {
+      detail::invalid_value("size", "width and height must be from 2 to " +
+                                        std::to_string(kMaxSide) + ", got " +
+                                        detail::quote_value(s));
+    }
+  }
+  r.size = s;
+  r.diffusion.width = side[0];
+  r.diffusion.height = side[1];
+}
+
+double parse_seconds(const Json& v) {
+  double d = 0;
+  if (v.is_string()) {
+    const auto& s = v.get_ref<const std::string&>();
+    char* end = nullptr;
+    d = s.empty() ? 0 : std::strtod(s.c_str(), &end);
+    if (s.empty() || end != s.c_str() + s.size()) {
+      detail::invalid_value(
+          "seconds", "must be a number of seconds (4 or \"4\"), got " + detail::quote_value(s));
+    }
+  } else {
+    d = detail::get_number(v, "seconds");
+  }
+  if (!std::isfinite(d) || d <= 0 || d > kMaxSeconds) {
+    detail::invalid_value("seconds",
+                          "must be above 0 and at most " + std::to_string(int(kMaxSeconds)));
+  }
+  return d;
+}
+
+}  // namespace
+
+int64_t frames_for_seconds(double seconds, int64_t fps) {
+  const double n = seconds * static_cast<double>(fps) + 1;
+  const auto k = static_cast<int64_t>(std::floor((n - 1) / 4));
+  return k > 0 ? 4 * k + 1 : 1;
+}
+
+VideoRequest parse_video_request(std::string_view body, int64_t fps) {
+  const Json root = detail::parse_body(body, 8);
+  if (!root.is_object()) detail::wrong_type("", "a JSON object", root);
+  detail::check_keys(
+      root, "",
+      {"prompt", "model", "size", "seconds", "num_frames", "negative_prompt", "num_inference_steps",
+       "guidance_scale", "guidance_scale_2", "boundary_ratio", "flow_shift", "seed"});
+  VideoRequest r;
+  const Json* prompt = field(root, "prompt");
+  if (prompt == nullptr) detail::fail("prompt", "'prompt' is required", "missing_field");
+  r.prompt = detail::get_string(*prompt, "prompt");
+  if (r.prompt.empty()) detail::invalid_value("prompt", "must not be empty");
+  if (const Json* v = field(root, "model")) r.model = detail::get_string(*v, "model");
+  if (const Json* v = field(root, "size")) parse_size(detail::get_string(*v, "size"), r);
+  auto& d = r.diffusion;
+  if (const Json* v = field(root, "negative_prompt")) {
+    d.negative_prompt = detail::get_string(*v, "negative_prompt");
+  }
+  if (const Json* v = field(root, "num_frames")) {
+    d.num_frames = int_in(*v, "num_frames", 1, kMaxFrames);
+  }
+  if (const Json* v = field(root, "seconds")) {
+    // Two lengths that may disagree: refuse rather than pick one silently.
+    if (d.num_frames) {
+      detail::fail("seconds", "give 'seconds' or 'num_frames', not both", "invalid_value");
+    }
+    r.seconds = parse_seconds(*v);
+    d.num_frames = std::min(frames_for_seconds(*r.seconds, fps), kMaxFrames);
+  }
+  if (const Json* v = field(root, "num_inference_steps")) {
+    d.num_inference_steps = int_in(*v, "num_inference_steps", 1, kMaxSteps);
+  }
+  if (const Json* v = field(root, "guidance_scale")) {
+    d.guidance_scale = finite(*v, "guidance_scale");
+  }
+  if (const Json* v = field(root, "guidance_scale_2")) {
+    d.guidance_scale_2 = finite(*v, "guidance_scale_2");
+  }
+  if (const Json* v = field(root, "boundary_ratio")) {
+    const double b = finite(*v, "boundary_ratio");
+    if (b < 0 || b > 1) detail::invalid_value("boundary_ratio", "must be from 0 to 1");
+    d.boundary_ratio = b;
+  }
+  if (const Json* v = field(root, "flow_shift")) {
+    const double s = finite(*v, "flow_shift");
+    if (s <= 0) detail::invalid_value("flow_shift", "must be above 0");
+    d.flow_shift = s;
+  }
+  if (const Json* v = field(root, "seed")) d.seed = detail::get_seed(*v, "seed");
+  return r;
+}
+
+VideoRequest parse_video_form(const std::vector<FormField>& fields, int64_t fps) {
+  Json body = Json::object();
+  for (const auto& f : fields) {
+    if (f.file) {
+      detail::unsupported(f.name,
+                          "file uploads (an input_reference image) are not supported: "
+                          "send text fields only");
+    }
+    if (body.contains(f.name)) {
+      detail::invalid_value(f.name, "the field is given more than once");
+    }
+    // Only the numeric fields: a prompt "1984" stays text.
+    static const std::set<std::string> numeric = {
+        "seconds",          "num_frames",     "num_inference_steps", "guidance_scale",
+        "guidance_scale_2", "boundary_ratio", "flow_shift",          "seed"};
+    Json value = numeric.count(f.name) ? Json::parse(f.value, nullptr, false) : Json();
+    body[f.name] = value.is_number() ? value : Json(f.value);
+  }
+  return parse_video_request(body.dump(), fps);
+}
+
+}  // namespace omni::http
