@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -46,6 +47,10 @@ class CountingModel : public EngineModel {
   int64_t prompt_tokens(const EngineSequence&) override { return 1; }
   void step(const std::vector<EngineSequence*>& running) override {
     Busy busy(this);
+    {
+      std::unique_lock<std::mutex> lock(hold_mutex_);
+      held_.wait(lock, [&] { return !hold_; });
+    }
     largest_batch_ = std::max(largest_batch_, static_cast<int64_t>(running.size()));
     if (fail_next_step_.exchange(false)) throw std::runtime_error("the device fell over");
     for (auto* base : running) {
@@ -68,6 +73,14 @@ class CountingModel : public EngineModel {
     seq.holds = false;
   }
 
+  // Steps wait while held: what is submitted meanwhile queues, so the batch after is full.
+  void hold_steps(bool hold) {
+    {
+      std::lock_guard<std::mutex> lock(hold_mutex_);
+      hold_ = hold;
+    }
+    held_.notify_all();
+  }
   int64_t free_slots() const { return free_; }
   int64_t largest_batch() const { return largest_batch_; }
   std::atomic<bool> fail_next_step_{false};
@@ -79,6 +92,9 @@ class CountingModel : public EngineModel {
     CountingModel* model;
   };
   std::atomic<bool> busy_{false};
+  std::mutex hold_mutex_;
+  std::condition_variable held_;
+  bool hold_ = false;  // under hold_mutex_
   int64_t free_;
   int64_t admitted_ = 0;
   int64_t largest_batch_ = 0;
@@ -102,6 +118,10 @@ TEST(EngineLoop, ConcurrentSubmitAndCancelReleaseEverySequenceOnce) {
   CountingModel model(6);
   constexpr int kClients = 16;
   std::vector<std::shared_ptr<CountingSequence>> seqs;
+  // The first step waits until every client has submitted: without it a slow machine (TSan)
+  // may run each client's sequence to its end before the next one submits, and nothing batches.
+  model.hold_steps(true);
+  std::atomic<int> submitted{0};
   {
     EngineLoop loop("stage 0 (counting)", model, EngineLimits{4, 8192, 256});
     std::vector<std::thread> clients;
@@ -115,6 +135,7 @@ TEST(EngineLoop, ConcurrentSubmitAndCancelReleaseEverySequenceOnce) {
       clients.emplace_back([&, i] {
         auto& seq = *seqs[i];
         loop.submit(seqs[i]);
+        if (++submitted == kClients) model.hold_steps(false);
         if (i % 4 == 3) {  // cancels after a few packets (or while it still waits)
           for (int k = 0; k < 3; ++k) (void)seq.out.pop();
           seq.cancel();
