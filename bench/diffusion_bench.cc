@@ -146,7 +146,7 @@ void fill_random(torch::nn::Module& module, at::Generator& gen) {
     } else if (p.dim() == 1) {
       p.normal_(0.0, 0.02, gen);
     } else {
-      const double fan_in = static_cast<double>(p.numel() / p.size(0));
+      const double fan_in = static_cast<double>(p.numel()) / static_cast<double>(p.size(0));
       p.normal_(0.0, 1.0 / std::sqrt(fan_in), gen);
     }
   }
