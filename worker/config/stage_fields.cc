@@ -23,7 +23,9 @@ using Kind = RawValue::Kind;
 
 // --- key tables --------------------------------------------------------------------------------
 
-const std::vector<std::string> kModelStages = {"thinker", "talker", "code2wav", "diffusion"};
+const std::vector<std::string> kModelStages = {
+    "thinker",           "talker",          "code2wav", "diffusion", "diffusion_encode",
+    "diffusion_denoise", "diffusion_decode"};
 const std::vector<std::string> kStageTypes = {"llm", "generation", "diffusion"};
 const std::vector<std::string> kOutputTypes = {"text", "audio", "image"};
 

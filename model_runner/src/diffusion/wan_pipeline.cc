@@ -91,7 +91,7 @@ at::Tensor WanPipeline::encode_prompt(const std::string& prompt, int64_t max_seq
   // Cut to the real tokens and pad back with zeros: the padding rows carry values in
   // last_hidden_state that the transformer must not see.
   const auto real = hidden[0].slice(0, 0, seq_len);
-  const auto embeds =
+  auto embeds =
       at::cat({real, real.new_zeros({max_sequence_length - seq_len, real.size(1)})}).unsqueeze(0);
   if (trace && trace->prompt) trace->prompt(negative, ids, mask, embeds);
   return embeds;
@@ -108,7 +108,8 @@ at::Tensor WanPipeline::encode_image(const at::Tensor& image, c10::Device device
   return vae_->normalize_latents(latent.to(device, at::kFloat));
 }
 
-at::Tensor WanPipeline::decode(const at::Tensor& latents) {
+at::Tensor WanPipeline::decode_latents(const at::Tensor& latents) {
+  c10::InferenceMode guard;
   const auto dtype = vae_->parameters().front().scalar_type();
   const auto video = vae_->decode(vae_->denormalize_latents(latents.to(dtype)));
   // postprocess_video(output_type="np"): [F, 3, H, W] -> denormalize -> [F, H, W, 3] float32.
@@ -120,19 +121,41 @@ WanResult WanPipeline::generate(const WanRequest& r, const WanStepCallback& on_s
                                 c10::Device device) {
   validate(r);
   c10::InferenceMode guard;
+  const auto conditioning = encode(r, device);
+  const auto latents = denoise(r, conditioning, on_step, device);
+  if (!latents.defined()) return WanResult{at::Tensor(), true};
+  return WanResult{decode_latents(latents), false};
+}
+
+WanConditioning WanPipeline::encode(const WanRequest& r, c10::Device device) {
+  c10::InferenceMode guard;
+  WanConditioning c;
+  c.prompt_embeds = encode_prompt(r.prompt, r.max_sequence_length, false, r.trace, device);
+  if (r.guidance_scale > 1.0) {
+    c.negative_embeds =
+        encode_prompt(r.negative_prompt, r.max_sequence_length, true, r.trace, device);
+  }
+  if (r.image.defined()) c.image_latent = encode_image(r.image, device);
+  return c;
+}
+
+at::Tensor WanPipeline::denoise(const WanRequest& r, const WanConditioning& conditioning,
+                                const WanStepCallback& on_step, c10::Device device) {
+  c10::InferenceMode guard;
   const WanTrace* trace = r.trace;
   const auto boundary_ratio = r.boundary_ratio ? r.boundary_ratio : config_.boundary_ratio;
   const double guidance_scale = r.guidance_scale;
   const double guidance_scale_2 = r.guidance_scale_2.value_or(guidance_scale);
   const bool cfg = guidance_scale > 1.0;
+  OMNI_CHECK(conditioning.prompt_embeds.defined(), "WanConditioning.prompt_embeds is missing");
+  OMNI_CHECK(!cfg || conditioning.negative_embeds.defined(),
+             "WanConditioning.negative_embeds is missing: guidance_scale ", guidance_scale,
+             " runs classifier-free guidance");
 
-  auto prompt_embeds = encode_prompt(r.prompt, r.max_sequence_length, false, trace, device);
-  at::Tensor negative_embeds;
-  if (cfg)
-    negative_embeds = encode_prompt(r.negative_prompt, r.max_sequence_length, true, trace, device);
   const auto transformer_dtype = transformer_->dtype();
-  prompt_embeds = prompt_embeds.to(transformer_dtype);
-  if (negative_embeds.defined()) negative_embeds = negative_embeds.to(transformer_dtype);
+  const auto prompt_embeds = conditioning.prompt_embeds.to(device).to(transformer_dtype);
+  at::Tensor negative_embeds;
+  if (cfg) negative_embeds = conditioning.negative_embeds.to(device).to(transformer_dtype);
 
   auto scheduler = make_scheduler(r.flow_shift);
   scheduler->set_timesteps(r.num_inference_steps);
@@ -155,8 +178,10 @@ WanResult WanPipeline::generate(const WanRequest& r, const WanStepCallback& on_s
   auto mask = at::ones({1, 1, latent_frames, latent_h, latent_w},
                        at::TensorOptions().dtype(at::kFloat).device(device));
   at::Tensor condition;
-  if (r.image.defined()) {
-    condition = encode_image(r.image, device);
+  if (conditioning.image_latent.defined()) {
+    OMNI_CHECK(config_.expand_timesteps, "WanConditioning.image_latent needs a TI2V folder; ", dir_,
+               " is text-to-video only");
+    condition = conditioning.image_latent.to(device);
     mask.select(2, 0).zero_();
   }
 
@@ -204,11 +229,11 @@ WanResult WanPipeline::generate(const WanRequest& r, const WanStepCallback& on_s
       step.total = total;
       step.timestep = timesteps[i].to(at::kDouble).item<double>();
       step.transformer = high_noise ? "transformer" : "transformer_2";
-      if (!on_step(step)) return WanResult{at::Tensor(), true};
+      if (!on_step(step)) return at::Tensor();
     }
   }
   if (condition.defined()) latents = (1 - mask) * condition + mask * latents;
-  return WanResult{decode(latents), false};
+  return latents;
 }
 
 }  // namespace omni::models

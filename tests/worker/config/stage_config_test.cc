@@ -535,7 +535,8 @@ TEST_F(StageConfigTest, ModelDirectoryMustExist) {
       "stage_args:\n  - stage_id: 0\n    engine_args:\n      model: m\n"
       "    final_output: true\n    final_output_type: text\n";
   EXPECT_TRUE(IsError(parse_error(yaml), kName + ":3:5",
-                      "stage 0 has no model_stage (thinker, talker, code2wav, diffusion)"));
+                      "stage 0 has no model_stage (thinker, talker, code2wav, diffusion, "
+                      "diffusion_encode, diffusion_denoise, diffusion_decode)"));
 }
 
 TEST_F(StageConfigTest, UnknownEnumValues) {
@@ -543,7 +544,8 @@ TEST_F(StageConfigTest, UnknownEnumValues) {
   yaml.replace(yaml.find("thinker"), 7, "thinkr");
   EXPECT_TRUE(IsError(parse_error(yaml), kName + ":4:20",
                       "model_stage: unknown value 'thinkr'; did you mean 'thinker'? (valid: "
-                      "thinker, talker, code2wav, diffusion)"));
+                      "thinker, talker, code2wav, diffusion, diffusion_encode, "
+                      "diffusion_denoise, diffusion_decode)"));
 
   yaml = one_stage("", "    stage_type: autoregressive\n");
   EXPECT_TRUE(IsError(parse_error(yaml), pos_of(yaml, "autoregressive"),

@@ -83,6 +83,14 @@ struct WanResult {
   bool cancelled = false;
 };
 
+// What encode() gives denoise(): the request's text (and TI2V image) conditioning. A stage
+// graph (encode / denoise / decode workers) passes these tensors between processes.
+struct WanConditioning {
+  at::Tensor prompt_embeds;    // [1, L, text_dim] in the text encoder's dtype
+  at::Tensor negative_embeds;  // the same for the negative prompt; undefined without CFG
+  at::Tensor image_latent;     // TI2V: the image's normalized latent, float32; else undefined
+};
+
 // model_index.json's fields that steer the pipeline.
 struct WanPipelineConfig {
   std::optional<double> boundary_ratio;
@@ -100,9 +108,20 @@ class WanPipeline : public torch::nn::Module {
               std::shared_ptr<AutoencoderKLWan> vae);
 
   // Runs the parts' inputs on `device` (where the modules are, or where the offload engine
-  // brings them). Throws on an invalid request.
+  // brings them). Throws on an invalid request. It is encode -> denoise -> decode_latents.
   WanResult generate(const WanRequest& request, const WanStepCallback& on_step = {},
                      c10::Device device = c10::kCPU);
+
+  // The three steps of generate(), for stages that run them apart (they do not validate: call
+  // validate first). encode reads the text encoder (and the VAE for request.image).
+  WanConditioning encode(const WanRequest& request, c10::Device device);
+  // The transformers and the scheduler, from the seeded noise: the final latents on `device`
+  // (the image latent put back into frame 0 for TI2V); undefined when on_step cancelled.
+  at::Tensor denoise(const WanRequest& request, const WanConditioning& conditioning,
+                     const WanStepCallback& on_step, c10::Device device);
+  // The VAE: denormalizes, decodes and post-processes to [F, H, W, 3] float32 in [0, 1] on the
+  // CPU.
+  at::Tensor decode_latents(const at::Tensor& latents);
 
   // Throws naming the field when `request` is invalid for this pipeline.
   void validate(const WanRequest& request) const;
@@ -126,8 +145,6 @@ class WanPipeline : public torch::nn::Module {
                            const WanTrace* trace, c10::Device device);
   // The TI2V conditioning latent: the image through the VAE, normalized, float32.
   at::Tensor encode_image(const at::Tensor& image, c10::Device device);
-  // Denormalizes, decodes and post-processes to [F, H, W, 3] float32 in [0, 1] on the CPU.
-  at::Tensor decode(const at::Tensor& latents);
 
   std::string dir_;
   WanPipelineConfig config_;

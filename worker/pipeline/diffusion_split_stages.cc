@@ -1,0 +1,157 @@
+// A diffusers Wan folder as three stages, vLLM-Omni's encode / denoise / decode split (its
+// qwen_image_3stage.yaml), so the text encoder and VAE can sit on another device than the
+// transformers. Each runs one step of models::WanPipeline::generate on the packet of the one
+// before:
+//   diffusion_encode   the request in; one `finished` packet with "prompt_embeds" and, when
+//                      present, "negative_embeds" and "image_latent" (TI2V).
+//   diffusion_denoise  one packet per step (as the diffusion stage writes them); the last
+//                      `finished` with "latents" (stop | cancelled).
+//   diffusion_decode   the last `finished` packet with "frames" and metrics decode_ms, fps.
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "worker/pipeline/wan_stage_base.h"
+
+namespace omni::pipeline::local {
+namespace {
+
+// The source's `finished` packet (the others are its progress); throws when it never came.
+StagePacket last_packet(PacketQueue& input, const CancelToken& cancel, const std::string& stage) {
+  std::optional<StagePacket> last;
+  while (auto packet = input.pop(&cancel)) {
+    if (packet->finished) last = std::move(*packet);
+  }
+  if (!last) throw StageError(StageError::Code::kInternal, stage, "its source sent no last packet");
+  return std::move(*last);
+}
+
+// A `finished` packet saying why there is no output (the source's reason).
+StagePacket stopped(const std::string& reason) {
+  StagePacket p;
+  p.finished = true;
+  p.finish_reason = reason;
+  return p;
+}
+
+class EncodeStage : public WanStageBase {
+ public:
+  using WanStageBase::WanStageBase;
+
+  StageInfo info() override {
+    StageInfo i;
+    i.model_stage = "diffusion_encode";
+    return with_bytes(std::move(i));
+  }
+
+  void run(const StageCall& call, PacketQueue& /*input*/, const PacketSink& sink,
+           const CancelToken& cancel) override {
+    c10::InferenceMode inference;
+    const auto request = read_request(call);
+    std::lock_guard<std::mutex> lock(mutex_);
+    check_going(call, cancel);
+    const auto start = Clock::now();
+    models::WanConditioning c;
+    translate_errors([&] {
+      auto scope = backend_->forward_scope();
+      c = pipe_->encode(request, engine_->compute_device());
+    });
+    StagePacket done = stopped("stop");
+    done.tensors.emplace_back("prompt_embeds", cpu(c.prompt_embeds));
+    if (c.negative_embeds.defined()) {
+      done.tensors.emplace_back("negative_embeds", cpu(c.negative_embeds));
+    }
+    if (c.image_latent.defined()) done.tensors.emplace_back("image_latent", cpu(c.image_latent));
+    done.metrics = {{"load_ms", load_ms_}, {"encode_ms", ms_since(start)}};
+    sink(std::move(done));
+  }
+};
+
+class DenoiseStage : public WanStageBase {
+ public:
+  using WanStageBase::WanStageBase;
+
+  StageInfo info() override {
+    StageInfo i;
+    i.model_stage = "diffusion_denoise";
+    return with_bytes(std::move(i));
+  }
+
+  void run(const StageCall& call, PacketQueue& input, const PacketSink& sink,
+           const CancelToken& cancel) override {
+    c10::InferenceMode inference;
+    const auto request = read_request(call);
+    const auto source = last_packet(input, cancel, name_);
+    models::WanConditioning c;
+    c.prompt_embeds = source.tensor("prompt_embeds");
+    c.negative_embeds = source.tensor("negative_embeds");
+    c.image_latent = source.tensor("image_latent");
+    if (!c.prompt_embeds.defined()) return sink(stopped(source.finish_reason));
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto start = Clock::now();
+    StepClock clock;
+    at::Tensor latents;
+    translate_errors([&] {
+      auto scope = backend_->forward_scope();
+      latents = pipe_->denoise(request, c, progress(call, cancel, sink, clock),
+                               engine_->compute_device());
+    });
+    StagePacket done = stopped(latents.defined() ? "stop" : "cancelled");
+    if (latents.defined()) done.tensors.emplace_back("latents", cpu(latents));
+    const double steps = static_cast<double>(request.num_inference_steps);
+    done.metrics = {{"load_ms", load_ms_},
+                    {"generate_ms", ms_since(start)},
+                    {"steps", steps},
+                    {"step_ms_mean", steps > 0 ? clock.steps_ms / steps : 0.0}};
+    sink(std::move(done));
+  }
+};
+
+class DecodeStage : public WanStageBase {
+ public:
+  using WanStageBase::WanStageBase;
+
+  StageInfo info() override {
+    StageInfo i;
+    i.model_stage = "diffusion_decode";
+    return with_bytes(std::move(i));
+  }
+
+  void run(const StageCall& call, PacketQueue& input, const PacketSink& sink,
+           const CancelToken& cancel) override {
+    c10::InferenceMode inference;
+    const auto source = last_packet(input, cancel, name_);
+    const auto latents = source.tensor("latents");
+    if (!latents.defined()) return sink(stopped(source.finish_reason));
+    std::lock_guard<std::mutex> lock(mutex_);
+    check_going(call, cancel);
+    const auto start = Clock::now();
+    at::Tensor frames;
+    translate_errors([&] {
+      auto scope = backend_->forward_scope();
+      frames = pipe_->decode_latents(latents.to(engine_->compute_device()));
+    });
+    StagePacket done = stopped("stop");
+    done.tensors.emplace_back("frames", cpu(frames.to(at::kFloat)));
+    done.metrics = {
+        {"load_ms", load_ms_}, {"decode_ms", ms_since(start)}, {"fps", static_cast<double>(fps_)}};
+    sink(std::move(done));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Stage> make_diffusion_encode_stage(const LocalStageOptions& options) {
+  return std::make_unique<EncodeStage>(options);
+}
+std::unique_ptr<Stage> make_diffusion_denoise_stage(const LocalStageOptions& options) {
+  return std::make_unique<DenoiseStage>(options);
+}
+std::unique_ptr<Stage> make_diffusion_decode_stage(const LocalStageOptions& options) {
+  return std::make_unique<DecodeStage>(options);
+}
+
+}  // namespace omni::pipeline::local

@@ -1,0 +1,110 @@
+#include "worker/pipeline/wan_stage_base.h"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+
+#include "model_runner/preprocess/image.h"
+#include "worker/pipeline/diffusers_folder.h"
+#include "worker/pipeline/diffusion_params.h"
+#include "worker/pipeline/stage_params.h"
+
+namespace omni::pipeline::local {
+namespace {
+
+// The engine strategy the stage's options name (vLLM-Omni's keys: enable_cpu_offload is
+// model-level offload of the parts, as its diffusion engine does).
+offload::OffloadConfig offload_config(const LocalStageOptions& o) {
+  OMNI_CHECK(!o.offload.cpu_offload_enabled, o.name,
+             ": cpu_offload_enabled (component offload) does not apply to a diffusion ",
+             "stage; use enable_cpu_offload (model-level) or enable_layerwise_offload");
+  OMNI_CHECK(!(o.offload_stage && o.offload.layerwise), o.name,
+             ": enable_cpu_offload and enable_layerwise_offload exclude each other");
+  auto strategy = offload::Strategy::kNone;
+  if (o.offload_stage) strategy = offload::Strategy::kModelLevel;
+  if (o.offload.layerwise) strategy = offload::Strategy::kLayerwise;
+  auto config = offload::OffloadConfig::for_strategy(strategy);
+  config.pin_memory = o.offload.pin_memory;
+  if (o.offload.layerwise) config.num_gpu_layers = o.offload.num_gpu_layers;
+  return config;
+}
+
+// The request's image (the first image file) as [H, W, 3] uint8; undefined without one.
+at::Tensor request_image(const StageCall& call) {
+  const MediaFile* image = nullptr;
+  for (const auto& m : call.media) {
+    if (m.kind != "image") continue;
+    if (image != nullptr) {
+      throw StageError(StageError::Code::kInvalidArgument, "",
+                       "a diffusion request takes one image, got more");
+    }
+    image = &m;
+  }
+  if (image == nullptr) return {};
+  const auto rgb = models::decode_image(reinterpret_cast<const uint8_t*>(image->data.data()),
+                                        image->data.size(), image->name);
+  auto t = at::empty({rgb.height, rgb.width, 3}, at::kByte);
+  std::memcpy(t.data_ptr<uint8_t>(), rgb.pixels.data(), rgb.pixels.size());
+  return t;
+}
+
+models::WanRequest wan_request(const DiffusionParams& p, const StageCall& call) {
+  models::WanRequest r;
+  const auto& d = p.request;
+  r.prompt = p.prompt;
+  r.negative_prompt = d.negative_prompt;
+  r.height = d.height.value_or(r.height);
+  r.width = d.width.value_or(r.width);
+  r.num_frames = d.num_frames.value_or(r.num_frames);
+  r.num_inference_steps = d.num_inference_steps.value_or(r.num_inference_steps);
+  r.max_sequence_length = d.max_sequence_length.value_or(r.max_sequence_length);
+  r.guidance_scale = d.guidance_scale.value_or(r.guidance_scale);
+  r.guidance_scale_2 = d.guidance_scale_2;
+  r.boundary_ratio = d.boundary_ratio;
+  r.flow_shift = d.flow_shift;
+  r.seed = d.seed.value_or(r.seed);
+  r.image = request_image(call);
+  return r;
+}
+
+}  // namespace
+
+WanStageBase::WanStageBase(const LocalStageOptions& o) : LocalStageBase(o) {
+  const auto start = Clock::now();
+  const auto dtype = o.dtype == at::ScalarType::Undefined ? at::kFloat : o.dtype;
+  const auto config = offload_config(o);
+  fps_ = diffusers_frame_rate(o.model_dir);
+  pipe_ = models::load_wan_pipeline(o.model_dir, dtype);
+  backend_ = offload::apply_offload(*pipe_, pipe_->offload_spec(), config, engine_);
+  load_ms_ = ms_since(start);
+}
+
+models::WanRequest WanStageBase::read_request(const StageCall& call) {
+  const auto params = params_as<DiffusionParams>(call, diffusion_params);
+  models::WanRequest request;
+  translate_errors([&] {
+    request = wan_request(*params, call);
+    pipe_->validate(request);
+  });
+  return request;
+}
+
+models::WanStepCallback WanStageBase::progress(const StageCall& call, const CancelToken& cancel,
+                                               const PacketSink& sink, StepClock& clock) {
+  return [&call, &cancel, &sink, &clock](const models::WanStep& step) {
+    if (cancel.cancelled()) return false;
+    check_going(call, cancel);  // the deadline
+    const double step_ms = ms_since(clock.last);
+    clock.last = Clock::now();
+    clock.steps_ms += step_ms;
+    StagePacket p;
+    p.metrics = {{"step", static_cast<double>(step.index + 1)},
+                 {"steps", static_cast<double>(step.total)},
+                 {"timestep", step.timestep},
+                 {"step_ms", step_ms}};
+    sink(std::move(p));
+    return true;
+  };
+}
+
+}  // namespace omni::pipeline::local
