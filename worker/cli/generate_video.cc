@@ -80,12 +80,16 @@ void check_flags_apply(const GenerateOptions& o, bool video) {
   for (const auto& flag : wrong) {
     if (o.given.count(flag) == 0) continue;
     const std::string source = o.stage_configs_path.empty() ? o.model : o.stage_configs_path;
-    throw BadInput(flag + " does not apply to '" + source + "': " +
-                   (video ? "it is a video diffusion model (flags: --prompt, --negative-prompt, "
-                            "--height, --width, --num-frames, --num-inference-steps, --seed, "
-                            "--image, --output, ...)"
-                          : "it is not a video diffusion model (a diffusers folder with "
-                            "model_index.json)"));
+    std::string message = flag;
+    message += " does not apply to '";
+    message += source;
+    message += "': ";
+    message += video ? "it is a video diffusion model (flags: --prompt, --negative-prompt, "
+                       "--height, --width, --num-frames, --num-inference-steps, --seed, "
+                       "--image, --output, ...)"
+                     : "it is not a video diffusion model (a diffusers folder with "
+                       "model_index.json)";
+    throw BadInput(message);
   }
   if (!video) return;
   if (o.image.size() > 1) throw BadInput("--image: a video model takes one image");

@@ -322,7 +322,8 @@ class VideoApi::Impl {
       return;
     }
     res.set_header("X-Video-Id", id);
-    res.set_content(std::move(bytes), "video/mp4");
+    res.body = std::move(bytes);  // set_content would copy it
+    res.set_header("Content-Type", "video/mp4");
     metrics_.count_request(200);
   }
 
@@ -366,7 +367,8 @@ class VideoApi::Impl {
       send(res, not_found(id));  // deleted or expired while we read
       return;
     }
-    res.set_content(std::move(bytes), "video/mp4");
+    res.body = std::move(bytes);  // set_content would copy it
+    res.set_header("Content-Type", "video/mp4");
     metrics_.count_request(200);
   }
 
