@@ -170,13 +170,15 @@ ThinkerCall call_thinker(Stage& stage, const std::string& text, int64_t max_new_
 
 TEST(PipelineBatching, RequestsJoinAndLeaveARunningBatchAndACancelFreesItsBlocks) {
   auto thinker = local("thinker", 0, EngineLimits{4, 8192, 64});
-  const auto a_alone = call_thinker(*thinker, "The first request runs long.", 40);
+  // a runs long enough (160 tokens) that c and b, started after it, overlap it even when the
+  // machine is loaded (at 40 tokens a loaded CI machine once let a finish before they joined).
+  const auto a_alone = call_thinker(*thinker, "The first request runs long.", 160);
   const auto b_alone = call_thinker(*thinker, "A second one joins it.", 12);
-  ASSERT_EQ(a_alone.tokens.size(), 40u);
+  ASSERT_EQ(a_alone.tokens.size(), 160u);
 
   CancelToken cancel_c;
   ThinkerCall a, b, c;
-  std::thread ta([&] { a = call_thinker(*thinker, "The first request runs long.", 40); });
+  std::thread ta([&] { a = call_thinker(*thinker, "The first request runs long.", 160); });
   // c starts beside a and is cancelled after 3 tokens; b joins while a decodes.
   std::thread tc(
       [&] { c = call_thinker(*thinker, "This one is cancelled.", 200, cancel_c, 3, &cancel_c); });
