@@ -150,9 +150,11 @@ def main():
         load_round()
         after_second = rss_kib(proc.pid)
         assert after_first <= before * 1.5 + 32 * 1024, (before, after_first)
-        # Bounds a leak of more than 256 KiB per request; the rest is allocator noise (a few
-        # MiB, up to 22 MiB measured on a loaded 2-core machine). Small leaks are ASan's job.
-        assert after_second <= after_first + 32 * 1024, (after_first, after_second)
+        # Bounds a leak of more than 384 KiB per request; the rest is allocator noise (glibc's
+        # per-thread arenas: the talker stage reads its input on a thread per request). Measured
+        # on a loaded 2-core machine: up to 35 MiB between two rounds, while six rounds stayed
+        # between 521 and 540 MiB (no trend). Small leaks are ASan's job.
+        assert after_second <= after_first + 48 * 1024, (after_first, after_second)
         print(f"load: {CLIENTS}x{PER_CLIENT} requests in {elapsed:.1f} s, {counts}, "
               f"{int(cancelled)} cancelled, RSS {before // 1024} -> {after_first // 1024} -> "
               f"{after_second // 1024} MiB")
