@@ -39,13 +39,7 @@ StagePacket stopped(const std::string& reason) {
 
 class EncodeStage : public WanStageBase {
  public:
-  using WanStageBase::WanStageBase;
-
-  StageInfo info() override {
-    StageInfo i;
-    i.model_stage = "diffusion_encode";
-    return with_bytes(std::move(i));
-  }
+  explicit EncodeStage(const LocalStageOptions& o) : WanStageBase(o, "diffusion_encode") {}
 
   void run(const StageCall& call, PacketQueue& /*input*/, const PacketSink& sink,
            const CancelToken& cancel) override {
@@ -72,13 +66,7 @@ class EncodeStage : public WanStageBase {
 
 class DenoiseStage : public WanStageBase {
  public:
-  using WanStageBase::WanStageBase;
-
-  StageInfo info() override {
-    StageInfo i;
-    i.model_stage = "diffusion_denoise";
-    return with_bytes(std::move(i));
-  }
+  explicit DenoiseStage(const LocalStageOptions& o) : WanStageBase(o, "diffusion_denoise") {}
 
   void run(const StageCall& call, PacketQueue& input, const PacketSink& sink,
            const CancelToken& cancel) override {
@@ -112,13 +100,7 @@ class DenoiseStage : public WanStageBase {
 
 class DecodeStage : public WanStageBase {
  public:
-  using WanStageBase::WanStageBase;
-
-  StageInfo info() override {
-    StageInfo i;
-    i.model_stage = "diffusion_decode";
-    return with_bytes(std::move(i));
-  }
+  explicit DecodeStage(const LocalStageOptions& o) : WanStageBase(o, "diffusion_decode") {}
 
   void run(const StageCall& call, PacketQueue& input, const PacketSink& sink,
            const CancelToken& cancel) override {

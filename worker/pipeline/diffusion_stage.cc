@@ -15,13 +15,7 @@ namespace {
 
 class DiffusionStage : public WanStageBase {
  public:
-  using WanStageBase::WanStageBase;
-
-  StageInfo info() override {
-    StageInfo i;
-    i.model_stage = "diffusion";
-    return with_bytes(std::move(i));
-  }
+  explicit DiffusionStage(const LocalStageOptions& o) : WanStageBase(o, "diffusion") {}
 
   // An entry stage: it reads the request, not `input`.
   void run(const StageCall& call, PacketQueue& /*input*/, const PacketSink& sink,

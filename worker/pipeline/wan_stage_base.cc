@@ -69,7 +69,14 @@ models::WanRequest wan_request(const DiffusionParams& p, const StageCall& call) 
 
 }  // namespace
 
-WanStageBase::WanStageBase(const LocalStageOptions& o) : LocalStageBase(o) {
+StageInfo WanStageBase::info() {
+  StageInfo i;
+  i.model_stage = model_stage_;
+  return with_bytes(std::move(i));
+}
+
+WanStageBase::WanStageBase(const LocalStageOptions& o, std::string model_stage)
+    : LocalStageBase(o), model_stage_(std::move(model_stage)) {
   const auto start = Clock::now();
   const auto dtype = o.dtype == at::ScalarType::Undefined ? at::kFloat : o.dtype;
   const auto config = offload_config(o);

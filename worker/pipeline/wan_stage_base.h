@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "cpu_offload/offload_backend.h"
 #include "model_runner/diffusion/wan_pipeline.h"
@@ -20,7 +21,9 @@ struct StepClock {
 class WanStageBase : public LocalStageBase {
  public:
   // Loads the whole folder (every step needs its config; only the called parts run).
-  explicit WanStageBase(const LocalStageOptions& o);
+  // `model_stage`: what info() reports ("diffusion", "diffusion_encode", ...).
+  WanStageBase(const LocalStageOptions& o, std::string model_stage);
+  StageInfo info() override;
 
  protected:
   offload::OffloadBackend& backend() override { return *backend_; }
@@ -36,6 +39,9 @@ class WanStageBase : public LocalStageBase {
   std::unique_ptr<offload::OffloadBackend> backend_;
   int64_t fps_ = 16;
   double load_ms_ = 0;
+
+ private:
+  std::string model_stage_;
 };
 
 }  // namespace omni::pipeline::local
