@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "cpu_offload/check.h"
+
 namespace omni::models {
 
 at::Tensor init_normal(at::IntArrayRef sizes, double std, at::Generator& gen,
@@ -88,14 +90,26 @@ Embedding::Embedding(int64_t vocab, int64_t dim, at::ScalarType dtype)
 }
 
 RMSNorm::RMSNorm(int64_t dim, at::ScalarType dtype, double eps_)
-    : torch::nn::Module("RMSNorm"), eps(eps_) {
+    : torch::nn::Module("RMSNorm"),
+      eps(eps_),
+      eps_f32_(at::scalar_tensor(eps_, at::kFloat)),
+      width_f32_(at::scalar_tensor(static_cast<double>(dim), at::kFloat)) {
   weight = register_parameter("weight", uninitialized({dim}, dtype), false);
 }
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) const {
-  const auto xf = x.to(at::kFloat);
-  const auto normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return weight * normed.to(x.scalar_type());
+  OMNI_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(0), "RMSNorm: input width ",
+             x.dim() ? x.size(-1) : 0, " differs from the weight's ", weight.size(0));
+  const bool is_float = x.scalar_type() == at::kFloat;
+  const auto xf = is_float ? x : x.to(at::kFloat);
+  // The reference's float32 steps, bit for bit. On the CPU, mean(x^2) is ATen's sum / width
+  // (other devices' mean kernels differ), and the in-place ops write into tensors made here.
+  const auto inv_rms =
+      xf.is_cpu()
+          ? at::sum(xf.pow(2), -1, /*keepdim=*/true).div_(width_f32_).add_(eps_f32_).rsqrt_()
+          : at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  const auto normed = xf * inv_rms;
+  return weight * (is_float ? normed : normed.to(x.scalar_type()));
 }
 
 at::Tensor Embedding::forward(const at::Tensor& ids) const { return at::embedding(weight, ids); }

@@ -2,6 +2,7 @@
 // ties, top-p) against a by-hand reference, seed reproducibility, empirical distributions, and
 // the generation loop's stop / length / cancel rules and parameter errors.
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -214,29 +215,95 @@ TEST(SamplerTest, SameSeedSameSequenceDifferentSeedDifferent) {
 
 // The batch's draws are each row's own: sample_rows over [B, vocab] gives, bit for bit, what
 // each row's sampler gives alone, with shared parameters (warpers run once over the batch) and
-// with mixed ones (greedy and sampled rows side by side).
+// with mixed ones (greedy and sampled rows side by side), each row with its own repetition
+// context or none.
 TEST(SamplerTest, SampleRowsGivesEachRowItsOwnDraws) {
   at::manual_seed(3);
   for (bool mixed : {false, true}) {
-    SCOPED_TRACE(mixed ? "mixed parameters" : "shared parameters");
-    std::vector<Sampler> alone, batched;
-    for (uint64_t i = 0; i < 6; ++i) {
-      SamplingParams p = sampling(0.8, 20, 0.9, /*seed=*/100 + i);
-      p.suppress_tokens = {3, 5, 999};
-      if (mixed && i % 3 == 0) p.greedy = true;
-      if (mixed && i == 4) p.top_k = 5;
-      alone.emplace_back(p);
-      batched.emplace_back(p);
+    for (bool penalty : {false, true}) {
+      SCOPED_TRACE(std::string(mixed ? "mixed" : "shared") + " parameters, " +
+                   (penalty ? "with" : "without") + " repetition contexts");
+      std::vector<Sampler> alone, batched;
+      for (uint64_t i = 0; i < 6; ++i) {
+        SamplingParams p = sampling(0.8, 20, 0.9, /*seed=*/100 + i);
+        p.suppress_tokens = std::vector<int64_t>{3, 5, 999};
+        if (penalty) p.repetition_penalty = 3.0;
+        if (mixed && i % 3 == 0) p.greedy = true;
+        if (mixed && i == 4) p.top_k = 5;
+        alone.emplace_back(p);
+        batched.emplace_back(p);
+      }
+      std::vector<Sampler*> rows;
+      for (auto& s : batched) rows.push_back(&s);
+      std::vector<std::vector<int64_t>> drawn(6);  // each row's ids so far: its context
+      std::vector<const std::vector<int64_t>*> contexts;
+      for (int64_t i = 0; i < 6; ++i) contexts.push_back(i == 2 ? nullptr : &drawn[i]);
+      for (int step = 0; step < 30; ++step) {
+        const at::Tensor logits = at::randn({6, 64}) * 3;
+        const auto ids = penalty ? Sampler::sample_rows(rows, logits, contexts)
+                                 : Sampler::sample_rows(rows, logits);
+        for (int64_t i = 0; i < 6; ++i) {
+          const std::vector<int64_t> none;
+          const auto& context = penalty && contexts[i] ? drawn[i] : none;
+          EXPECT_EQ(ids[i], alone[i].sample(logits[i], context)) << "row " << i << " step " << step;
+          EXPECT_NE(ids[i], 3);
+          EXPECT_NE(ids[i], 5);
+        }
+        for (int64_t i = 0; i < 6; ++i) drawn[i].push_back(ids[i]);
+      }
     }
+  }
+}
+
+// A repetition context really moves the batch's draws: a strongly penalized favourite is left
+// for the others.
+TEST(SamplerTest, SampleRowsAppliesEachRowsRepetitionContext) {
+  SamplingParams p = sampling(1.0, 0, 1.0, /*seed=*/9);
+  p.repetition_penalty = 1000.0;
+  Sampler a(p), b(p);
+  const at::Tensor logits = logits_of({10, 10, 12}).unsqueeze(0).expand({2, 3}).contiguous();
+  const std::vector<int64_t> seen_favourite(1, 2), nothing;
+  for (int step = 0; step < 20; ++step) {
+    const auto ids = Sampler::sample_rows({&a, &b}, logits, {&seen_favourite, &nothing});
+    EXPECT_NE(ids[0], 2) << "step " << step;
+  }
+  std::set<int64_t> free_row;
+  for (int step = 0; step < 20; ++step) {
+    free_row.insert(Sampler::sample_rows({&a, &b}, logits, {&seen_favourite, &nothing})[1]);
+  }
+  EXPECT_TRUE(free_row.count(2));
+}
+
+// A sampled id is the one torch.multinomial(probs, 1) draws from a generator with the same seed
+// (what HF's generate does), alone and in a batch, with and without masked-out tokens.
+TEST(SamplerTest, DrawsAreTorchMultinomialsWithTheSameSeed) {
+  at::manual_seed(5);
+  for (int64_t vocab : {7, 128, 1152}) {
+    SCOPED_TRACE(vocab);
+    std::vector<Sampler> alone, batched;
+    std::vector<at::Generator> reference;
+    for (uint64_t i = 0; i < 4; ++i) {
+      alone.emplace_back(sampling(1.0, 0, 1.0, /*seed=*/40 + i));
+      batched.emplace_back(sampling(1.0, 0, 1.0, /*seed=*/40 + i));
+      reference.push_back(at::make_generator<at::CPUGeneratorImpl>(40 + i));
+    }
+    std::vector<at::Generator> reference_rows = reference;
+    for (auto& g : reference_rows) g = g.clone();
     std::vector<Sampler*> rows;
     for (auto& s : batched) rows.push_back(&s);
-    for (int step = 0; step < 30; ++step) {
-      const at::Tensor logits = at::randn({6, 64}) * 3;
+    for (int step = 0; step < 40; ++step) {
+      at::Tensor logits = at::randn({4, vocab}) * 2;
+      if (step % 2) logits.narrow(1, 0, vocab / 2).fill_(-std::numeric_limits<float>::infinity());
+      const at::Tensor probs = at::softmax(logits, -1);
       const auto ids = Sampler::sample_rows(rows, logits);
-      for (int64_t i = 0; i < 6; ++i) {
-        EXPECT_EQ(ids[i], alone[i].sample(logits[i])) << "row " << i << " step " << step;
-        EXPECT_NE(ids[i], 3);
-        EXPECT_NE(ids[i], 5);
+      for (int64_t i = 0; i < 4; ++i) {
+        const int64_t expected =
+            at::multinomial(probs[i], 1, /*replacement=*/false, reference[i]).item<int64_t>();
+        EXPECT_EQ(alone[i].sample(logits[i]), expected) << "row " << i << " step " << step;
+        EXPECT_EQ(
+            ids[i],
+            at::multinomial(probs[i], 1, /*replacement=*/false, reference_rows[i]).item<int64_t>())
+            << "row " << i << " step " << step;
       }
     }
   }

@@ -214,15 +214,17 @@ class TalkerStage : public LocalStageBase, private EngineModel {
     std::vector<std::vector<int64_t>> frames;
     with_model([&] { frames = runner_->model().step_batch(codes, states, samplers, logits); });
     const double took = ms_since(start);
+    std::vector<models::qwen3_omni::TalkerDecode*> decodes;
+    for (auto* base : batch)
+      decodes.push_back(&static_cast<TalkerSequence&>(*base).session->decode());
+    models::qwen3_omni::TalkerDecode::stepped_batch(decodes, frames, logits);
     for (size_t i = 0; i < batch.size(); ++i) {
       auto& seq = static_cast<TalkerSequence&>(*batch[i]);
-      auto& decode = seq.session->decode();
       seq.talker_ms += took;
       StagePacket packet;
-      packet.frames = {frames[i]};
-      decode.stepped(std::move(frames[i]), logits[static_cast<int64_t>(i)]);
+      packet.frames = {std::move(frames[i])};
       seq.out.push(std::move(packet));
-      seq.done = decode.done();
+      seq.done = decodes[i]->done();
     }
   }
 

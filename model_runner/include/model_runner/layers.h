@@ -68,7 +68,11 @@ class RMSNorm : public torch::nn::Module {
   RMSNorm(int64_t dim, at::ScalarType dtype, double eps);
   at::Tensor forward(const at::Tensor& x) const;
   at::Tensor weight;
-  double eps;
+  const double eps;
+
+ private:
+  // eps and the width as float32 scalars: a double operand would be converted on every call.
+  at::Tensor eps_f32_, width_f32_;
 };
 
 // softmax(q k^T / sqrt(d)) v over [B, heads, L, d] tensors, in a deterministic order.

@@ -46,15 +46,26 @@ int64_t first_argmax(const at::Tensor& logits) {
   return best;
 }
 
-// Every suppressed id to -inf in each row of x ([vocab] or [B, vocab], CPU float32, the
-// sampler's own copy: written in place).
-void suppress_ids(at::Tensor& x, const std::vector<int64_t>& ids) {
-  const int64_t vocab = x.size(-1);
-  float* data = x.data_ptr<float>();
-  for (int64_t row = 0; row < x.numel() / vocab; ++row, data += vocab) {
-    for (int64_t id : ids) {
-      if (id >= 0 && id < vocab) data[id] = kNegInf;
+// Whether the logits processors change anything for these parameters and context.
+bool processes(const SamplingParams& p, const std::vector<int64_t>& context) {
+  return (p.repetition_penalty != 1.0 && !context.empty()) || !p.suppress_tokens.empty();
+}
+
+// The logits processors on one row of CPU float32 logits (the sampler's own copy: written in
+// place): HF's repetition penalty over `context`, then the suppressed ids to -inf.
+void process_row(float* data, int64_t vocab, const SamplingParams& p,
+                 const std::vector<int64_t>& context) {
+  if (p.repetition_penalty != 1.0 && !context.empty()) {
+    std::vector<bool> seen(static_cast<size_t>(vocab), false);
+    const auto penalty = static_cast<float>(p.repetition_penalty);
+    for (int64_t id : context) {
+      if (id < 0 || id >= vocab || seen[id]) continue;
+      seen[id] = true;
+      data[id] = data[id] < 0 ? data[id] * penalty : data[id] / penalty;
     }
+  }
+  for (int64_t id : p.suppress_tokens) {
+    if (id >= 0 && id < vocab) data[id] = kNegInf;
   }
 }
 
@@ -68,6 +79,17 @@ at::Tensor warped_probs(at::Tensor x, const SamplingParams& p) {
   OMNI_CHECK(probs.isfinite().all().item<bool>(),
              "Sampler::sample: no token has a finite logit after the warpers");
   return probs;
+}
+
+// torch.multinomial(probs[i], 1) for each row, drawn as its CPU kernel draws it: argmax(p / q)
+// with q ~ Exp(1) from the row's own generator, so the ids are those multinomial gives. Done
+// here for the batch at once, without multinomial's per-call checks (warped_probs checked).
+std::vector<int64_t> draw_rows(const at::Tensor& probs, const std::vector<at::Generator*>& gens) {
+  at::Tensor q = at::empty_like(probs, at::MemoryFormat::Contiguous);
+  for (size_t i = 0; i < gens.size(); ++i) q[static_cast<int64_t>(i)].exponential_(1, *gens[i]);
+  const at::Tensor picked = at::argmax(probs / q, -1).contiguous();
+  const int64_t* data = picked.const_data_ptr<int64_t>();
+  return {data, data + picked.numel()};
 }
 
 }  // namespace
@@ -103,55 +125,55 @@ int64_t Sampler::sample(const at::Tensor& logits, const std::vector<int64_t>& co
 
   // Logits processors, in HF's order; they apply to greedy decoding too. They write in place,
   // and x may alias the caller's tensor (to() returns it unchanged when it is CPU float32).
-  const bool penalize = params_.repetition_penalty != 1.0 && !context.empty();
-  if (penalize || !params_.suppress_tokens.empty()) x = x.clone();
-  if (penalize) {
-    float* data = x.data_ptr<float>();
-    std::vector<bool> seen(static_cast<size_t>(vocab), false);
-    const auto penalty = static_cast<float>(params_.repetition_penalty);
-    for (int64_t id : context) {
-      if (id < 0 || id >= vocab || seen[id]) continue;
-      seen[id] = true;
-      data[id] = data[id] < 0 ? data[id] * penalty : data[id] / penalty;
-    }
+  if (processes(params_, context)) {
+    x = x.clone();
+    process_row(x.data_ptr<float>(), vocab, params_, context);
   }
-  if (!params_.suppress_tokens.empty()) suppress_ids(x, params_.suppress_tokens);
 
   if (params_.is_greedy()) return first_argmax(x);
-  return at::multinomial(warped_probs(x, params_), 1, /*replacement=*/false, gen_).item<int64_t>();
+  return draw_rows(warped_probs(x, params_).unsqueeze(0), {&gen_})[0];
 }
 
-std::vector<int64_t> Sampler::sample_rows(const std::vector<Sampler*>& samplers,
-                                          const at::Tensor& logits) {
+std::vector<int64_t> Sampler::sample_rows(
+    const std::vector<Sampler*>& samplers, const at::Tensor& logits,
+    const std::vector<const std::vector<int64_t>*>& contexts) {
   const auto b = static_cast<int64_t>(samplers.size());
   OMNI_CHECK(logits.defined() && logits.dim() == 2 && logits.size(0) == b && b > 0,
              "Sampler::sample_rows: logits must be [", b, ", vocab] for ", b, " samplers");
+  OMNI_CHECK(contexts.empty() || static_cast<int64_t>(contexts.size()) == b,
+             "Sampler::sample_rows: ", contexts.size(), " contexts for ", b, " rows");
+  static const std::vector<int64_t> kNoContext;
+  const auto context = [&](int64_t i) -> const std::vector<int64_t>& {
+    return contexts.empty() || !contexts[i] ? kNoContext : *contexts[i];
+  };
   const SamplingParams& p = samplers[0]->params_;
   bool shared = !p.is_greedy();
   for (const auto* s : samplers) {
     const SamplingParams& q = s->params_;
     shared = shared && !q.is_greedy() && q.temperature == p.temperature && q.top_k == p.top_k &&
-             q.top_p == p.top_p && q.suppress_tokens == p.suppress_tokens;
+             q.top_p == p.top_p && q.suppress_tokens == p.suppress_tokens &&
+             q.repetition_penalty == p.repetition_penalty;
   }
   std::vector<int64_t> ids;
   if (b == 1 || !shared) {  // each row its own way (greedy rows are one pass over the row)
-    for (int64_t i = 0; i < b; ++i) ids.push_back(samplers[i]->sample(logits[i]));
+    for (int64_t i = 0; i < b; ++i) ids.push_back(samplers[i]->sample(logits[i], context(i)));
     return ids;
   }
   // The same steps as sample(), row-wise over the batch, then each row's own draw.
   at::Tensor x = logits.to(at::kCPU, at::kFloat).contiguous();
   OMNI_CHECK(at::isFloatingType(logits.scalar_type()) && !x.isnan().any().item<bool>(),
              "Sampler::sample_rows: logits must be floating point without NaN");
-  if (!p.suppress_tokens.empty()) {
-    x = x.clone();  // x may alias the caller's tensor
-    suppress_ids(x, p.suppress_tokens);
-  }
-  const at::Tensor probs = warped_probs(x, p);
+  bool cloned = false;
   for (int64_t i = 0; i < b; ++i) {
-    ids.push_back(
-        at::multinomial(probs[i], 1, /*replacement=*/false, samplers[i]->gen_).item<int64_t>());
+    if (!processes(p, context(i))) continue;
+    if (!cloned) x = x.clone();  // x may alias the caller's tensor
+    cloned = true;
+    const int64_t vocab = x.size(1);
+    process_row(x.data_ptr<float>() + i * vocab, vocab, p, context(i));
   }
-  return ids;
+  std::vector<at::Generator*> gens;
+  for (auto* s : samplers) gens.push_back(&s->gen_);
+  return draw_rows(warped_probs(x, p), gens);
 }
 
 }  // namespace omni::models

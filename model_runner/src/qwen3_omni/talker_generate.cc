@@ -35,8 +35,25 @@ void TalkerDecode::stepped(std::vector<int64_t> frame, const at::Tensor& logits)
   sample(logits);
 }
 
-void TalkerDecode::sample(const at::Tensor& logits) {
-  const int64_t code = sampler_.sample(logits, codes0_);
+void TalkerDecode::stepped_batch(const std::vector<TalkerDecode*>& decodes,
+                                 std::vector<std::vector<int64_t>> frames,
+                                 const at::Tensor& logits) {
+  OMNI_CHECK(frames.size() == decodes.size(), "TalkerDecode::stepped_batch: ", frames.size(),
+             " frames for ", decodes.size(), " decodes");
+  std::vector<Sampler*> samplers;
+  std::vector<const std::vector<int64_t>*> contexts;
+  for (size_t i = 0; i < decodes.size(); ++i) {
+    decodes[i]->run_.frames.push_back(std::move(frames[i]));
+    samplers.push_back(&decodes[i]->sampler_);
+    contexts.push_back(&decodes[i]->codes0_);
+  }
+  const auto codes = Sampler::sample_rows(samplers, logits, contexts);
+  for (size_t i = 0; i < decodes.size(); ++i) decodes[i]->sampled(codes[i]);
+}
+
+void TalkerDecode::sample(const at::Tensor& logits) { sampled(sampler_.sample(logits, codes0_)); }
+
+void TalkerDecode::sampled(int64_t code) {
   codes0_.push_back(code);
   if (code == eos_) return finish("stop");
   if (static_cast<int64_t>(codes0_.size()) >= max_codes_) finish("length");

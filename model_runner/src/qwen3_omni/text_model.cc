@@ -101,7 +101,9 @@ TextAttention::TextAttention(const TextConfig& cfg, at::ScalarType dtype, bool q
     : torch::nn::Module("TextAttention"),
       heads_(cfg.num_attention_heads),
       kv_heads_(cfg.num_key_value_heads),
-      head_dim_(cfg.head_dim) {
+      head_dim_(cfg.head_dim),
+      scaling_f32_(
+          at::scalar_tensor(1.0 / std::sqrt(static_cast<double>(cfg.head_dim)), at::kFloat)) {
   const int64_t h = cfg.hidden_size;
   q_proj_ = register_module(
       "q_proj", std::make_shared<Linear>(h, heads_ * head_dim_, dtype, cfg.attention_bias));
@@ -171,8 +173,13 @@ at::Tensor TextAttention::attend(const at::Tensor& q, at::Tensor k, at::Tensor v
   k = repeat_kv(k, n_rep);
   v = repeat_kv(v, n_rep);
 
-  const double scaling = 1.0 / std::sqrt(static_cast<double>(head_dim_));
-  auto scores = at::matmul(q, k.transpose(2, 3)) * scaling;  // [b, heads, l, past + l]
+  auto scores = at::matmul(q, k.transpose(2, 3));  // [b, heads, l, past + l]
+  // The same product as `* scaling`: a double scalar is rounded to float32 for float32 scores.
+  if (scores.scalar_type() == at::kFloat) {
+    scores.mul_(scaling_f32_);
+  } else {
+    scores = scores * (1.0 / std::sqrt(static_cast<double>(head_dim_)));
+  }
   if (blocked) {
     scores = scores.masked_fill(*blocked, -std::numeric_limits<float>::infinity());
   } else if (l > 1) {

@@ -51,11 +51,13 @@ class Sampler {
   // text model, only the generated codes for the talker). Advances the generator by one draw
   // unless greedy.
   int64_t sample(const at::Tensor& logits, const std::vector<int64_t>& context = {});
-  // One draw per row of `logits` [B, vocab] (B = samplers.size()), without a repetition-penalty
-  // context: the ids samplers[i]->sample(logits[i]) gives, each from its own generator. When the
-  // samplers share their parameters the warpers run once over the whole batch.
-  static std::vector<int64_t> sample_rows(const std::vector<Sampler*>& samplers,
-                                          const at::Tensor& logits);
+  // One draw per row of `logits` [B, vocab] (B = samplers.size()): the ids
+  // samplers[i]->sample(logits[i], *contexts[i]) gives, each from its own generator. `contexts`:
+  // empty (no repetition-penalty context) or one per row (null: none). When the samplers share
+  // their parameters the warpers run once over the whole batch.
+  static std::vector<int64_t> sample_rows(
+      const std::vector<Sampler*>& samplers, const at::Tensor& logits,
+      const std::vector<const std::vector<int64_t>*>& contexts = {});
 
   const SamplingParams& params() const { return params_; }
 

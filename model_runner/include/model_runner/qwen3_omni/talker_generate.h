@@ -38,6 +38,11 @@ class TalkerDecode {
   void start(const at::Tensor& logits);
   // A step's frame (fed back code() first) and the logits after it: samples the next code.
   void stepped(std::vector<int64_t> frame, const at::Tensor& logits);
+  // stepped() for the decodes of one batched step: decodes[i] gets frames[i] and row i of
+  // `logits` [B, vocab], and draws what stepped() would draw for it alone; the samplers run
+  // over the batch at once.
+  static void stepped_batch(const std::vector<TalkerDecode*>& decodes,
+                            std::vector<std::vector<int64_t>> frames, const at::Tensor& logits);
   // Ends the run now (the caller stopped it).
   void cancel() { finish("cancelled"); }
 
@@ -49,6 +54,7 @@ class TalkerDecode {
 
  private:
   void sample(const at::Tensor& logits);
+  void sampled(int64_t code);  // keeps the code; EOS or the cap ends the run
   void finish(const char* reason);
 
   int64_t eos_;

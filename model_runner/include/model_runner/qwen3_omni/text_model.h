@@ -78,6 +78,8 @@ class TextAttention : public torch::nn::Module {
   at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, KvCache* cache, int64_t layer,
                     const at::Tensor* blocked);
   int64_t heads_, kv_heads_, head_dim_;
+  // 1 / sqrt(head_dim) as a float32 scalar: float32 scores scale without converting a double.
+  at::Tensor scaling_f32_;
   std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;
   std::shared_ptr<RMSNorm> q_norm_, k_norm_;  // null without qk_norm
 };
