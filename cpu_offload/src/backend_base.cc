@@ -104,7 +104,7 @@ std::vector<int> BackendBase::units_at(const std::string& path) const {
   return out;
 }
 
-void BackendBase::attach_hook(const std::string& path, std::shared_ptr<ModelHook> hook) {
+void BackendBase::attach_hook(const std::string& path, const std::shared_ptr<ModelHook>& hook) {
   HookableModule& module = find_hookable(root_, path);
   for (const auto& method : module.hooks().methods()) {
     module.hooks().attach(method, kHookName, hook);
@@ -169,11 +169,19 @@ class ResidentBackend final : public BackendBase {
     make_resident();
   }
   Strategy strategy() const override { return Strategy::kNone; }
+  // The forwards only read the weights: nothing is bound, copied or evicted.
+  bool forwards_may_overlap() const override { return true; }
 
  protected:
   size_t max_unit_bytes() const override { return 0; }
 };
 }  // namespace
+
+std::unique_ptr<TransferEngine::ComputeScope> OffloadBackend::overlapping_scope() {
+  OMNI_CHECK(forwards_may_overlap(), to_string(strategy()),
+             " offload moves weights during a forward: forwards may not overlap");
+  return engine_->enter_compute();
+}
 
 std::unique_ptr<OffloadBackend> make_resident_backend(torch::nn::Module& root, OffloadPlan plan,
                                                       std::shared_ptr<TransferEngine> engine,

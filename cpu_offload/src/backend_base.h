@@ -65,7 +65,7 @@ class BackendBase : public OffloadBackend {
   // Units whose module is `path`, lies under it, or contains it.
   std::vector<int> units_at(const std::string& path) const;
   // Attaches `hook` to every hookable method of the module at `path`.
-  void attach_hook(const std::string& path, std::shared_ptr<ModelHook> hook);
+  void attach_hook(const std::string& path, const std::shared_ptr<ModelHook>& hook);
   // Device bytes of the resident weights (their slab, padding included).
   size_t resident_device_bytes() const { return resident_ ? resident_->bytes() : 0; }
   // Slot capacity reported as max_unit_bytes.

@@ -4,11 +4,14 @@
 // round differently) and so the same greedy tokens and codes; the smallest decision margin of
 // the prompts is recorded.
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <future>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -289,6 +292,57 @@ TEST(Qwen3OmniBatch, BatchedCode2WavWindowsGiveEachRequestItsAloneSamples) {
   EXPECT_EQ(stats.rows, 8);
   EXPECT_LT(std::max(finished_as[0], finished_as[2]), 2) << "the 3 and 4 frame windows";
   EXPECT_GE(std::min(finished_as[1], finished_as[6]), 6) << "the 40 and 50 frame windows";
+}
+
+// With resident weights a request's first chunk decodes at once, beside a batch that holds the
+// model (the stage's lock, held here by the test), and the batches of later chunks run on the
+// background worker; each gives the samples it gives alone. Where a forward moves weights
+// (component offload), the first chunk waits for the model like any other window.
+TEST(Qwen3OmniBatch, Code2WavFirstChunkDoesNotWaitForARunningBatch) {
+  for (bool offloaded : {false, true}) {
+    SCOPED_TRACE(offloaded ? "code2wav offloaded" : "resident");
+    SpeechRunnerOptions options;
+    options.model_dir = kDir;
+    if (offloaded) {
+      options.offload.cpu_offload_enabled = true;
+      options.offload.components = {"code2wav"};
+    }
+    auto runner = Code2WavRunner::load(options, offload::make_cpu_sim_engine({}));
+    auto& model = runner->model();
+    ASSERT_EQ(runner->offload().forwards_may_overlap(), !offloaded);
+    at::NoGradGuard no_grad;
+    at::manual_seed(11);
+    const auto first =
+        at::randint(model.config().codebook_size, {model.config().num_quantizers, 4}, at::kLong);
+    const auto later =
+        at::randint(model.config().codebook_size, {model.config().num_quantizers, 24}, at::kLong);
+    at::Tensor first_alone, later_alone;
+    {
+      auto forward = runner->offload().forward_scope();
+      first_alone = model.forward_validated(first);
+      later_alone = model.forward_validated(later);
+    }
+
+    std::mutex model_mutex;
+    Code2WavBatcher batcher(model, runner->offload(), model_mutex, 8);
+    EXPECT_EQ(batcher.batches_in_background(), !offloaded);
+    StepRendezvous::Member member(batcher.rendezvous());
+    std::unique_lock<std::mutex> batch_running(model_mutex);
+    auto first_chunk = std::async(std::launch::async, [&] {
+      c10::InferenceMode inference;
+      return batcher.decode_first_audio(first, member);
+    });
+    // Resident: it returns (allowing a slow machine plenty of time). Offloaded: it is still
+    // waiting a while later.
+    const auto wait = offloaded ? std::chrono::milliseconds(300) : std::chrono::milliseconds(20000);
+    const bool returned = first_chunk.wait_for(wait) == std::future_status::ready;
+    EXPECT_EQ(returned, !offloaded) << "the first chunk waits for the model only when offloaded";
+    batch_running.unlock();
+    EXPECT_TRUE(at::equal(first_chunk.get(), first_alone));
+    EXPECT_TRUE(at::equal(batcher.decode(later), later_alone));
+    EXPECT_EQ(batcher.forwards(), 2);
+    EXPECT_EQ(batcher.first_audio_forwards(), offloaded ? 0 : 1);
+  }
 }
 
 }  // namespace

@@ -81,14 +81,14 @@ void expect_same(const PipelineResult& alone, const PipelineResult& together, si
   }
 }
 
-Json engine_stats(Stage& thinker) { return Json::parse(thinker.stats_json())["engine"]; }
+Json engine_stats(Stage& stage) { return Json::parse(stage.stats_json())["engine"]; }
 
 TEST(PipelineBatching, EightDifferentRequestsAloneAndTogetherGiveTheSameAnswers) {
   auto thinker = local("thinker", 0);
   auto talker = local("talker", 1);
-  Pipeline pipeline({{0, "thinker", {}, thinker},
-                     {1, "talker", {0}, talker},
-                     {2, "code2wav", {1}, local("code2wav", 2)}});
+  auto code2wav = local("code2wav", 2);
+  Pipeline pipeline(
+      {{0, "thinker", {}, thinker}, {1, "talker", {0}, talker}, {2, "code2wav", {1}, code2wav}});
   auto requests = eight_requests();
   std::vector<PipelineResult> alone;
   for (const auto& r : requests) alone.push_back(run_alone(pipeline, r));
@@ -104,6 +104,8 @@ TEST(PipelineBatching, EightDifferentRequestsAloneAndTogetherGiveTheSameAnswers)
   alone[6] = run_alone(pipeline, requests[6]);
   EXPECT_EQ(alone[6].omni.finish_reason, "stop");
   const int64_t steps_before = engine_stats(*thinker)["steps"].get<int64_t>();
+  const int64_t first_chunks_before =
+      engine_stats(*code2wav)["first_audio_forwards"].get<int64_t>();
 
   std::vector<PipelineResult> together(requests.size());
   std::vector<std::thread> clients;
@@ -125,6 +127,16 @@ TEST(PipelineBatching, EightDifferentRequestsAloneAndTogetherGiveTheSameAnswers)
   const Json t = Json::parse(talker->stats_json())["engine"];
   EXPECT_GE(t["max_batch"].get<int64_t>(), 2) << t.dump();
   EXPECT_EQ(t["running"].get<int64_t>(), 0) << t.dump();
+  // Each answer's first streamed chunk decoded at once, alone (the weights are resident), and
+  // the later chunks on the lower-priority thread.
+  int64_t speaking = 0;
+  for (const auto& r : together) {
+    speaking += r.omni.codes.defined() && r.omni.codes.numel() > 0 ? 1 : 0;
+  }
+  ASSERT_GT(speaking, 0);
+  const Json c = engine_stats(*code2wav);
+  EXPECT_EQ(c["first_audio_forwards"].get<int64_t>() - first_chunks_before, speaking) << c.dump();
+  EXPECT_TRUE(c["batches_in_background"].get<bool>()) << c.dump();
 }
 
 // The thinker stage alone, called as the orchestrator calls it.

@@ -40,16 +40,20 @@ class Code2WavStage : public LocalStageBase {
     const Code2WavParams& params = *params_ptr;
     translate_errors([&] { params.stream.validate(); });
     // The chunks of concurrent requests decode together as their frames arrive
-    // (Code2WavBatcher); each model call takes the stage's lock, not the whole request.
+    // (Code2WavBatcher); each model call takes the stage's lock, not the whole request. The
+    // first chunk may skip the queue (decode_first_audio).
     models::StepRendezvous::Member member(batcher_->rendezvous());
     std::unique_ptr<models::qwen3_omni::Code2WavStreamer> streamer;
     std::vector<std::vector<int64_t>> frames;
     std::string upstream_reason = "none";
     double code2wav_ms = 0;
     const int64_t groups = runner_->num_quantizers();
+    bool first_chunk = true;
     const auto decode = [&](const at::Tensor& window) {
       const auto start = Clock::now();
-      auto wav = batcher_->decode(window);
+      auto wav =
+          first_chunk ? batcher_->decode_first_audio(window, member) : batcher_->decode(window);
+      first_chunk = false;
       code2wav_ms += ms_since(start);
       return wav;
     };
@@ -110,6 +114,8 @@ class Code2WavStage : public LocalStageBase {
     Json all = Json::parse(LocalStageBase::stats_json());
     all["engine"] = batching_stats(batcher_->stats());
     all["engine"]["forwards"] = batcher_->forwards();
+    all["engine"]["first_audio_forwards"] = batcher_->first_audio_forwards();
+    all["engine"]["batches_in_background"] = batcher_->batches_in_background();
     return all.dump();
   }
 

@@ -54,6 +54,13 @@ class OffloadBackend {
   };
   ForwardScope forward_scope() { return ForwardScope(forward_mutex_, *engine_); }
 
+  // True where no weight moves during a forward (every weight resident): forwards may then run
+  // side by side, each in an overlapping_scope() instead of a forward_scope().
+  virtual bool forwards_may_overlap() const { return false; }
+  // The engine's compute scope without the backend's lock; throws unless
+  // forwards_may_overlap().
+  std::unique_ptr<TransferEngine::ComputeScope> overlapping_scope();
+
   // Waits for outstanding copies and compute, then reports.
   virtual OffloadStats stats() = 0;
   // Starts a new measurement (peak device bytes restart from the current holding).

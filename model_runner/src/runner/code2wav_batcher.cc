@@ -21,7 +21,9 @@ Code2WavBatcher::Code2WavBatcher(qwen3_omni::Code2Wav& model, offload::OffloadBa
     : model_(model),
       backend_(backend),
       model_mutex_(model_mutex),
-      rendezvous_(max_batch, straggler_wait) {}
+      rendezvous_(max_batch, straggler_wait) {
+  if (backend_.forwards_may_overlap()) background_ = std::make_unique<BackgroundWorker>();
+}
 
 void Code2WavBatcher::run(const std::function<void()>& fn) {
   run_exclusive(model_mutex_, backend_, fn);
@@ -32,6 +34,22 @@ at::Tensor Code2WavBatcher::decode(const at::Tensor& window) {
   d.window = window;
   rendezvous_.call(d, [this](const auto& batch) { run_batch(batch); });
   return d.wav;
+}
+
+at::Tensor Code2WavBatcher::decode_first_audio(const at::Tensor& window,
+                                               StepRendezvous::Member& member) {
+  if (!backend_.forwards_may_overlap()) return decode(window);
+  struct Away {
+    StepRendezvous::Member& member;
+    explicit Away(StepRendezvous::Member& m) : member(m) { member.waiting_for_input(true); }
+    ~Away() { member.waiting_for_input(false); }
+  } away(member);
+  std::lock_guard<std::mutex> lane(first_audio_lane_);
+  const auto compute = backend_.overlapping_scope();
+  auto wav = model_.forward_validated(window);
+  ++forwards_;
+  ++first_audio_forwards_;
+  return wav;
 }
 
 void Code2WavBatcher::run_batch(const std::vector<StepRendezvous::Ticket*>& batch) {
@@ -53,8 +71,15 @@ void Code2WavBatcher::run_batch(const std::vector<StepRendezvous::Ticket*>& batc
 }
 
 void Code2WavBatcher::decode_group(const std::vector<Decode*>& group) {
+  const auto forward = [&](const std::function<void()>& fn) {
+    if (background_) {
+      background_->run([&] { run(fn); });
+    } else {
+      run(fn);
+    }
+  };
   if (group.size() == 1) {
-    run([&] { group[0]->wav = model_.forward_validated(group[0]->window); });
+    forward([&] { group[0]->wav = model_.forward_validated(group[0]->window); });
   } else {
     const int64_t frames = group.back()->window.size(1);  // the longest: sorted
     std::vector<at::Tensor> rows;
@@ -63,7 +88,7 @@ void Code2WavBatcher::decode_group(const std::vector<Decode*>& group) {
     }
     const auto codes = at::stack(rows);
     at::Tensor wav;
-    run([&] { wav = model_.forward_validated(codes); });
+    forward([&] { wav = model_.forward_validated(codes); });
     // Every forward ends the same number of samples short of frames * samples_per_frame.
     const int64_t short_by = frames * model_.samples_per_frame() - wav.size(-1);
     for (size_t i = 0; i < group.size(); ++i) {

@@ -3,8 +3,11 @@
 // windows of every request that decodes now. Windows of different lengths are padded on the
 // right with code 0; code2wav is causal, so each row keeps exactly the samples of its own frames.
 // Windows far apart in length (a 4-frame first chunk against a 50-frame later one) are decoded
-// in separate batches, shortest first: little padding, and first audio never waits for a long
-// chunk's forward.
+// in separate batches, shortest first: little padding. Where the weights are resident, a
+// request's first chunk (its first audio) does not wait for a batch at all: it decodes at once
+// on its own thread (decode_first_audio), and the batches of later chunks run on a
+// BackgroundWorker at a lower CPU priority, so that on a busy CPU they yield to first chunks
+// and to the other stages.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -13,11 +16,13 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <vector>
 
 #include "cpu_offload/offload_backend.h"
 #include "model_runner/qwen3_omni/code2wav.h"
+#include "model_runner/runner/background_worker.h"
 #include "model_runner/runner/step_rendezvous.h"
 
 namespace omni::models {
@@ -41,9 +46,16 @@ class Code2WavBatcher {
   // 555], the samples it gives alone (within rounding: the batch's convolutions may block the
   // work differently).
   at::Tensor decode(const at::Tensor& window);
+  // decode(window) for a request's first chunk. Where the backend lets forwards overlap, it
+  // runs at once on a lane of its own (one such forward at a time) beside any batch, and
+  // `member` (the caller's) counts as waiting for input meanwhile, so no batch waits for it.
+  at::Tensor decode_first_audio(const at::Tensor& window, StepRendezvous::Member& member);
 
   StepRendezvous::Stats stats() const { return rendezvous_.stats(); }
-  int64_t forwards() const { return forwards_; }  // model forwards run
+  int64_t forwards() const { return forwards_; }  // model forwards run, on either lane
+  int64_t first_audio_forwards() const { return first_audio_forwards_; }  // of them, alone
+  // Whether the batches run at a lower priority than the requests' threads.
+  bool batches_in_background() const { return background_ && background_->lowered(); }
 
  private:
   struct Decode : StepRendezvous::Ticket {
@@ -57,7 +69,10 @@ class Code2WavBatcher {
   offload::OffloadBackend& backend_;
   std::mutex& model_mutex_;
   StepRendezvous rendezvous_;
+  std::mutex first_audio_lane_;
   std::atomic<int64_t> forwards_{0};
+  std::atomic<int64_t> first_audio_forwards_{0};
+  std::unique_ptr<BackgroundWorker> background_;  // where forwards may overlap
 };
 
 }  // namespace omni::models
