@@ -15,9 +15,10 @@ namespace omni::models {
 
 class BackgroundWorker {
  public:
-  // The worker's nice value is the constructing thread's plus `nice_increment` (0..19); a
-  // system that refuses leaves it where it was, and the jobs still run.
-  explicit BackgroundWorker(int nice_increment = 10);
+  // The worker's nice value is the constructing thread's plus `nice_increment`, at most 19
+  // (the default: the lowest priority); a system that refuses leaves it where it was, and the
+  // jobs still run.
+  explicit BackgroundWorker(int nice_increment = 19);
   ~BackgroundWorker();
   BackgroundWorker(const BackgroundWorker&) = delete;
   BackgroundWorker& operator=(const BackgroundWorker&) = delete;
