@@ -309,6 +309,57 @@ TEST(SamplerTest, DrawsAreTorchMultinomialsWithTheSameSeed) {
   }
 }
 
+// HF's top-p written with ATen ops, as transformers writes it.
+at::Tensor hf_top_p(const at::Tensor& logits, double top_p) {
+  auto [sorted, indices] = at::sort(logits, /*stable=*/true, /*dim=*/-1, /*descending=*/false);
+  at::Tensor remove_sorted = at::softmax(sorted, -1).cumsum(-1) <= (1.0 - top_p);
+  remove_sorted.narrow(-1, remove_sorted.size(-1) - 1, 1).fill_(false);
+  const at::Tensor remove = at::zeros_like(remove_sorted).scatter(-1, indices, remove_sorted);
+  return logits.masked_fill(remove, -std::numeric_limits<float>::infinity());
+}
+
+// The sampler's top-p keeps exactly HF's tokens, ties and -inf logits included: its draws are
+// multinomial's over HF's warped distribution, with the same seed, alone and in a batch.
+TEST(SamplerTest, TopPKeepsHfsTokensOnTiesAndMaskedLogits) {
+  at::manual_seed(21);
+  for (double top_p : {0.3, 0.8, 0.95}) {
+    SCOPED_TRACE(top_p);
+    std::vector<Sampler> alone, batched;
+    std::vector<at::Generator> reference, reference_rows;
+    for (uint64_t i = 0; i < 3; ++i) {
+      alone.emplace_back(sampling(1.0, 0, top_p, /*seed=*/70 + i));
+      batched.emplace_back(sampling(1.0, 0, top_p, /*seed=*/70 + i));
+      reference.push_back(at::make_generator<at::CPUGeneratorImpl>(70 + i));
+      reference_rows.push_back(at::make_generator<at::CPUGeneratorImpl>(70 + i));
+    }
+    std::vector<Sampler*> rows;
+    for (auto& x : batched) rows.push_back(&x);
+    for (int step = 0; step < 60; ++step) {
+      const int64_t vocab = step % 2 ? 128 : 37;
+      at::Tensor logits = at::randn({3, vocab}) * 3;
+      if (step % 3 == 0) logits = logits.round();  // ties
+      if (step % 4 == 0)
+        logits.narrow(1, 0, vocab / 3).fill_(-std::numeric_limits<float>::infinity());
+      const at::Tensor probs = at::softmax(hf_top_p(logits, top_p), -1);
+      const auto ids = Sampler::sample_rows(rows, logits);
+      for (int64_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(alone[i].sample(logits[i]),
+                  at::multinomial(probs[i], 1, false, reference[i]).item<int64_t>())
+            << "row " << i << " step " << step;
+        EXPECT_EQ(ids[i], at::multinomial(probs[i], 1, false, reference_rows[i]).item<int64_t>())
+            << "row " << i << " step " << step;
+      }
+    }
+  }
+}
+
+// Exact quarters: the cumulative probability meets 1 - top_p exactly at the second token of the
+// stable ascending order, and HF removes it (<=), keeping the last two.
+TEST(SamplerTest, TopPRemovesATokenWhoseCumulativeProbabilityEqualsTheCut) {
+  EXPECT_EQ(seen(sampling(1.0, 0, /*top_p=*/0.5), logits_of({0, 0, 0, 0}), 400),
+            (std::set<int64_t>{2, 3}));
+}
+
 void expect_distribution(double temperature, const std::vector<double>& expected) {
   const int n = 20000;
   std::map<int64_t, int> counts;

@@ -3,9 +3,11 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "cpu_offload/check.h"
 
@@ -24,16 +26,40 @@ at::Tensor apply_top_k(const at::Tensor& logits, int64_t top_k) {
 }
 
 // HF TopPLogitsWarper: sort ascending, drop the tokens whose cumulative probability (from the
-// least likely up) is <= 1 - top_p, and always keep the most likely one.
-// Over the last dimension: [vocab] or [B, vocab].
+// least likely up) is <= 1 - top_p, and always keep the most likely one. Over the last dimension
+// of CPU float32 logits, [vocab] or [B, vocab]. The numbers are ATen's for HF's ops: a stable
+// ascending sort, ATen's softmax over the sorted row, cumsum as ATen's CPU kernel sums (in
+// double, each sum stored as float), the threshold rounded to float; only the sort, the sums and
+// the scatter back run here, row by row, instead of as eight small ops.
 at::Tensor apply_top_p(const at::Tensor& logits, double top_p) {
-  // Stable, so that equal logits are ordered the same way on every run.
-  auto [sorted, indices] = at::sort(logits, /*stable=*/true, /*dim=*/-1, /*descending=*/false);
-  const at::Tensor cumulative = at::softmax(sorted, -1).cumsum(-1);
-  at::Tensor sorted_remove = cumulative <= (1.0 - top_p);
-  sorted_remove.narrow(-1, sorted_remove.size(-1) - 1, 1).fill_(false);
-  const at::Tensor remove = at::zeros_like(sorted_remove).scatter(-1, indices, sorted_remove);
-  return logits.masked_fill(remove, kNegInf);
+  const at::Tensor x = logits.contiguous();
+  const int64_t vocab = x.size(-1), rows = x.numel() / vocab;
+  at::Tensor sorted = at::empty({rows, vocab}, x.options());
+  std::vector<int64_t> order(static_cast<size_t>(rows * vocab));
+  const float* in = x.const_data_ptr<float>();
+  float* sorted_data = sorted.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = in + r * vocab;
+    int64_t* idx = order.data() + r * vocab;
+    for (int64_t j = 0; j < vocab; ++j) idx[j] = j;
+    std::stable_sort(idx, idx + vocab, [row](int64_t a, int64_t b) { return row[a] < row[b]; });
+    for (int64_t j = 0; j < vocab; ++j) sorted_data[r * vocab + j] = row[idx[j]];
+  }
+  const at::Tensor probs = at::softmax(sorted, -1).contiguous();
+  const float* p = probs.const_data_ptr<float>();
+  const auto threshold = static_cast<float>(1.0 - top_p);
+  at::Tensor out = x.clone();
+  float* out_data = out.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    double cumulative = 0;
+    for (int64_t j = 0; j + 1 < vocab; ++j) {  // the most likely (last) always stays
+      cumulative += p[r * vocab + j];
+      if (static_cast<float>(cumulative) <= threshold) {
+        out_data[r * vocab + order[static_cast<size_t>(r * vocab + j)]] = kNegInf;
+      }
+    }
+  }
+  return out.view(logits.sizes());
 }
 
 // First index of the maximum; spelled out because argmax's tie order is not documented.

@@ -151,6 +151,8 @@ at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, co
   at::Tensor out;
   if (caches.size() <= 1) {
     out = attend(q, k, v, caches.empty() ? nullptr : caches[0], layer, blocked);
+  } else if (l == 1 && !blocked) {
+    out = attend_decode_rows(q, k, v, caches, layer);
   } else {
     // Each row has a history of its own length: attention row by row.
     std::vector<at::Tensor> rows;
@@ -162,6 +164,33 @@ at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, co
     out = at::cat(rows, 0);
   }
   return o_proj_->forward(out);
+}
+
+at::Tensor TextAttention::attend_decode_rows(const at::Tensor& q, const at::Tensor& k,
+                                             const at::Tensor& v, const KvBatch& caches,
+                                             int64_t layer) {
+  const int64_t b = q.size(0);
+  std::vector<std::pair<at::Tensor, at::Tensor>> history;
+  history.reserve(caches.size());
+  std::vector<int64_t> lengths;
+  int64_t longest = 0;
+  for (int64_t i = 0; i < b; ++i) {
+    history.push_back(caches[i]->append(layer, k.narrow(0, i, 1), v.narrow(0, i, 1)));
+    lengths.push_back(history.back().first.size(2));
+    longest = std::max(longest, lengths.back());
+  }
+  // Zeros, not empty memory, behind the mask: a masked probability is exactly 0, and 0 times a
+  // stray NaN would not be.
+  auto keys = at::zeros({b, kv_heads_, longest, head_dim_}, k.options());
+  auto values = at::zeros_like(keys);
+  for (int64_t i = 0; i < b; ++i) {
+    keys.narrow(0, i, 1).narrow(2, 0, lengths[i]).copy_(history[i].first);
+    values.narrow(0, i, 1).narrow(2, 0, lengths[i]).copy_(history[i].second);
+  }
+  const auto padding =
+      at::arange(longest, at::TensorOptions(at::kLong).device(q.device())).view({1, 1, 1, -1}) >=
+      at::tensor(lengths, at::kLong).to(q.device()).view({b, 1, 1, 1});
+  return attend(q, keys, values, nullptr, layer, &padding);
 }
 
 at::Tensor TextAttention::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, KvCache* cache,
