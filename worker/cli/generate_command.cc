@@ -26,6 +26,7 @@
 #include "worker/cli/generate_video.h"
 #include "worker/http/chat_request.h"
 #include "worker/pipeline/diffusers_folder.h"
+#include "worker/pipeline/elapsed.h"
 
 namespace omni::cli {
 namespace {
@@ -34,9 +35,7 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
 
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
+using pipeline::ms_since;
 
 std::string lower(std::string text) {
   std::transform(text.begin(), text.end(), text.begin(),

@@ -16,6 +16,7 @@
 #include "cpu_offload/check.h"
 #include "model_runner/output/frames_writer.h"
 #include "worker/cli/generate_backend.h"
+#include "worker/pipeline/elapsed.h"
 
 namespace omni::cli {
 namespace {
@@ -24,9 +25,7 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
 
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
+using pipeline::ms_since;
 
 // One line redrawn in place ("\r") per step: step i/N, seconds per step, time left.
 class ProgressBar {

@@ -29,6 +29,7 @@
 #include "worker/http/stage_errors.h"
 #include "worker/http/video_api.h"
 #include "worker/http/wav_bytes.h"
+#include "worker/pipeline/elapsed.h"
 
 namespace omni::http {
 namespace {
@@ -36,9 +37,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
 
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
+using pipeline::ms_since;
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(

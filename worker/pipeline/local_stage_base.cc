@@ -4,10 +4,6 @@
 
 namespace omni::pipeline::local {
 
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
 void check_going(const StageCall& call, const CancelToken& cancel) {
   if (cancel.cancelled()) {
     throw StageError(StageError::Code::kCancelled, "", "the request was cancelled");

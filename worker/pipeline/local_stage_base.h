@@ -15,6 +15,7 @@
 #include "cpu_offload/check.h"
 #include "cpu_offload/offload_backend.h"
 #include "model_runner/runner/step_rendezvous.h"
+#include "worker/pipeline/elapsed.h"
 #include "worker/pipeline/engine_loop.h"
 #include "worker/pipeline/local_stages.h"
 #include "worker/pipeline/stage.h"
@@ -24,7 +25,6 @@ namespace omni::pipeline::local {
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
 
-double ms_since(Clock::time_point start);
 // Between two steps of a stage: stop when the request was cancelled or ran out of time.
 void check_going(const StageCall& call, const CancelToken& cancel);
 at::Tensor cpu(const at::Tensor& t);
