@@ -309,6 +309,57 @@ TEST(SamplerTest, DrawsAreTorchMultinomialsWithTheSameSeed) {
   }
 }
 
+// Noise drawn ahead for a whole frame (Sampler::draw_noise, as the code predictor does) gives
+// the ids drawing at each step gives: bitwise, through the shared and the per-row paths, with a
+// greedy row (which draws nothing) among them, and again as multinomial's with the same seed.
+TEST(SamplerTest, NoiseDrawnAheadGivesTheSameIdsAsDrawingEachTime) {
+  at::manual_seed(11);
+  for (bool mixed : {false, true}) {
+    SCOPED_TRACE(mixed ? "mixed parameters" : "shared parameters");
+    constexpr int64_t kRows = 5, kDraws = 15, kVocab = 96;
+    std::vector<Sampler> now, ahead;
+    std::vector<at::Generator> reference;
+    for (uint64_t i = 0; i < kRows; ++i) {
+      SamplingParams p = sampling(0.9, 0, 1.0, /*seed=*/70 + i);
+      if (mixed && i == 1) p.greedy = true;
+      if (mixed && i == 3) p.top_k = 7;
+      now.emplace_back(p);
+      ahead.emplace_back(p);
+      reference.push_back(at::make_generator<at::CPUGeneratorImpl>(70 + i));
+    }
+    std::vector<Sampler*> now_rows, ahead_rows;
+    for (auto& s : now) now_rows.push_back(&s);
+    for (auto& s : ahead) ahead_rows.push_back(&s);
+    for (int frame = 0; frame < 3; ++frame) {
+      const at::Tensor noise = Sampler::draw_noise(ahead_rows, kDraws, kVocab);
+      ASSERT_EQ(noise.sizes(), (std::vector<int64_t>{kRows, kDraws, kVocab}));
+      for (int64_t k = 0; k < kDraws; ++k) {
+        const at::Tensor logits = at::randn({kRows, kVocab}) * 2;
+        const auto drawn_now = Sampler::sample_rows(now_rows, logits);
+        EXPECT_EQ(Sampler::sample_rows(ahead_rows, logits, {}, noise.select(1, k)), drawn_now)
+            << "frame " << frame << " draw " << k;
+        if (mixed) continue;  // the reference below is plain multinomial over the softmax
+        for (int64_t i = 0; i < kRows; ++i) {
+          const at::Tensor probs = at::softmax(logits[i] / 0.9, -1);
+          EXPECT_EQ(drawn_now[i], at::multinomial(probs, 1, false, reference[i]).item<int64_t>())
+              << "row " << i << " frame " << frame << " draw " << k;
+        }
+      }
+    }
+  }
+}
+
+TEST(SamplerTest, NoiseForAnotherVocabularyIsAnError) {
+  Sampler s(sampling(1.0, 0, 1.0, /*seed=*/1));
+  const at::Tensor noise = Sampler::draw_noise({&s}, 2, 10);
+  const std::string error = error_of([&] {
+    Sampler::sample_rows({&s}, at::randn({1, 12}), {}, noise.select(1, 0));
+  });
+  EXPECT_NE(error.find("noise drawn ahead for"), std::string::npos) << error;
+  EXPECT_NE(error_of([&] { Sampler::draw_noise({&s}, 0, 10); }).find("draws > 0"),
+            std::string::npos);
+}
+
 // HF's top-p written with ATen ops, as transformers writes it.
 at::Tensor hf_top_p(const at::Tensor& logits, double top_p) {
   auto [sorted, indices] = at::sort(logits, /*stable=*/true, /*dim=*/-1, /*descending=*/false);

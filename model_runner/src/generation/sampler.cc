@@ -110,9 +110,16 @@ at::Tensor warped_probs(at::Tensor x, const SamplingParams& p) {
 // torch.multinomial(probs[i], 1) for each row, drawn as its CPU kernel draws it: argmax(p / q)
 // with q ~ Exp(1) from the row's own generator, so the ids are those multinomial gives. Done
 // here for the batch at once, without multinomial's per-call checks (warped_probs checked).
-std::vector<int64_t> draw_rows(const at::Tensor& probs, const std::vector<at::Generator*>& gens) {
-  at::Tensor q = at::empty_like(probs, at::MemoryFormat::Contiguous);
-  for (size_t i = 0; i < gens.size(); ++i) q[static_cast<int64_t>(i)].exponential_(1, *gens[i]);
+// `noise`: q drawn ahead (Sampler::draw_noise); undefined: drawn now.
+std::vector<int64_t> draw_rows(const at::Tensor& probs, const std::vector<at::Generator*>& gens,
+                               const at::Tensor& noise) {
+  at::Tensor q = noise;
+  if (!q.defined()) {
+    q = at::empty_like(probs, at::MemoryFormat::Contiguous);
+    for (size_t i = 0; i < gens.size(); ++i) q[static_cast<int64_t>(i)].exponential_(1, *gens[i]);
+  }
+  OMNI_CHECK(q.sizes() == probs.sizes(), "Sampler: noise drawn ahead for ", q.sizes(),
+             " ids, but the draw is over ", probs.sizes());
   const at::Tensor picked = at::argmax(probs / q, -1).contiguous();
   const int64_t* data = picked.const_data_ptr<int64_t>();
   return {data, data + picked.numel()};
@@ -137,6 +144,11 @@ Sampler::Sampler(SamplingParams params)
 }
 
 int64_t Sampler::sample(const at::Tensor& logits, const std::vector<int64_t>& context) {
+  return sample_with(logits, context, at::Tensor());
+}
+
+int64_t Sampler::sample_with(const at::Tensor& logits, const std::vector<int64_t>& context,
+                             const at::Tensor& noise) {
   OMNI_CHECK(logits.defined(), "Sampler::sample: logits are undefined");
   OMNI_CHECK(at::isFloatingType(logits.scalar_type()),
              "Sampler::sample: logits must be floating point, got ", logits.scalar_type());
@@ -157,12 +169,14 @@ int64_t Sampler::sample(const at::Tensor& logits, const std::vector<int64_t>& co
   }
 
   if (params_.is_greedy()) return first_argmax(x);
-  return draw_rows(warped_probs(x, params_).unsqueeze(0), {&gen_})[0];
+  return draw_rows(warped_probs(x, params_).unsqueeze(0), {&gen_},
+                   noise.defined() ? noise.unsqueeze(0) : noise)[0];
 }
 
-std::vector<int64_t> Sampler::sample_rows(
-    const std::vector<Sampler*>& samplers, const at::Tensor& logits,
-    const std::vector<const std::vector<int64_t>*>& contexts) {
+std::vector<int64_t> Sampler::sample_rows(const std::vector<Sampler*>& samplers,
+                                          const at::Tensor& logits,
+                                          const std::vector<const std::vector<int64_t>*>& contexts,
+                                          const at::Tensor& noise) {
   const auto b = static_cast<int64_t>(samplers.size());
   OMNI_CHECK(logits.defined() && logits.dim() == 2 && logits.size(0) == b && b > 0,
              "Sampler::sample_rows: logits must be [", b, ", vocab] for ", b, " samplers");
@@ -182,7 +196,10 @@ std::vector<int64_t> Sampler::sample_rows(
   }
   std::vector<int64_t> ids;
   if (b == 1 || !shared) {  // each row its own way (greedy rows are one pass over the row)
-    for (int64_t i = 0; i < b; ++i) ids.push_back(samplers[i]->sample(logits[i], context(i)));
+    for (int64_t i = 0; i < b; ++i) {
+      ids.push_back(
+          samplers[i]->sample_with(logits[i], context(i), noise.defined() ? noise[i] : noise));
+    }
     return ids;
   }
   // The same steps as sample(), row-wise over the batch, then each row's own draw.
@@ -199,7 +216,21 @@ std::vector<int64_t> Sampler::sample_rows(
   }
   std::vector<at::Generator*> gens;
   for (auto* s : samplers) gens.push_back(&s->gen_);
-  return draw_rows(warped_probs(x, p), gens);
+  return draw_rows(warped_probs(x, p), gens, noise);
+}
+
+at::Tensor Sampler::draw_noise(const std::vector<Sampler*>& samplers, int64_t draws,
+                               int64_t vocab) {
+  OMNI_CHECK(draws > 0 && vocab > 0, "Sampler::draw_noise: needs draws > 0 and vocab > 0, got ",
+             draws, " and ", vocab);
+  at::Tensor noise = at::empty({static_cast<int64_t>(samplers.size()), draws, vocab},
+                               at::TensorOptions(at::kFloat));
+  for (size_t i = 0; i < samplers.size(); ++i) {
+    if (!samplers[i]->params_.is_greedy()) {
+      noise[static_cast<int64_t>(i)].exponential_(1, samplers[i]->gen_);
+    }
+  }
+  return noise;
 }
 
 }  // namespace omni::models

@@ -111,19 +111,22 @@ CodePredictor::Frame CodePredictor::predict(const at::Tensor& talker_hidden,
                                             const at::Tensor& code0_embed, Sampler& sampler,
                                             std::vector<at::Tensor>* logits) {
   const int64_t hidden = cfg_.hidden_size;
-  return predict_batch(talker_hidden.reshape({1, hidden}), code0_embed.reshape({1, hidden}),
-                       {&sampler}, logits)[0];
+  auto batch = predict_batch(talker_hidden.reshape({1, hidden}), code0_embed.reshape({1, hidden}),
+                             {&sampler}, logits);
+  return {std::move(batch.codes[0]), batch.embeds[0]};
 }
 
-std::vector<CodePredictor::Frame> CodePredictor::predict_batch(
-    const at::Tensor& talker_hidden, const at::Tensor& code0_embed,
-    const std::vector<Sampler*>& samplers, std::vector<at::Tensor>* logits) {
+CodePredictor::FrameBatch CodePredictor::predict_batch(const at::Tensor& talker_hidden,
+                                                       const at::Tensor& code0_embed,
+                                                       const std::vector<Sampler*>& samplers,
+                                                       std::vector<at::Tensor>* logits) {
   const auto b = static_cast<int64_t>(samplers.size());
   OMNI_CHECK(talker_hidden.dim() == 2 && talker_hidden.size(0) == b &&
                  code0_embed.sizes() == talker_hidden.sizes(),
              "CodePredictor::predict_batch: hidden and code 0 embeddings must be [", b,
              ", hidden], got ", talker_hidden.sizes(), " and ", code0_embed.sizes());
-  std::vector<Frame> frames(static_cast<size_t>(b));
+  FrameBatch frames;
+  frames.codes.resize(static_cast<size_t>(b));
   invoke("forward", {talker_hidden, code0_embed}, [&](HookArgs& a) -> c10::IValue {
     const auto& h = a[0].toTensor();
     const auto& e0 = a[1].toTensor();
@@ -137,6 +140,8 @@ std::vector<CodePredictor::Frame> CodePredictor::predict_batch(
     const auto ids_opts = at::TensorOptions(at::kLong).device(h.device());
     // Positions 0 .. groups: the two inputs of step 0, then one per later step.
     const auto rope = model_->rope_table(cfg_.num_code_groups, input.options());
+    // The frame's random numbers, each row's in one call: the same draws as group by group.
+    const auto noise = Sampler::draw_noise(samplers, cfg_.num_code_groups - 1, cfg_.vocab_size);
     for (int64_t k = 0; k + 1 < cfg_.num_code_groups; ++k) {
       const auto out = model_->forward(input, rope, &cache);
       const auto last = out.select(1, out.size(1) - 1);  // [B, hidden]
@@ -146,14 +151,13 @@ std::vector<CodePredictor::Frame> CodePredictor::predict_batch(
               .to(at::kFloat)
               .cpu();
       if (logits) logits->push_back(b == 1 ? step_logits[0] : step_logits);
-      const auto codes = Sampler::sample_rows(samplers, step_logits);
-      for (int64_t i = 0; i < b; ++i) frames[i].codes.push_back(codes[i]);
+      const auto codes = Sampler::sample_rows(samplers, step_logits, {}, noise.select(1, k));
+      for (int64_t i = 0; i < b; ++i) frames.codes[i].push_back(codes[i]);
       const auto embed = model_->embed(k, at::tensor(codes, at::kLong).to(ids_opts));  // [B, h]
       embeds.push_back(embed);
       input = embed.unsqueeze(1);
     }
-    const auto all = at::stack(embeds, 1);  // [B, groups - 1, hidden]
-    for (int64_t i = 0; i < b; ++i) frames[i].embeds = all[i];
+    frames.embeds = at::stack(embeds, 1);
     return c10::IValue();
   });
   return frames;
@@ -356,30 +360,31 @@ std::vector<std::vector<int64_t>> Talker::step_batch(
         const double cp_ms =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - cp_start)
                 .count();
-        std::vector<at::Tensor> inputs;
+        std::vector<at::Tensor> text_rows;
         std::vector<int64_t> positions;
         KvBatch caches;
         for (int64_t i = 0; i < b; ++i) {
           TalkerState& state = *states[i];
           state.code_predictor_ms += cp_ms;  // the batch's: each row waited for all of it
           frames[i] = {codes0[i]};
-          frames[i].insert(frames[i].end(), predicted[i].codes.begin(), predicted[i].codes.end());
-          // The next input: the sum of the frame's codec embeddings (in the reference's
-          // order) plus this step's text row, or tts_pad once the text is used up.
-          auto input =
-              at::cat({e0.narrow(0, i, 1), predicted[i].embeds}, 0).sum(0, /*keepdim=*/true);
+          const auto& codes = predicted.codes[i];
+          frames[i].insert(frames[i].end(), codes.begin(), codes.end());
           const bool has_row = state.step < static_cast<int64_t>(state.trailing.size());
           OMNI_CHECK(has_row || state.trailing_complete, "Talker::step ", state.step,
                      " needs a text row the thinker has not sent yet");
-          inputs.push_back(input + (has_row ? state.trailing[state.step] : state.tts_pad));
+          text_rows.push_back(has_row ? state.trailing[state.step] : state.tts_pad);
           ++state.step;
           positions.push_back(state.cache.length() + state.rope_delta);
           caches.push_back(&state.cache);
         }
+        // The next inputs: the sum of each frame's codec embeddings (in the reference's order)
+        // plus its step's text row, or tts_pad once the text is used up. Summed for the batch
+        // at once: each row adds up in the same order as alone.
+        const auto inputs =
+            at::cat({e0.unsqueeze(1), predicted.embeds}, 1).sum(1) + at::stack(text_rows);
         const auto position_ids =
             at::tensor(positions, at::kLong).to(device_).unsqueeze(0).expand({3, b});
-        const auto hidden =
-            model_->forward_batch(at::cat(inputs, 0).unsqueeze(1), position_ids, caches);
+        const auto hidden = model_->forward_batch(inputs.unsqueeze(1), position_ids, caches);
         for (int64_t i = 0; i < b; ++i) states[i]->last_hidden = hidden[i][0];
         // One row alone keeps its [hidden] product: the reference's numbers.
         return b == 1 ? logits(states[0]->last_hidden).unsqueeze(0) : logits(hidden.select(1, 0));

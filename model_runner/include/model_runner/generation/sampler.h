@@ -55,13 +55,23 @@ class Sampler {
   // samplers[i]->sample(logits[i], *contexts[i]) gives, each from its own generator. `contexts`:
   // empty (no repetition-penalty context) or one per row (null: none). When the samplers share
   // their parameters the warpers run once over the whole batch.
+  // `noise`: what draw_noise drew ahead for this draw ([B, vocab]); undefined: drawn now.
   static std::vector<int64_t> sample_rows(
       const std::vector<Sampler*>& samplers, const at::Tensor& logits,
-      const std::vector<const std::vector<int64_t>*>& contexts = {});
+      const std::vector<const std::vector<int64_t>*>& contexts = {}, const at::Tensor& noise = {});
+  // The random numbers of each sampler's next `draws` draws over `vocab` ids, taken from its
+  // generator now in one call: [B, draws, vocab]. sample_rows(..., noise.select(1, k)) at the
+  // k-th of those draws gives exactly the ids drawing then gives (the CPU generator's stream is
+  // serial), for two ops per row instead of two per row and draw. Greedy rows draw nothing.
+  static at::Tensor draw_noise(const std::vector<Sampler*>& samplers, int64_t draws, int64_t vocab);
 
   const SamplingParams& params() const { return params_; }
 
  private:
+  // sample() with the noise drawn ahead for it ([vocab]; undefined: drawn now).
+  int64_t sample_with(const at::Tensor& logits, const std::vector<int64_t>& context,
+                      const at::Tensor& noise);
+
   SamplingParams params_;
   at::Generator gen_;
 };

@@ -72,11 +72,15 @@ class CodePredictor : public offload::HookableModule {
   // ([vocab] float32 CPU) are appended to it.
   Frame predict(const at::Tensor& talker_hidden, const at::Tensor& code0_embed, Sampler& sampler,
                 std::vector<at::Tensor>* logits = nullptr);
+  struct FrameBatch {
+    std::vector<std::vector<int64_t>> codes;  // per row: groups 1..num_code_groups-1
+    at::Tensor embeds;                        // [B, groups - 1, hidden]
+  };
   // The frames of a batch: row b of `talker_hidden` / `code0_embed` [B, hidden] sampled with
   // samplers[b]. The rows share one forward per group (every frame has the same length).
-  std::vector<Frame> predict_batch(const at::Tensor& talker_hidden, const at::Tensor& code0_embed,
-                                   const std::vector<Sampler*>& samplers,
-                                   std::vector<at::Tensor>* logits = nullptr);
+  FrameBatch predict_batch(const at::Tensor& talker_hidden, const at::Tensor& code0_embed,
+                           const std::vector<Sampler*>& samplers,
+                           std::vector<at::Tensor>* logits = nullptr);
   const CodePredictorConfig& config() const { return cfg_; }
 
  private:
