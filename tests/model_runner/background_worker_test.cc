@@ -4,6 +4,7 @@
 
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -25,13 +26,16 @@ TEST(BackgroundWorker, RunsJobsOnItsOwnLowerPriorityThreadInInferenceMode) {
   std::thread::id ran_on;
   int job_nice = 0;
   bool inference = false;
+  char name[16] = {};
   worker.run([&] {
+    pthread_getname_np(pthread_self(), name, sizeof name);
     ran_on = std::this_thread::get_id();
     job_nice = this_thread_nice();
     inference = c10::InferenceMode::is_enabled();
   });
   EXPECT_NE(ran_on, std::this_thread::get_id());
   EXPECT_TRUE(inference);
+  EXPECT_STREQ(name, "background job");  // what profilers and `top -H` show
   // Raising one's own nice value is allowed to every process; 19 is the ceiling.
   ASSERT_TRUE(worker.lowered());
   EXPECT_EQ(job_nice, std::min(caller_nice + 5, 19));

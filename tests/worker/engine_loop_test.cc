@@ -6,6 +6,7 @@
 #include "worker/pipeline/engine_loop.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <chrono>
@@ -52,6 +53,9 @@ class CountingModel : public EngineModel {
       held_.wait(lock, [&] { return !hold_; });
     }
     largest_batch_ = std::max(largest_batch_, static_cast<int64_t>(running.size()));
+    char name[16] = {};
+    pthread_getname_np(pthread_self(), name, sizeof name);
+    step_thread_name_ = name;
     if (fail_next_step_.exchange(false)) throw std::runtime_error("the device fell over");
     for (auto* base : running) {
       auto& seq = static_cast<CountingSequence&>(*base);
@@ -83,6 +87,7 @@ class CountingModel : public EngineModel {
   }
   int64_t free_slots() const { return free_; }
   int64_t largest_batch() const { return largest_batch_; }
+  const std::string& step_thread_name() const { return step_thread_name_; }
   std::atomic<bool> fail_next_step_{false};
 
  private:
@@ -98,6 +103,7 @@ class CountingModel : public EngineModel {
   int64_t free_;
   int64_t admitted_ = 0;
   int64_t largest_batch_ = 0;
+  std::string step_thread_name_;
   std::set<const EngineSequence*> released_;
 };
 
@@ -161,6 +167,23 @@ TEST(EngineLoop, ConcurrentSubmitAndCancelReleaseEverySequenceOnce) {
     EXPECT_GE(s.max_batch, 2);
   }
   EXPECT_EQ(model.free_slots(), 6);  // every slot back
+}
+
+// Profilers and `top -H` show the loop's thread under its stage kind (15 characters at most).
+TEST(EngineLoop, TheLoopsThreadIsNamedAfterItsStage) {
+  for (const auto& [stage, thread] : std::vector<std::pair<std::string, std::string>>{
+           {"stage 0 (counting)", "counting loop"},
+           {"stage 2 (code2wav-decoder)", "code2wav-decode"},
+           {"plain", "plain loop"}}) {
+    CountingModel model(4);
+    {
+      EngineLoop loop(stage, model, EngineLimits{4, 8192, 8});
+      auto seq = std::make_shared<CountingSequence>(2, 1);
+      loop.submit(seq);
+      EXPECT_EQ(drain(*seq).first, 2);
+    }
+    EXPECT_EQ(model.step_thread_name(), thread) << stage;
+  }
 }
 
 TEST(EngineLoop, ASequenceThatDoesNotFitWaitsForRoom) {

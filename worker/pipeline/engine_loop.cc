@@ -1,5 +1,7 @@
 #include "worker/pipeline/engine_loop.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -24,6 +26,18 @@ std::exception_ptr as_stage_error(std::exception_ptr error) {
   } catch (...) {
     return stage_error(StageError::Code::kInternal, "unknown error");
   }
+}
+
+// "stage 1 (talker)" -> "talker loop": what profilers and `top -H` show for the loop's thread
+// (15 characters at most).
+void name_this_thread(const std::string& stage) {
+  const auto open = stage.find('(');
+  const auto close = stage.rfind(')');
+  const std::string kind = open != std::string::npos && close != std::string::npos && close > open
+                               ? stage.substr(open + 1, close - open - 1)
+                               : stage;
+  const std::string name = (kind + " loop").substr(0, 15);
+  pthread_setname_np(pthread_self(), name.c_str());
 }
 
 }  // namespace
@@ -135,6 +149,7 @@ void EngineLoop::admit_waiting() {
 }
 
 void EngineLoop::run() {
+  name_this_thread(name_);
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mutex_);

@@ -1,6 +1,7 @@
 #include "model_runner/runner/background_worker.h"
 
 #include <c10/core/InferenceMode.h>
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -50,6 +51,7 @@ void BackgroundWorker::run(const std::function<void()>& job) {
 }
 
 void BackgroundWorker::loop(int nice_increment) {
+  pthread_setname_np(pthread_self(), "background job");  // for profilers and `top -H`
   // Linux keeps a nice value per thread: this lowers the worker's priority alone.
   const auto tid = static_cast<id_t>(syscall(SYS_gettid));
   errno = 0;
