@@ -110,14 +110,8 @@ at::Tensor warped_probs(at::Tensor x, const SamplingParams& p) {
 // torch.multinomial(probs[i], 1) for each row, drawn as its CPU kernel draws it: argmax(p / q)
 // with q ~ Exp(1) from the row's own generator, so the ids are those multinomial gives. Done
 // here for the batch at once, without multinomial's per-call checks (warped_probs checked).
-// `noise`: q drawn ahead (Sampler::draw_noise); undefined: drawn now.
-std::vector<int64_t> draw_rows(const at::Tensor& probs, const std::vector<at::Generator*>& gens,
-                               const at::Tensor& noise) {
-  at::Tensor q = noise;
-  if (!q.defined()) {
-    q = at::empty_like(probs, at::MemoryFormat::Contiguous);
-    for (size_t i = 0; i < gens.size(); ++i) q[static_cast<int64_t>(i)].exponential_(1, *gens[i]);
-  }
+// `q`: each row's noise (Sampler::draw_noise).
+std::vector<int64_t> draw_rows(const at::Tensor& probs, const at::Tensor& q) {
   OMNI_CHECK(q.sizes() == probs.sizes(), "Sampler: noise drawn ahead for ", q.sizes(),
              " ids, but the draw is over ", probs.sizes());
   const at::Tensor picked = at::argmax(probs / q, -1).contiguous();
@@ -169,8 +163,8 @@ int64_t Sampler::sample_with(const at::Tensor& logits, const std::vector<int64_t
   }
 
   if (params_.is_greedy()) return first_argmax(x);
-  return draw_rows(warped_probs(x, params_).unsqueeze(0), {&gen_},
-                   noise.defined() ? noise.unsqueeze(0) : noise)[0];
+  return draw_rows(warped_probs(x, params_).unsqueeze(0),
+                   noise.defined() ? noise.unsqueeze(0) : draw_noise({this}, 1, vocab)[0])[0];
 }
 
 std::vector<int64_t> Sampler::sample_rows(const std::vector<Sampler*>& samplers,
@@ -214,9 +208,8 @@ std::vector<int64_t> Sampler::sample_rows(const std::vector<Sampler*>& samplers,
     const int64_t vocab = x.size(1);
     process_row(x.data_ptr<float>() + i * vocab, vocab, p, context(i));
   }
-  std::vector<at::Generator*> gens;
-  for (auto* s : samplers) gens.push_back(&s->gen_);
-  return draw_rows(warped_probs(x, p), gens, noise);
+  return draw_rows(warped_probs(x, p),
+                   noise.defined() ? noise : draw_noise(samplers, 1, x.size(1)).select(1, 0));
 }
 
 at::Tensor Sampler::draw_noise(const std::vector<Sampler*>& samplers, int64_t draws,
