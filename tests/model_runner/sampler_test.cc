@@ -404,6 +404,49 @@ TEST(SamplerTest, TopPKeepsHfsTokensOnTiesAndMaskedLogits) {
   }
 }
 
+// HF's top-k written with ATen ops, as transformers writes it.
+at::Tensor hf_top_k(const at::Tensor& logits, int64_t top_k) {
+  const int64_t k = std::min(top_k, logits.size(-1));
+  const at::Tensor kth = std::get<0>(at::topk(logits, k)).narrow(-1, k - 1, 1);
+  return logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+}
+
+// The code predictor's warpers (top-k, then top-p) keep exactly HF's tokens over ties, -inf
+// logits and a cut that keeps the whole vocabulary: the draws are multinomial's over HF's
+// warped distribution with the same seed, alone and in a batch.
+TEST(SamplerTest, TopKThenTopPKeepsHfsTokens) {
+  at::manual_seed(33);
+  for (int64_t top_k : {1, 3, 50, 2000}) {
+    SCOPED_TRACE(top_k);
+    std::vector<Sampler> alone, batched;
+    std::vector<at::Generator> reference, reference_rows;
+    for (uint64_t i = 0; i < 3; ++i) {
+      alone.emplace_back(sampling(0.9, top_k, 0.8, /*seed=*/90 + i));
+      batched.emplace_back(sampling(0.9, top_k, 0.8, /*seed=*/90 + i));
+      reference.push_back(at::make_generator<at::CPUGeneratorImpl>(90 + i));
+      reference_rows.push_back(at::make_generator<at::CPUGeneratorImpl>(90 + i));
+    }
+    std::vector<Sampler*> rows;
+    for (auto& x : batched) rows.push_back(&x);
+    for (int step = 0; step < 40; ++step) {
+      const int64_t vocab = step % 2 ? 128 : 1152;
+      at::Tensor logits = at::randn({3, vocab}) * 3;
+      if (step % 3 == 0) logits = logits.round();  // ties, at the k-th value too
+      if (step % 4 == 0)
+        logits.narrow(1, 0, vocab / 3).fill_(-std::numeric_limits<float>::infinity());
+      const at::Tensor probs = at::softmax(hf_top_p(hf_top_k(logits / 0.9, top_k), 0.8), -1);
+      const auto ids = Sampler::sample_rows(rows, logits);
+      for (int64_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(alone[i].sample(logits[i]),
+                  at::multinomial(probs[i], 1, false, reference[i]).item<int64_t>())
+            << "row " << i << " step " << step;
+        EXPECT_EQ(ids[i], at::multinomial(probs[i], 1, false, reference_rows[i]).item<int64_t>())
+            << "row " << i << " step " << step;
+      }
+    }
+  }
+}
+
 // Exact quarters: the cumulative probability meets 1 - top_p exactly at the second token of the
 // stable ascending order, and HF removes it (<=), keeping the last two.
 TEST(SamplerTest, TopPRemovesATokenWhoseCumulativeProbabilityEqualsTheCut) {

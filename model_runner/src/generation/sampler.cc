@@ -2,10 +2,13 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/DistributionsHelper.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -17,12 +20,26 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // HF TopKLogitsWarper: everything strictly below the k-th largest value goes, so ties with the
-// k-th value survive.
-// Over the last dimension: [vocab] or [B, vocab].
+// k-th value survive. Over the last dimension of CPU float32 logits, [vocab] or [B, vocab]: the
+// k-th value by selection on a copy of each row, the same value topk's k-th is, without its sort
+// and its four ops per call.
 at::Tensor apply_top_k(const at::Tensor& logits, int64_t top_k) {
-  const int64_t k = std::min(top_k, logits.size(-1));
-  const at::Tensor kth = std::get<0>(at::topk(logits, k)).narrow(-1, k - 1, 1);
-  return logits.masked_fill(logits < kth, kNegInf);
+  const int64_t vocab = logits.size(-1);
+  const int64_t k = std::min(top_k, vocab);
+  at::Tensor out = logits.clone(at::MemoryFormat::Contiguous);
+  float* data = out.data_ptr<float>();
+  std::vector<float> row_copy(static_cast<size_t>(vocab));
+  for (int64_t r = 0; r < out.numel() / vocab; ++r) {
+    float* row = data + r * vocab;
+    std::copy(row, row + vocab, row_copy.begin());
+    std::nth_element(row_copy.begin(), row_copy.begin() + (k - 1), row_copy.end(),
+                     std::greater<float>());
+    const float kth = row_copy[static_cast<size_t>(k - 1)];
+    for (int64_t j = 0; j < vocab; ++j) {
+      if (row[j] < kth) row[j] = kNegInf;
+    }
+  }
+  return out;
 }
 
 // HF TopPLogitsWarper: sort ascending, drop the tokens whose cumulative probability (from the
@@ -41,8 +58,17 @@ at::Tensor apply_top_p(const at::Tensor& logits, double top_p) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = in + r * vocab;
     int64_t* idx = order.data() + r * vocab;
-    for (int64_t j = 0; j < vocab; ++j) idx[j] = j;
-    std::stable_sort(idx, idx + vocab, [row](int64_t a, int64_t b) { return row[a] < row[b]; });
+    // -inf (top-k's cut, suppressed ids) is the least value: a stable sort puts those first in
+    // index order, so only the others need sorting.
+    int64_t masked = 0;
+    for (int64_t j = 0; j < vocab; ++j) {
+      if (row[j] == kNegInf) idx[masked++] = j;
+    }
+    for (int64_t j = 0, next = masked; j < vocab; ++j) {
+      if (row[j] != kNegInf) idx[next++] = j;
+    }
+    std::stable_sort(idx + masked, idx + vocab,
+                     [row](int64_t a, int64_t b) { return row[a] < row[b]; });
     for (int64_t j = 0; j < vocab; ++j) sorted_data[r * vocab + j] = row[idx[j]];
   }
   const at::Tensor probs = at::softmax(sorted, -1).contiguous();
@@ -101,8 +127,9 @@ at::Tensor warped_probs(at::Tensor x, const SamplingParams& p) {
   if (p.temperature != 1.0) x = x / p.temperature;
   if (p.top_k > 0) x = apply_top_k(x, p.top_k);
   if (p.top_p < 1.0) x = apply_top_p(x, p.top_p);
-  at::Tensor probs = at::softmax(x, -1);
-  OMNI_CHECK(probs.isfinite().all().item<bool>(),
+  at::Tensor probs = at::softmax(x, -1).contiguous();
+  const float* p_data = probs.const_data_ptr<float>();
+  OMNI_CHECK(std::all_of(p_data, p_data + probs.numel(), [](float v) { return std::isfinite(v); }),
              "Sampler::sample: no token has a finite logit after the warpers");
   return probs;
 }
@@ -110,13 +137,38 @@ at::Tensor warped_probs(at::Tensor x, const SamplingParams& p) {
 // torch.multinomial(probs[i], 1) for each row, drawn as its CPU kernel draws it: argmax(p / q)
 // with q ~ Exp(1) from the row's own generator, so the ids are those multinomial gives. Done
 // here for the batch at once, without multinomial's per-call checks (warped_probs checked).
-// `q`: each row's noise (Sampler::draw_noise).
-std::vector<int64_t> draw_rows(const at::Tensor& probs, const at::Tensor& q) {
-  OMNI_CHECK(q.sizes() == probs.sizes(), "Sampler: noise drawn ahead for ", q.sizes(),
-             " ids, but the draw is over ", probs.sizes());
-  const at::Tensor picked = at::argmax(probs / q, -1).contiguous();
-  const int64_t* data = picked.const_data_ptr<int64_t>();
-  return {data, data + picked.numel()};
+// `uniforms`: each row's, as draw_noise took them. q is the float exponential_ would have
+// stored, computed only where it can matter: p / q is 0 where p is 0, unless q is 0 (u = 0).
+// The argmax is ATen's: float division, the first index of the largest, a NaN above all.
+std::vector<int64_t> draw_rows(const at::Tensor& probs, const at::Tensor& uniforms) {
+  OMNI_CHECK(uniforms.sizes() == probs.sizes() && uniforms.scalar_type() == at::kDouble,
+             "Sampler: noise drawn ahead for ", uniforms.sizes(), " ids, but the draw is over ",
+             probs.sizes());
+  const at::Tensor u_all = uniforms.contiguous();
+  const float* p = probs.const_data_ptr<float>();  // contiguous: warped_probs
+  const double* u = u_all.const_data_ptr<double>();
+  const int64_t vocab = probs.size(-1);
+  std::vector<int64_t> ids;
+  for (int64_t r = 0; r < probs.numel() / vocab; ++r) {
+    int64_t best = 0;
+    float best_value = 0;
+    for (int64_t j = 0; j < vocab; ++j) {
+      const int64_t at = r * vocab + j;
+      if (p[at] == 0 && u[at] != 0) continue;  // 0 / q = 0: never above the first value
+      const auto q = static_cast<float>(at::transformation::exponential<double>(u[at], 1.0));
+      const float v = p[at] / q;
+      if (std::isnan(v)) {
+        best = j;
+        break;
+      }
+      if (v > best_value) {
+        best = j;
+        best_value = v;
+      }
+    }
+    ids.push_back(best);
+  }
+  return ids;
 }
 
 }  // namespace
@@ -216,14 +268,20 @@ at::Tensor Sampler::draw_noise(const std::vector<Sampler*>& samplers, int64_t dr
                                int64_t vocab) {
   OMNI_CHECK(draws > 0 && vocab > 0, "Sampler::draw_noise: needs draws > 0 and vocab > 0, got ",
              draws, " and ", vocab);
-  at::Tensor noise = at::empty({static_cast<int64_t>(samplers.size()), draws, vocab},
-                               at::TensorOptions(at::kFloat));
+  at::Tensor uniforms = at::empty({static_cast<int64_t>(samplers.size()), draws, vocab},
+                                  at::TensorOptions(at::kDouble));
+  double* out = uniforms.data_ptr<double>();
+  const int64_t per_row = draws * vocab;
   for (size_t i = 0; i < samplers.size(); ++i) {
-    if (!samplers[i]->params_.is_greedy()) {
-      noise[static_cast<int64_t>(i)].exponential_(1, samplers[i]->gen_);
-    }
+    if (samplers[i]->params_.is_greedy()) continue;
+    // The numbers exponential_ takes from the generator, in its order (one uniform double each).
+    auto* gen = at::check_generator<at::CPUGeneratorImpl>(samplers[i]->gen_);
+    std::lock_guard<std::mutex> lock(gen->mutex_);
+    const at::uniform_real_distribution<double> uniform(0.0, 1.0);
+    double* row = out + static_cast<int64_t>(i) * per_row;
+    for (int64_t j = 0; j < per_row; ++j) row[j] = uniform(gen);
   }
-  return noise;
+  return uniforms;
 }
 
 }  // namespace omni::models

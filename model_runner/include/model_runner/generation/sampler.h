@@ -60,9 +60,10 @@ class Sampler {
       const std::vector<Sampler*>& samplers, const at::Tensor& logits,
       const std::vector<const std::vector<int64_t>*>& contexts = {}, const at::Tensor& noise = {});
   // The random numbers of each sampler's next `draws` draws over `vocab` ids, taken from its
-  // generator now in one call: [B, draws, vocab]. sample_rows(..., noise.select(1, k)) at the
-  // k-th of those draws gives exactly the ids drawing then gives (the CPU generator's stream is
-  // serial), for two ops per row instead of two per row and draw. Greedy rows draw nothing.
+  // generator now: [B, draws, vocab], the uniform doubles exponential_ would turn into Exp(1)
+  // noise (the draw turns only those of tokens it can pick). sample_rows(..., noise.select(1, k))
+  // at the k-th of those draws gives exactly the ids drawing then gives (the CPU generator's
+  // stream is serial). Greedy rows draw nothing.
   static at::Tensor draw_noise(const std::vector<Sampler*>& samplers, int64_t draws, int64_t vocab);
 
   const SamplingParams& params() const { return params_; }
