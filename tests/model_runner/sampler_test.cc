@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -369,38 +370,50 @@ at::Tensor hf_top_p(const at::Tensor& logits, double top_p) {
   return logits.masked_fill(remove, -std::numeric_limits<float>::infinity());
 }
 
+// Three samplers with `params` and seeds seed, seed + 1, seed + 2, drawing alone and as one batch
+// over `steps` random logits (vocabularies vocabs[step % 2], ties every third step, the first
+// third of the ids at -inf every fourth): each id is multinomial's over softmax(hf_warp(logits))
+// with the same seed.
+void expect_hf_draws(SamplingParams params, uint64_t seed, int steps,
+                     const std::array<int64_t, 2>& vocabs,
+                     const std::function<at::Tensor(const at::Tensor&)>& hf_warp) {
+  std::vector<Sampler> alone, batched;
+  std::vector<at::Generator> reference, reference_rows;
+  for (uint64_t i = 0; i < 3; ++i) {
+    params.seed = seed + i;
+    alone.emplace_back(params);
+    batched.emplace_back(params);
+    reference.push_back(at::make_generator<at::CPUGeneratorImpl>(seed + i));
+    reference_rows.push_back(at::make_generator<at::CPUGeneratorImpl>(seed + i));
+  }
+  std::vector<Sampler*> rows;
+  for (auto& x : batched) rows.push_back(&x);
+  for (int step = 0; step < steps; ++step) {
+    const int64_t vocab = vocabs[step % 2];
+    at::Tensor logits = at::randn({3, vocab}) * 3;
+    if (step % 3 == 0) logits = logits.round();  // ties, at the k-th value too
+    if (step % 4 == 0)
+      logits.narrow(1, 0, vocab / 3).fill_(-std::numeric_limits<float>::infinity());
+    const at::Tensor probs = at::softmax(hf_warp(logits), -1);
+    const auto ids = Sampler::sample_rows(rows, logits);
+    for (int64_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(alone[i].sample(logits[i]),
+                at::multinomial(probs[i], 1, false, reference[i]).item<int64_t>())
+          << "row " << i << " step " << step;
+      EXPECT_EQ(ids[i], at::multinomial(probs[i], 1, false, reference_rows[i]).item<int64_t>())
+          << "row " << i << " step " << step;
+    }
+  }
+}
+
 // The sampler's top-p keeps exactly HF's tokens, ties and -inf logits included: its draws are
 // multinomial's over HF's warped distribution, with the same seed, alone and in a batch.
 TEST(SamplerTest, TopPKeepsHfsTokensOnTiesAndMaskedLogits) {
   at::manual_seed(21);
   for (double top_p : {0.3, 0.8, 0.95}) {
     SCOPED_TRACE(top_p);
-    std::vector<Sampler> alone, batched;
-    std::vector<at::Generator> reference, reference_rows;
-    for (uint64_t i = 0; i < 3; ++i) {
-      alone.emplace_back(sampling(1.0, 0, top_p, /*seed=*/70 + i));
-      batched.emplace_back(sampling(1.0, 0, top_p, /*seed=*/70 + i));
-      reference.push_back(at::make_generator<at::CPUGeneratorImpl>(70 + i));
-      reference_rows.push_back(at::make_generator<at::CPUGeneratorImpl>(70 + i));
-    }
-    std::vector<Sampler*> rows;
-    for (auto& x : batched) rows.push_back(&x);
-    for (int step = 0; step < 60; ++step) {
-      const int64_t vocab = step % 2 ? 128 : 37;
-      at::Tensor logits = at::randn({3, vocab}) * 3;
-      if (step % 3 == 0) logits = logits.round();  // ties
-      if (step % 4 == 0)
-        logits.narrow(1, 0, vocab / 3).fill_(-std::numeric_limits<float>::infinity());
-      const at::Tensor probs = at::softmax(hf_top_p(logits, top_p), -1);
-      const auto ids = Sampler::sample_rows(rows, logits);
-      for (int64_t i = 0; i < 3; ++i) {
-        EXPECT_EQ(alone[i].sample(logits[i]),
-                  at::multinomial(probs[i], 1, false, reference[i]).item<int64_t>())
-            << "row " << i << " step " << step;
-        EXPECT_EQ(ids[i], at::multinomial(probs[i], 1, false, reference_rows[i]).item<int64_t>())
-            << "row " << i << " step " << step;
-      }
-    }
+    expect_hf_draws(sampling(1.0, 0, top_p), /*seed=*/70, 60, {37, 128},
+                    [&](const at::Tensor& logits) { return hf_top_p(logits, top_p); });
   }
 }
 
@@ -418,32 +431,9 @@ TEST(SamplerTest, TopKThenTopPKeepsHfsTokens) {
   at::manual_seed(33);
   for (int64_t top_k : {1, 3, 50, 2000}) {
     SCOPED_TRACE(top_k);
-    std::vector<Sampler> alone, batched;
-    std::vector<at::Generator> reference, reference_rows;
-    for (uint64_t i = 0; i < 3; ++i) {
-      alone.emplace_back(sampling(0.9, top_k, 0.8, /*seed=*/90 + i));
-      batched.emplace_back(sampling(0.9, top_k, 0.8, /*seed=*/90 + i));
-      reference.push_back(at::make_generator<at::CPUGeneratorImpl>(90 + i));
-      reference_rows.push_back(at::make_generator<at::CPUGeneratorImpl>(90 + i));
-    }
-    std::vector<Sampler*> rows;
-    for (auto& x : batched) rows.push_back(&x);
-    for (int step = 0; step < 40; ++step) {
-      const int64_t vocab = step % 2 ? 128 : 1152;
-      at::Tensor logits = at::randn({3, vocab}) * 3;
-      if (step % 3 == 0) logits = logits.round();  // ties, at the k-th value too
-      if (step % 4 == 0)
-        logits.narrow(1, 0, vocab / 3).fill_(-std::numeric_limits<float>::infinity());
-      const at::Tensor probs = at::softmax(hf_top_p(hf_top_k(logits / 0.9, top_k), 0.8), -1);
-      const auto ids = Sampler::sample_rows(rows, logits);
-      for (int64_t i = 0; i < 3; ++i) {
-        EXPECT_EQ(alone[i].sample(logits[i]),
-                  at::multinomial(probs[i], 1, false, reference[i]).item<int64_t>())
-            << "row " << i << " step " << step;
-        EXPECT_EQ(ids[i], at::multinomial(probs[i], 1, false, reference_rows[i]).item<int64_t>())
-            << "row " << i << " step " << step;
-      }
-    }
+    expect_hf_draws(
+        sampling(0.9, top_k, 0.8), /*seed=*/90, 40, {1152, 128},
+        [&](const at::Tensor& logits) { return hf_top_p(hf_top_k(logits / 0.9, top_k), 0.8); });
   }
 }
 
