@@ -144,19 +144,21 @@ std::vector<int64_t> draw_rows(const at::Tensor& probs, const at::Tensor& unifor
   OMNI_CHECK(uniforms.sizes() == probs.sizes() && uniforms.scalar_type() == at::kDouble,
              "Sampler: noise drawn ahead for ", uniforms.sizes(), " ids, but the draw is over ",
              probs.sizes());
-  const at::Tensor u_all = uniforms.contiguous();
+  // A group's slice of draw_noise's [B, draws, vocab] is read in place: rows apart, ids adjacent.
+  const at::Tensor u_rows = uniforms.stride(-1) == 1 ? uniforms : uniforms.contiguous();
+  const int64_t row_stride = u_rows.stride(0);     // [rows, vocab], as probs
   const float* p = probs.const_data_ptr<float>();  // contiguous: warped_probs
-  const double* u = u_all.const_data_ptr<double>();
   const int64_t vocab = probs.size(-1);
   std::vector<int64_t> ids;
   for (int64_t r = 0; r < probs.numel() / vocab; ++r) {
+    const float* p_row = p + r * vocab;
+    const double* u = u_rows.const_data_ptr<double>() + r * row_stride;
     int64_t best = 0;
     float best_value = 0;
     for (int64_t j = 0; j < vocab; ++j) {
-      const int64_t at = r * vocab + j;
-      if (p[at] == 0 && u[at] != 0) continue;  // 0 / q = 0: never above the first value
-      const auto q = static_cast<float>(at::transformation::exponential<double>(u[at], 1.0));
-      const float v = p[at] / q;
+      if (p_row[j] == 0 && u[j] != 0) continue;  // 0 / q = 0: never above the first value
+      const auto q = static_cast<float>(at::transformation::exponential<double>(u[j], 1.0));
+      const float v = p_row[j] / q;
       if (std::isnan(v)) {
         best = j;
         break;
