@@ -12,6 +12,7 @@
 #include "model_runner/qwen3_omni/config.h"
 #include "model_runner/qwen3_omni/text_model.h"
 #include "model_runner/weights/hf_config.h"
+#include "snake_beta.h"
 
 namespace omni::models::qwen3_omni {
 
@@ -310,13 +311,7 @@ class SnakeBeta : public torch::nn::Module {
   }
 
   at::Tensor forward(const at::Tensor& x) const {
-    const auto alpha = at::exp(alpha_.unsqueeze(0).unsqueeze(-1));
-    const auto beta = at::exp(beta_.unsqueeze(0).unsqueeze(-1));
-    // The reference's ops in place on one fresh tensor (products and sums commute bit for bit):
-    // one large allocation instead of four.
-    auto out = x * alpha;
-    out.sin_().pow_(2).mul_(at::reciprocal(beta + 1e-9));
-    return out.add_(x);
+    return snake_beta(x, at::exp(alpha_), at::reciprocal(at::exp(beta_) + 1e-9));
   }
 
  private:
