@@ -26,6 +26,7 @@
 #include "worker/http/playground.h"
 #include "worker/http/request_guard.h"
 #include "worker/http/server_metrics.h"
+#include "worker/http/sse_queue.h"
 #include "worker/http/stage_errors.h"
 #include "worker/http/video_api.h"
 #include "worker/http/wav_bytes.h"
@@ -55,30 +56,6 @@ std::string truncated(const std::string& value) {
   constexpr size_t kMax = 64;
   return value.size() <= kMax ? value : value.substr(0, kMax) + "...";
 }
-
-// The pieces of one streamed answer, from the pipeline's threads to the HTTP thread.
-struct EventQueue {
-  std::mutex mutex;
-  std::condition_variable changed;
-  std::deque<std::string> events;
-  bool done = false;
-  bool client_gone = false;
-
-  void push(std::string event) {
-    std::lock_guard<std::mutex> lock(mutex);
-    events.push_back(std::move(event));
-    changed.notify_all();
-  }
-  void finish() {
-    std::lock_guard<std::mutex> lock(mutex);
-    done = true;
-    changed.notify_all();
-  }
-  bool gone() {
-    std::lock_guard<std::mutex> lock(mutex);
-    return client_gone;
-  }
-};
 
 }  // namespace
 
@@ -433,10 +410,13 @@ class ChatServer::Impl {
   void stream(const ChatCompletionRequest& parsed, models::OmniRequest request,
               std::vector<pipeline::MediaFile> media, Clock::time_point start,
               const std::shared_ptr<Slot>& slot, httplib::Response& res) {
-    auto queue = std::make_shared<EventQueue>();
     const std::string id = random_id("chatcmpl-");
     const int64_t created = unix_now();
     const std::string model = options_.model_name;
+    auto queue =
+        std::make_shared<SseQueue>([id, model, created](const std::string& text, bool first) {
+          return sse_event(chunk_json(id, model, created, "text", text, first, std::nullopt));
+        });
     const bool include_usage = parsed.include_usage;
     request.waveform = false;  // the answer is the streamed chunks
     // The pipeline runs on a thread of its own; the HTTP thread writes what it produces.
@@ -449,7 +429,7 @@ class ChatServer::Impl {
       callbacks.cancelled = [&] { return queue->gone(); };
       callbacks.on_text = [&](const std::string& text) {
         if (first) metrics_.observe_ttft(ms_since(start));
-        queue->push(sse_event(chunk_json(id, model, created, "text", text, first, std::nullopt)));
+        queue->push_text(text, first);
         first = false;
         return !queue->gone();
       };
@@ -493,33 +473,18 @@ class ChatServer::Impl {
     res.set_chunked_content_provider(
         "text/event-stream",
         [queue](size_t, httplib::DataSink& sink) {
-          std::unique_lock<std::mutex> lock(queue->mutex);
-          queue->changed.wait_for(lock, std::chrono::milliseconds(100),
-                                  [&] { return !queue->events.empty() || queue->done; });
-          while (!queue->events.empty()) {
-            const std::string event = std::move(queue->events.front());
-            queue->events.pop_front();
-            lock.unlock();
-            const bool written = sink.is_writable() && sink.write(event.data(), event.size());
-            lock.lock();
-            if (!written) {
-              // The client went away: the callbacks cancel the request in every stage.
-              queue->client_gone = true;
-              return false;
-            }
+          const auto taken = queue->take(std::chrono::milliseconds(100));
+          if (!taken.events.empty() &&
+              !(sink.is_writable() && sink.write(taken.events.data(), taken.events.size()))) {
+            queue->client_left();  // the callbacks cancel the request in every stage
+            return false;
           }
-          if (queue->done) {
-            lock.unlock();
-            sink.done();
-          }
+          if (taken.done) sink.done();
           return true;
         },
         [queue, worker, slot](bool) {
           // The response is over (sent, or the client left): wait for the pipeline to stop.
-          {
-            std::lock_guard<std::mutex> lock(queue->mutex);
-            if (!queue->done) queue->client_gone = true;
-          }
+          queue->client_left();
           slot->release();
           if (worker->joinable()) worker->join();
         });
