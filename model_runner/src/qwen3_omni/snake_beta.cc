@@ -17,12 +17,10 @@ constexpr float kLargestArgument = 8192.0f;
 // One channel's row: y = x + inv_beta * sin(x * alpha)^2. The sine reduces to [-pi/4, pi/4]
 // and evaluates Cephes' single-precision sine or cosine polynomial there (within 2 ulp of sin);
 // the square drops the quadrant's sign, so only its parity picks the polynomial. Branch-free,
-// so the compiler vectorizes it; built for AVX-512, AVX2 and the baseline, picked at load time.
+// so the compiler vectorizes it for the instruction set of the function it is inlined into.
 // Returns whether some argument was too large for the reduction.
-__attribute__((target_clones("avx512f", "avx2", "default"))) int snake_beta_row(const float* x,
-                                                                                float* y, int64_t n,
-                                                                                float alpha,
-                                                                                float inv_beta) {
+inline __attribute__((always_inline)) int snake_beta_row(const float* x, float* y, int64_t n,
+                                                         float alpha, float inv_beta) {
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding then subtracting it rounds to even
   int too_large = 0;
   for (int64_t t = 0; t < n; ++t) {
@@ -46,6 +44,28 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) int snake_beta_row(
   return too_large;
 }
 
+// The row for AVX-512, AVX2 and the baseline, picked once by what the CPU has. A dispatch of our
+// own rather than GCC's target_clones: an ifunc resolver runs before a sanitizer's runtime is up.
+using SnakeRow = int (*)(const float*, float*, int64_t, float, float);
+__attribute__((target("avx512f"))) int snake_beta_row_avx512(const float* x, float* y, int64_t n,
+                                                             float alpha, float inv_beta) {
+  return snake_beta_row(x, y, n, alpha, inv_beta);
+}
+__attribute__((target("avx2"))) int snake_beta_row_avx2(const float* x, float* y, int64_t n,
+                                                        float alpha, float inv_beta) {
+  return snake_beta_row(x, y, n, alpha, inv_beta);
+}
+int snake_beta_row_baseline(const float* x, float* y, int64_t n, float alpha, float inv_beta) {
+  return snake_beta_row(x, y, n, alpha, inv_beta);
+}
+
+SnakeRow pick_snake_beta_row() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return snake_beta_row_avx512;
+  if (__builtin_cpu_supports("avx2")) return snake_beta_row_avx2;
+  return snake_beta_row_baseline;
+}
+
 }  // namespace
 
 bool fused_snake_beta_applies(const at::Tensor& x) {
@@ -63,18 +83,18 @@ at::Tensor snake_beta(const at::Tensor& x, const at::Tensor& alpha, const at::Te
     float* dst = out.mutable_data_ptr<float>();
     const float* a_data = a.const_data_ptr<float>();
     const float* ib_data = ib.const_data_ptr<float>();
+    static const SnakeRow row_fn = pick_snake_beta_row();
     std::atomic<int> too_large{0};
-    at::parallel_for(0, in.size(0) * channels,
-                     std::max<int64_t>(1, 32768 / std::max<int64_t>(length, 1)),
-                     [&](int64_t begin, int64_t end) {
-                       int flag = 0;
-                       for (int64_t row = begin; row < end; ++row) {
-                         const int64_t c = row % channels;
-                         flag |= snake_beta_row(src + row * length, dst + row * length, length,
-                                                a_data[c], ib_data[c]);
-                       }
-                       if (flag) too_large = 1;
-                     });
+    at::parallel_for(
+        0, in.size(0) * channels, std::max<int64_t>(1, 32768 / std::max<int64_t>(length, 1)),
+        [&](int64_t begin, int64_t end) {
+          int flag = 0;
+          for (int64_t row = begin; row < end; ++row) {
+            const int64_t c = row % channels;
+            flag |= row_fn(src + row * length, dst + row * length, length, a_data[c], ib_data[c]);
+          }
+          if (flag) too_large = 1;
+        });
     if (!too_large) return out;
   }
   // The reference's ops, in place on one fresh tensor (products and sums commute bit for bit).
