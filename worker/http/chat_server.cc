@@ -4,10 +4,7 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <map>
-#include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>

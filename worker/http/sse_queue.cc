@@ -13,7 +13,7 @@ void SseQueue::push(std::string event) {
 void SseQueue::push_text(const std::string& text, bool first) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!entries_.empty() && entries_.back().is_text) {
-    entries_.back().event += text;
+    entries_.back().content += text;
   } else {
     entries_.push_back({text, true, first});
   }
@@ -46,7 +46,8 @@ SseQueue::Taken SseQueue::take(std::chrono::milliseconds wait) {
     out.done = done_;
   }
   for (auto& entry : taken) {
-    out.events += entry.is_text ? text_event_(entry.event, entry.first) : std::move(entry.event);
+    out.events +=
+        entry.is_text ? text_event_(entry.content, entry.first) : std::move(entry.content);
   }
   return out;
 }

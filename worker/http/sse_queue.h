@@ -36,7 +36,7 @@ class SseQueue {
 
  private:
   struct Entry {
-    std::string event;  // or, when is_text, text not yet made into an event
+    std::string content;  // an SSE event, or (is_text) text not yet made into one
     bool is_text = false;
     bool first = false;
   };
