@@ -137,6 +137,9 @@ TEST(PipelineBatching, EightDifferentRequestsAloneAndTogetherGiveTheSameAnswers)
   const Json c = engine_stats(*code2wav);
   EXPECT_EQ(c["first_audio_forwards"].get<int64_t>() - first_chunks_before, speaking) << c.dump();
   EXPECT_TRUE(c["batches_in_background"].get<bool>()) << c.dump();
+  // On the CPU one window a forward: batching windows there costs more than it saves.
+  EXPECT_EQ(c["windows_per_forward"].get<int64_t>(), 1) << c.dump();
+  EXPECT_EQ(c["max_batch"].get<int64_t>(), 1) << c.dump();
 }
 
 // The thinker stage alone, called as the orchestrator calls it.

@@ -22,8 +22,12 @@ class Code2WavStage : public LocalStageBase {
       ro.offload.components = {"code2wav"};
     }
     runner_ = models::Code2WavRunner::load(ro, engine_);
+    // On the CPU a forward of several windows takes longer than the same windows one by one
+    // (there are no launches to share, and the batch's activations leave the caches), and each
+    // request's chunk waits for the whole forward: one window a forward there.
+    windows_per_forward_ = engine_->compute_device().is_cpu() ? 1 : o.limits.max_num_seqs;
     batcher_ = std::make_unique<models::Code2WavBatcher>(runner_->model(), runner_->offload(),
-                                                         mutex_, o.limits.max_num_seqs);
+                                                         mutex_, windows_per_forward_);
   }
 
   StageInfo info() override {
@@ -116,11 +120,13 @@ class Code2WavStage : public LocalStageBase {
     all["engine"]["forwards"] = batcher_->forwards();
     all["engine"]["first_audio_forwards"] = batcher_->first_audio_forwards();
     all["engine"]["batches_in_background"] = batcher_->batches_in_background();
+    all["engine"]["windows_per_forward"] = windows_per_forward_;
     return all.dump();
   }
 
  private:
   std::unique_ptr<models::Code2WavRunner> runner_;
+  int64_t windows_per_forward_ = 1;  // the most windows one forward decodes
   std::unique_ptr<models::Code2WavBatcher> batcher_;
 };
 
