@@ -151,10 +151,9 @@ at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, co
   at::Tensor out;
   if (caches.size() <= 1) {
     out = attend(q, k, v, caches.empty() ? nullptr : caches[0], layer, blocked);
-  } else if (l == 1 && !blocked) {
-    out = attend_decode_rows(q, k, v, caches, layer);
   } else {
-    // Each row has a history of its own length: attention row by row.
+    // Each row has a history of its own length: attention row by row, over the row's cache in
+    // place (a padded batch would copy every history each step), as the row computes it alone.
     std::vector<at::Tensor> rows;
     rows.reserve(caches.size());
     for (int64_t i = 0; i < b; ++i) {
@@ -166,31 +165,13 @@ at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, co
   return o_proj_->forward(out);
 }
 
-at::Tensor TextAttention::attend_decode_rows(const at::Tensor& q, const at::Tensor& k,
-                                             const at::Tensor& v, const KvBatch& caches,
-                                             int64_t layer) {
-  const int64_t b = q.size(0);
-  std::vector<std::pair<at::Tensor, at::Tensor>> history;
-  history.reserve(caches.size());
-  std::vector<int64_t> lengths;
-  int64_t longest = 0;
-  for (int64_t i = 0; i < b; ++i) {
-    history.push_back(caches[i]->append(layer, k.narrow(0, i, 1), v.narrow(0, i, 1)));
-    lengths.push_back(history.back().first.size(2));
-    longest = std::max(longest, lengths.back());
+void TextAttention::scale_scores(at::Tensor& scores) const {
+  // The same product as `* scaling`: a double scalar is rounded to float32 for float32 scores.
+  if (scores.scalar_type() == at::kFloat) {
+    scores.mul_(scaling_f32_);
+  } else {
+    scores = scores * (1.0 / std::sqrt(static_cast<double>(head_dim_)));
   }
-  // Zeros, not empty memory, behind the mask: a masked probability is exactly 0, and 0 times a
-  // stray NaN would not be.
-  auto keys = at::zeros({b, kv_heads_, longest, head_dim_}, k.options());
-  auto values = at::zeros_like(keys);
-  for (int64_t i = 0; i < b; ++i) {
-    keys.narrow(0, i, 1).narrow(2, 0, lengths[i]).copy_(history[i].first);
-    values.narrow(0, i, 1).narrow(2, 0, lengths[i]).copy_(history[i].second);
-  }
-  const auto padding =
-      at::arange(longest, at::TensorOptions(at::kLong).device(q.device())).view({1, 1, 1, -1}) >=
-      at::tensor(lengths, at::kLong).to(q.device()).view({b, 1, 1, 1});
-  return attend(q, keys, values, nullptr, layer, &padding);
 }
 
 at::Tensor TextAttention::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, KvCache* cache,
@@ -199,16 +180,19 @@ at::Tensor TextAttention::attend(const at::Tensor& q, at::Tensor k, at::Tensor v
   const int64_t past = cache ? cache->length() : 0;
   if (cache) std::tie(k, v) = cache->append(layer, k, v);
   const int64_t n_rep = heads_ / kv_heads_;
+  if (l == 1 && n_rep > 1 && !blocked) {
+    // A decode step: the n_rep query heads of a KV head are the rows of one product with its
+    // history, read in place rather than repeated n_rep times.
+    auto scores = at::matmul(q.reshape({b, kv_heads_, n_rep, head_dim_}), k.transpose(2, 3));
+    scale_scores(scores);
+    auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+    return at::matmul(probs, v).reshape({b, 1, heads_ * head_dim_});
+  }
   k = repeat_kv(k, n_rep);
   v = repeat_kv(v, n_rep);
 
   auto scores = at::matmul(q, k.transpose(2, 3));  // [b, heads, l, past + l]
-  // The same product as `* scaling`: a double scalar is rounded to float32 for float32 scores.
-  if (scores.scalar_type() == at::kFloat) {
-    scores.mul_(scaling_f32_);
-  } else {
-    scores = scores * (1.0 / std::sqrt(static_cast<double>(head_dim_)));
-  }
+  scale_scores(scores);
   if (blocked) {
     scores = scores.masked_fill(*blocked, -std::numeric_limits<float>::infinity());
   } else if (l > 1) {

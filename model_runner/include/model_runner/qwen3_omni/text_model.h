@@ -68,8 +68,7 @@ class TextAttention : public torch::nn::Module {
                      KvCache* cache, int64_t layer, const at::Tensor* blocked = nullptr);
   // A batch of sequences, one per row of x [B, L, hidden], each continuing caches[b] (of
   // whatever length); cos / sin [L, head_dim] shared, or [B, L, head_dim] per row. The
-  // projections run once for the batch; attention too for a decode step (L = 1: the histories
-  // padded to the longest and masked), per row over its own cache otherwise.
+  // projections run once for the batch, attention per row over its own cache.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const KvBatch& caches, int64_t layer, const at::Tensor* blocked = nullptr);
 
@@ -78,10 +77,8 @@ class TextAttention : public torch::nn::Module {
   // none) -> [b, L, heads * d].
   at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, KvCache* cache, int64_t layer,
                     const at::Tensor* blocked);
-  // One decode step (L = 1) of rows with caches of their own: each row's k, v appended to its
-  // cache, then one attend() over the histories padded to the longest, the padding blocked.
-  at::Tensor attend_decode_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                const KvBatch& caches, int64_t layer);
+  // scores * 1 / sqrt(head_dim), as the reference rounds it.
+  void scale_scores(at::Tensor& scores) const;
   int64_t heads_, kv_heads_, head_dim_;
   // 1 / sqrt(head_dim) as a float32 scalar: float32 scores scale without converting a double.
   at::Tensor scaling_f32_;
