@@ -165,34 +165,30 @@ at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, co
   return o_proj_->forward(out);
 }
 
-void TextAttention::scale_scores(at::Tensor& scores) const {
-  // The same product as `* scaling`: a double scalar is rounded to float32 for float32 scores.
-  if (scores.scalar_type() == at::kFloat) {
-    scores.mul_(scaling_f32_);
-  } else {
-    scores = scores * (1.0 / std::sqrt(static_cast<double>(head_dim_)));
-  }
-}
-
 at::Tensor TextAttention::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, KvCache* cache,
                                  int64_t layer, const at::Tensor* blocked) {
   const int64_t b = q.size(0), l = q.size(2);
   const int64_t past = cache ? cache->length() : 0;
   if (cache) std::tie(k, v) = cache->append(layer, k, v);
   const int64_t n_rep = heads_ / kv_heads_;
-  if (l == 1 && n_rep > 1 && !blocked) {
-    // A decode step: the n_rep query heads of a KV head are the rows of one product with its
-    // history, read in place rather than repeated n_rep times.
-    auto scores = at::matmul(q.reshape({b, kv_heads_, n_rep, head_dim_}), k.transpose(2, 3));
-    scale_scores(scores);
-    auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-    return at::matmul(probs, v).reshape({b, 1, heads_ * head_dim_});
+  // A decode step (one query, no mask): the n_rep query heads of a KV head are the rows of one
+  // product with its history, read in place rather than repeated n_rep times.
+  const bool grouped = l == 1 && n_rep > 1 && !blocked;
+  at::Tensor scores;
+  if (grouped) {
+    // [b, kv_heads, n_rep, past + 1]
+    scores = at::matmul(q.reshape({b, kv_heads_, n_rep, head_dim_}), k.transpose(2, 3));
+  } else {
+    k = repeat_kv(k, n_rep);
+    v = repeat_kv(v, n_rep);
+    scores = at::matmul(q, k.transpose(2, 3));  // [b, heads, l, past + l]
   }
-  k = repeat_kv(k, n_rep);
-  v = repeat_kv(v, n_rep);
-
-  auto scores = at::matmul(q, k.transpose(2, 3));  // [b, heads, l, past + l]
-  scale_scores(scores);
+  // The same product as `* scaling`: a double scalar is rounded to float32 for float32 scores.
+  if (scores.scalar_type() == at::kFloat) {
+    scores.mul_(scaling_f32_);
+  } else {
+    scores = scores * (1.0 / std::sqrt(static_cast<double>(head_dim_)));
+  }
   if (blocked) {
     scores = scores.masked_fill(*blocked, -std::numeric_limits<float>::infinity());
   } else if (l > 1) {
@@ -203,7 +199,9 @@ at::Tensor TextAttention::attend(const at::Tensor& q, at::Tensor k, at::Tensor v
     scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
   }
   auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-  return at::matmul(probs, v).transpose(1, 2).reshape({b, l, heads_ * head_dim_});
+  auto out = at::matmul(probs, v);
+  if (grouped) out = out.view({b, heads_, 1, head_dim_});
+  return out.transpose(1, 2).reshape({b, l, heads_ * head_dim_});
 }
 
 // ---------------------------------------------------------------------------- MLPs

@@ -77,8 +77,6 @@ class TextAttention : public torch::nn::Module {
   // none) -> [b, L, heads * d].
   at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, KvCache* cache, int64_t layer,
                     const at::Tensor* blocked);
-  // scores * 1 / sqrt(head_dim), as the reference rounds it.
-  void scale_scores(at::Tensor& scores) const;
   int64_t heads_, kv_heads_, head_dim_;
   // 1 / sqrt(head_dim) as a float32 scalar: float32 scores scale without converting a double.
   at::Tensor scaling_f32_;
