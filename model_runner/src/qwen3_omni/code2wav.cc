@@ -9,6 +9,7 @@
 
 #include "config_checks.h"
 #include "cpu_offload/check.h"
+#include "few_channel_conv.h"
 #include "model_runner/qwen3_omni/config.h"
 #include "model_runner/qwen3_omni/text_model.h"
 #include "model_runner/weights/hf_config.h"
@@ -244,6 +245,11 @@ class CausalConv : public torch::nn::Module {
     const int64_t ideal =
         (static_cast<int64_t>(std::ceil(n_frames)) - 1) * stride_ + (effective_kernel_ - padding_);
     const int64_t extra = ideal - length;
+    // Stride 1 pads on the left only (extra is 0): few channels on the CPU take one pass.
+    if (stride_ == 1 && extra == 0 &&
+        few_channel_conv_applies(x, conv_->weight, conv_->bias, stride_, groups_)) {
+      return few_channel_causal_conv(x, conv_->weight, conv_->bias, dilation_);
+    }
     auto padded = at::constant_pad_nd(x, {padding_, extra}, 0);
     const int64_t no_padding = 0;
     return at::conv1d(padded, conv_->weight, conv_->bias, at::IntArrayRef(stride_),
@@ -267,6 +273,9 @@ class CausalTransConv : public torch::nn::Module {
   }
 
   at::Tensor forward(const at::Tensor& x) const {
+    if (few_channel_transposed_conv_applies(x, conv_->weight, conv_->bias, stride_)) {
+      return few_channel_trimmed_transposed_conv(x, conv_->weight, conv_->bias, stride_);
+    }
     auto y = at::conv_transpose1d(x, conv_->weight, conv_->bias, at::IntArrayRef(stride_));
     const int64_t keep = std::max<int64_t>(0, y.size(-1) - 2 * trim_);
     return y.narrow(-1, std::min(trim_, y.size(-1)), keep).contiguous();
