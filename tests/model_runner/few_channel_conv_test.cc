@@ -116,7 +116,8 @@ TEST_P(FewChannelTransposedConv, MatchesAtenWithinFloatRoundingAndAloneAsInABatc
   if (out.numel() == 0) return;  // nothing left after the trim, as in ATen
   const auto magnitude =
       aten_trimmed_transposed_conv(x.abs(), w.abs(), c.bias ? b.abs() : b, c.stride);
-  const double n = static_cast<double>(c.cin * c.taps / c.stride + 1);
+  const int64_t terms = c.cin * (c.taps / c.stride) + 1;  // each output sums one phase's taps
+  const double n = static_cast<double>(terms);
   const auto excess =
       ((out - expected).abs() - magnitude * (2 * n * std::ldexp(1.0, -24))).max().item<double>();
   EXPECT_LE(excess, 0.0);
