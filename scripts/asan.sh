@@ -4,8 +4,8 @@
 # behaviour there fails its test. That is the engine (weight store, transfer engines, backends,
 # expert cache, disk tier, hooks), the model runner's parsers and loaders (safetensors,
 # tokenizer, text stream, WAV, video frames (MP4 / PNG / NPY), sampler, loading, expert offload,
-# the disk tier on a model, code2wav's hand-tiled few-channel conv), the OpenAI protocol parser, the gRPC wire, the worker-process
-# supervisor and the in-process pipeline.
+# the disk tier on a model, code2wav's hand-tiled few-channel conv), the OpenAI protocol parser,
+# the gRPC wire, the worker-process supervisor and the in-process pipeline.
 # Left out, to keep CI's whole run under 60 minutes on 2 cores (with every suite under ASan it
 # took 74): the models' parity suites (thinker, talker, code2wav, encoders: tensor arithmetic in
 # LibTorch, which is not instrumented), the stage YAML and command-line suites, the server
