@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench_args.h"
+#include "worker/cli/intra_op_threads.h"
 #include "worker/config/stage_yaml.h"
 #include "worker/pipeline/local_stages.h"
 #include "worker/pipeline/pipeline.h"
@@ -128,5 +129,8 @@ int main(int argc, char** argv) {
   app.add_option("--frames", o.frames, "talker frames per request")
       ->check(bench::at_least(1))
       ->capture_default_str();
-  return bench::bench_main(app, argc, argv, [&] { return run(o); });
+  return bench::bench_main(app, argc, argv, [&] {
+    omni::cli::default_intra_op_threads();  // as vllm-omni, whose stages it runs in process
+    return run(o);
+  });
 }

@@ -10,6 +10,7 @@
 
 #include "cpu_offload/logging.h"
 #include "worker/cli/generate_command.h"
+#include "worker/cli/intra_op_threads.h"
 
 namespace omni::cli {
 namespace {
@@ -27,7 +28,7 @@ std::string failure_message(const CLI::App* app, const CLI::Error& e) {
       names += (names.empty() ? "" : ", ") + sub->get_name();
     }
     const auto rest = app->remaining();
-    why = rest.empty() || rest.front().rfind("-", 0) == 0
+    why = rest.empty() || rest.front().rfind('-', 0) == 0
               ? "a subcommand is required (one of: " + names + ")"
               : "unknown subcommand '" + rest.front() + "' (one of: " + names + ")";
   }
@@ -91,6 +92,7 @@ int main(int argc, const char* const* argv) {
   if (const auto status = parse_command_line(*app, argc, argv, std::cout, std::cerr)) {
     return *status;
   }
+  default_intra_op_threads();  // before any model op and any stage thread
   if (app->got_subcommand("generate")) {
     // Progress lines are for people watching a terminal, not for logs and pipes; the engine's
     // info lines likewise, unless OMNI_LOG_LEVEL asks for them.
