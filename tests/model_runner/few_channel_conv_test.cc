@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <ostream>
 
 namespace {
@@ -26,6 +27,29 @@ at::Tensor aten_causal_conv(const at::Tensor& x, const at::Tensor& w, const at::
                     at::IntArrayRef(none), at::IntArrayRef(dilation));
 }
 
+// Random inputs: x [batch, cin, length], the weight of the shape given, a bias of `bias_size`
+// (none if 0), from one seeded generator.
+struct Inputs {
+  at::Tensor x, w, b;
+};
+Inputs random_inputs(uint64_t seed, int64_t batch, int64_t cin, int64_t length,
+                     at::IntArrayRef weight_shape, int64_t bias_size) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  Inputs in;
+  in.x = at::randn({batch, cin, length}, gen, at::kFloat);
+  in.w = at::randn(weight_shape, gen, at::kFloat);
+  if (bias_size > 0) in.b = at::randn({bias_size}, gen, at::kFloat);
+  return in;
+}
+
+// How far |out - expected| goes beyond the rounding bound of two summation orders of `terms`
+// products each: any order is within terms * 2^-24 of the magnitudes' sum (`magnitude`).
+double excess_over_rounding(const at::Tensor& out, const at::Tensor& expected,
+                            const at::Tensor& magnitude, int64_t terms) {
+  const double bound = 2 * static_cast<double>(terms) * std::ldexp(1.0, -24);
+  return ((out - expected).abs() - magnitude * bound).max().item<double>();
+}
+
 struct Case {
   int64_t batch, cin, cout, taps, dilation, length;
   bool bias;
@@ -40,29 +64,21 @@ class FewChannelConv : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FewChannelConv, MatchesAtenWithinFloatRounding) {
   const Case c = GetParam();
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(c.cin * 1000 + c.length);
-  const auto x = at::randn({c.batch, c.cin, c.length}, gen, at::kFloat);
-  const auto w = at::randn({c.cout, c.cin, c.taps}, gen, at::kFloat);
-  const auto b = c.bias ? at::randn({c.cout}, gen, at::kFloat) : at::Tensor();
+  const auto [x, w, b] = random_inputs(c.cin * 1000 + c.length, c.batch, c.cin, c.length,
+                                       {c.cout, c.cin, c.taps}, c.bias ? c.cout : 0);
   ASSERT_TRUE(few_channel_conv_applies(x, w, b, 1, 1));
   const auto out = few_channel_causal_conv(x, w, b, c.dilation);
   const auto expected = aten_causal_conv(x, w, b, c.dilation);
   ASSERT_EQ(out.sizes(), expected.sizes());
   ASSERT_TRUE(out.is_contiguous());
-  // Any order of summing n terms is within n * 2^-24 of their magnitudes' sum; both sides are.
   const auto magnitude = aten_causal_conv(x.abs(), w.abs(), c.bias ? b.abs() : b, c.dilation);
-  const double n = static_cast<double>(c.cin * c.taps + 1);
-  const auto excess =
-      ((out - expected).abs() - magnitude * (2 * n * std::ldexp(1.0, -24))).max().item<double>();
-  EXPECT_LE(excess, 0.0);
+  EXPECT_LE(excess_over_rounding(out, expected, magnitude, c.cin * c.taps + 1), 0.0);
 }
 
 TEST_P(FewChannelConv, ASampleAloneGivesTheSameBitsAsInABatch) {
   const Case c = GetParam();
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
-  const auto x = at::randn({c.batch + 2, c.cin, c.length}, gen, at::kFloat);
-  const auto w = at::randn({c.cout, c.cin, c.taps}, gen, at::kFloat);
-  const auto b = c.bias ? at::randn({c.cout}, gen, at::kFloat) : at::Tensor();
+  const auto [x, w, b] =
+      random_inputs(7, c.batch + 2, c.cin, c.length, {c.cout, c.cin, c.taps}, c.bias ? c.cout : 0);
   const auto batch = few_channel_causal_conv(x, w, b, c.dilation);
   for (int64_t i = 0; i < x.size(0); ++i) {
     EXPECT_TRUE(at::equal(few_channel_causal_conv(x.narrow(0, i, 1), w, b, c.dilation),
@@ -104,10 +120,8 @@ class FewChannelTransposedConv : public ::testing::TestWithParam<TransposedCase>
 
 TEST_P(FewChannelTransposedConv, MatchesAtenWithinFloatRoundingAndAloneAsInABatch) {
   const TransposedCase c = GetParam();
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(c.cin * 1000 + c.length);
-  const auto x = at::randn({c.batch, c.cin, c.length}, gen, at::kFloat);
-  const auto w = at::randn({c.cin, c.cout, c.taps}, gen, at::kFloat);
-  const auto b = c.bias ? at::randn({c.cout}, gen, at::kFloat) : at::Tensor();
+  const auto [x, w, b] = random_inputs(c.cin * 1000 + c.length, c.batch, c.cin, c.length,
+                                       {c.cin, c.cout, c.taps}, c.bias ? c.cout : 0);
   ASSERT_TRUE(few_channel_transposed_conv_applies(x, w, b, c.stride));
   const auto out = few_channel_trimmed_transposed_conv(x, w, b, c.stride);
   const auto expected = aten_trimmed_transposed_conv(x, w, b, c.stride);
@@ -116,11 +130,8 @@ TEST_P(FewChannelTransposedConv, MatchesAtenWithinFloatRoundingAndAloneAsInABatc
   if (out.numel() == 0) return;  // nothing left after the trim, as in ATen
   const auto magnitude =
       aten_trimmed_transposed_conv(x.abs(), w.abs(), c.bias ? b.abs() : b, c.stride);
-  const int64_t terms = c.cin * (c.taps / c.stride) + 1;  // each output sums one phase's taps
-  const double n = static_cast<double>(terms);
-  const auto excess =
-      ((out - expected).abs() - magnitude * (2 * n * std::ldexp(1.0, -24))).max().item<double>();
-  EXPECT_LE(excess, 0.0);
+  // Each output sums one phase's taps.
+  EXPECT_LE(excess_over_rounding(out, expected, magnitude, c.cin * (c.taps / c.stride) + 1), 0.0);
   for (int64_t i = 0; i < c.batch; ++i) {
     EXPECT_TRUE(at::equal(few_channel_trimmed_transposed_conv(x.narrow(0, i, 1), w, b, c.stride),
                           out.narrow(0, i, 1)))
