@@ -22,7 +22,8 @@ cd "$(dirname "$0")/.."
 OMNI_BUILD_TARGETS="cpu_offload_tests model_runner_weights_test model_runner_tokenizer_test \
 model_runner_text_stream_test model_runner_wav_writer_test model_runner_frames_writer_test \
 model_runner_sampler_test model_runner_load_memory_test model_runner_expert_offload_test \
-model_runner_disk_tier_test model_runner_few_channel_conv_test http_tests rpc_tests pipeline_tests \
+model_runner_disk_tier_test model_runner_few_channel_conv_test model_runner_decode_attention_test \
+http_tests rpc_tests pipeline_tests \
 worker_pipeline_local_test" \
   CMAKE_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-asan -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
   -DOMNI_SANITIZE=address,undefined -DOMNI_BUILD_BENCH=OFF -DOMNI_WITH_CUDA=OFF \

@@ -12,6 +12,7 @@
 
 #include "attention_ops.h"
 #include "cpu_offload/check.h"
+#include "decode_attention.h"
 #include "model_runner/qwen3_omni/moe_routing.h"
 
 namespace omni::models::qwen3_omni {
@@ -103,7 +104,8 @@ TextAttention::TextAttention(const TextConfig& cfg, at::ScalarType dtype, bool q
       kv_heads_(cfg.num_key_value_heads),
       head_dim_(cfg.head_dim),
       scaling_f32_(
-          at::scalar_tensor(1.0 / std::sqrt(static_cast<double>(cfg.head_dim)), at::kFloat)) {
+          at::scalar_tensor(1.0 / std::sqrt(static_cast<double>(cfg.head_dim)), at::kFloat)),
+      scaling_(static_cast<float>(1.0 / std::sqrt(static_cast<double>(cfg.head_dim)))) {
   const int64_t h = cfg.hidden_size;
   q_proj_ = register_module(
       "q_proj", std::make_shared<Linear>(h, heads_ * head_dim_, dtype, cfg.attention_bias));
@@ -150,26 +152,40 @@ at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, co
 
   at::Tensor out;
   if (caches.size() <= 1) {
-    out = attend(q, k, v, caches.empty() ? nullptr : caches[0], layer, blocked);
+    KvCache* cache = caches.empty() ? nullptr : caches[0];
+    const int64_t past = cache ? cache->length() : 0;
+    if (cache) std::tie(k, v) = cache->append(layer, k, v);
+    out = attend(q, k, v, past, blocked);
   } else {
     // Each row has a history of its own length: attention row by row, over the row's cache in
     // place (a padded batch would copy every history each step), as the row computes it alone.
-    std::vector<at::Tensor> rows;
-    rows.reserve(caches.size());
+    std::vector<int64_t> pasts;
+    std::vector<KeysValues> kv;
     for (int64_t i = 0; i < b; ++i) {
-      rows.push_back(attend(q.narrow(0, i, 1), k.narrow(0, i, 1), v.narrow(0, i, 1), caches[i],
-                            layer, blocked));
+      pasts.push_back(caches[i]->length());
+      kv.push_back(caches[i]->append(layer, k.narrow(0, i, 1), v.narrow(0, i, 1)));
     }
-    out = at::cat(rows, 0);
+    if (!blocked && decode_attention_applies(q, kv)) {
+      out = decode_attention(q, kv, scaling_);  // every row in one call, as each would alone
+    } else {
+      std::vector<at::Tensor> rows;
+      rows.reserve(caches.size());
+      for (int64_t i = 0; i < b; ++i) {
+        rows.push_back(attend(q.narrow(0, i, 1), kv[i].first, kv[i].second, pasts[i], blocked));
+      }
+      out = at::cat(rows, 0);
+    }
   }
   return o_proj_->forward(out);
 }
 
-at::Tensor TextAttention::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, KvCache* cache,
-                                 int64_t layer, const at::Tensor* blocked) {
+at::Tensor TextAttention::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t past,
+                                 const at::Tensor* blocked) {
   const int64_t b = q.size(0), l = q.size(2);
-  const int64_t past = cache ? cache->length() : 0;
-  if (cache) std::tie(k, v) = cache->append(layer, k, v);
+  // A decode step on the CPU, where the ops' fixed costs dominate: one pass (decode_attention.h).
+  if (l == 1 && !blocked && decode_attention_applies(q, {{k, v}})) {
+    return decode_attention(q, {{k, v}}, scaling_);
+  }
   const int64_t n_rep = heads_ / kv_heads_;
   // A decode step (one query, no mask): the n_rep query heads of a KV head are the rows of one
   // product with its history, read in place rather than repeated n_rep times.

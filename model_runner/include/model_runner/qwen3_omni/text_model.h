@@ -73,13 +73,14 @@ class TextAttention : public torch::nn::Module {
                      const KvBatch& caches, int64_t layer, const at::Tensor* blocked = nullptr);
 
  private:
-  // Attention of q [b, heads, L, d] over k, v [b, kv_heads, L, d] appended to `cache` (null:
-  // none) -> [b, L, heads * d].
-  at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, KvCache* cache, int64_t layer,
+  // Attention of q [b, heads, L, d] over k, v [b, kv_heads, past + L, d] (the cache's views
+  // with this step's keys appended) -> [b, L, heads * d].
+  at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t past,
                     const at::Tensor* blocked);
   int64_t heads_, kv_heads_, head_dim_;
   // 1 / sqrt(head_dim) as a float32 scalar: float32 scores scale without converting a double.
   at::Tensor scaling_f32_;
+  float scaling_;  // the same number, for decode_attention
   std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;
   std::shared_ptr<RMSNorm> q_norm_, k_norm_;  // null without qk_norm
 };
