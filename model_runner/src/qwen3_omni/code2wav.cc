@@ -339,8 +339,10 @@ class ResidualUnit : public torch::nn::Module {
     act2_ = register_module("act2", std::make_shared<SnakeBeta>(dim, dtype));
     conv2_ = register_module("conv2", std::make_shared<CausalConv>(dim, dim, 1, dtype));
   }
+  // The residual added into the block's own fresh output: the same sums, without a third
+  // tensor as long as the input (a fresh one faults its pages in again on every window).
   at::Tensor forward(const at::Tensor& x) {
-    return conv2_->forward(act2_->forward(conv1_->forward(act1_->forward(x)))) + x;
+    return conv2_->forward(act2_->forward(conv1_->forward(act1_->forward(x)))).add_(x);
   }
 
  private:
