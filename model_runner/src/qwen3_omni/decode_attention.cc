@@ -14,11 +14,9 @@ bool cpu_float_rows(const at::Tensor& t) {
          (t.size(3) <= 1 || t.stride(3) == 1);
 }
 
-#define OMNI_INLINE inline __attribute__((always_inline))
-
 // Eight running sums, then added pairwise: one order on every instruction set (no contraction
 // either: -ffp-contract=off), so a row has the same bits wherever it sits in a batch.
-OMNI_INLINE float dot(const float* a, const float* b, int64_t n) {
+inline __attribute__((always_inline)) float dot(const float* a, const float* b, int64_t n) {
   constexpr int kLanes = 8;
   float lanes[kLanes] = {};
   int64_t i = 0;
@@ -47,7 +45,7 @@ struct RowArgs {
 
 // The query heads of one KV head together, so that each key and value row is read once for
 // all of them; each head's sums run in the order it would alone.
-OMNI_INLINE void attend_row(const RowArgs& a) {
+inline __attribute__((always_inline)) void attend_row(const RowArgs& a) {
   const int64_t rep = a.heads / a.kv_heads;
   for (int64_t g = 0; g < a.kv_heads; ++g) {
     const float* keys = a.keys + g * a.k_head;
