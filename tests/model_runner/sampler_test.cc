@@ -350,6 +350,19 @@ TEST(SamplerTest, NoiseDrawnAheadGivesTheSameIdsAsDrawingEachTime) {
   }
 }
 
+// The noise is the generator's uniform_ numbers, and the generator goes on from where they end.
+TEST(SamplerTest, NoiseIsTheGeneratorsUniformDoublesInOrder) {
+  Sampler sampler(sampling(1.0, 0, 1.0, /*seed=*/5));
+  std::vector<Sampler*> rows{&sampler};
+  at::Generator reference = at::make_generator<at::CPUGeneratorImpl>(5);
+  for (int call = 0; call < 3; ++call) {
+    const at::Tensor noise = Sampler::draw_noise(rows, 3, 50);
+    const at::Tensor expected =
+        at::empty({1, 3, 50}, at::TensorOptions(at::kDouble)).uniform_(0.0, 1.0, reference);
+    EXPECT_TRUE(at::equal(noise, expected)) << "call " << call;
+  }
+}
+
 TEST(SamplerTest, NoiseForAnotherVocabularyIsAnError) {
   Sampler s(sampling(1.0, 0, 1.0, /*seed=*/1));
   const at::Tensor noise = Sampler::draw_noise({&s}, 2, 10);
@@ -441,6 +454,9 @@ TEST(SamplerTest, TopKThenTopPKeepsHfsTokens) {
 // stable ascending order, and HF removes it (<=), keeping the last two.
 TEST(SamplerTest, TopPRemovesATokenWhoseCumulativeProbabilityEqualsTheCut) {
   EXPECT_EQ(seen(sampling(1.0, 0, /*top_p=*/0.5), logits_of({0, 0, 0, 0}), 400),
+            (std::set<int64_t>{2, 3}));
+  // -0 equals +0 for the stable sort: the order is still the ids', whatever the signs.
+  EXPECT_EQ(seen(sampling(1.0, 0, /*top_p=*/0.5), logits_of({0.0f, -0.0f, 0.0f, -0.0f}), 400),
             (std::set<int64_t>{2, 3}));
 }
 

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <mutex>
@@ -35,11 +37,20 @@ at::Tensor apply_top_k(const at::Tensor& logits, int64_t top_k) {
     std::nth_element(row_copy.begin(), row_copy.begin() + (k - 1), row_copy.end(),
                      std::greater<float>());
     const float kth = row_copy[static_cast<size_t>(k - 1)];
-    for (int64_t j = 0; j < vocab; ++j) {
-      if (row[j] < kth) row[j] = kNegInf;
-    }
+    // A select, not a branch: which ids go is as unpredictable as the logits.
+    for (int64_t j = 0; j < vocab; ++j) row[j] = row[j] < kth ? kNegInf : row[j];
   }
   return out;
+}
+
+// A key whose unsigned order is the float order of `v` (not NaN), then the index: sorting the
+// keys is a stable sort by value. -0 and +0 compare equal as floats, so both take +0's key.
+uint64_t ascending_key(float v, int64_t index) {
+  uint32_t bits = 0;
+  const float canonical = v + 0.0f;  // -0 + 0 = +0
+  std::memcpy(&bits, &canonical, sizeof(bits));
+  bits = (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+  return (static_cast<uint64_t>(bits) << 32) | static_cast<uint32_t>(index);
 }
 
 // HF TopPLogitsWarper: sort ascending, drop the tokens whose cumulative probability (from the
@@ -53,23 +64,30 @@ at::Tensor apply_top_p(const at::Tensor& logits, double top_p) {
   const int64_t vocab = x.size(-1), rows = x.numel() / vocab;
   at::Tensor sorted = at::empty({rows, vocab}, x.options());
   std::vector<int64_t> order(static_cast<size_t>(rows * vocab));
+  std::vector<int64_t> masked(static_cast<size_t>(rows));
+  std::vector<uint64_t> keys(static_cast<size_t>(vocab));
   const float* in = x.const_data_ptr<float>();
   float* sorted_data = sorted.data_ptr<float>();
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = in + r * vocab;
-    int64_t* idx = order.data() + r * vocab;
-    // -inf (top-k's cut, suppressed ids) is the least value: a stable sort puts those first in
-    // index order, so only the others need sorting.
-    int64_t masked = 0;
+    // -inf (top-k's cut, suppressed ids) is the least value: a stable sort puts those first, and
+    // only the others need sorting. Their order among themselves never matters: they are equal,
+    // their probability is 0, and the cut below starts after them.
+    int64_t kept = 0;
     for (int64_t j = 0; j < vocab; ++j) {
-      if (row[j] == kNegInf) idx[masked++] = j;
+      keys[static_cast<size_t>(kept)] = ascending_key(row[j], j);
+      kept += row[j] != kNegInf ? 1 : 0;
     }
-    for (int64_t j = 0, next = masked; j < vocab; ++j) {
-      if (row[j] != kNegInf) idx[next++] = j;
+    const int64_t first = vocab - kept;
+    masked[static_cast<size_t>(r)] = first;
+    std::sort(keys.begin(), keys.begin() + kept);
+    int64_t* idx = order.data() + r * vocab;
+    float* sorted_row = sorted_data + r * vocab;
+    std::fill(sorted_row, sorted_row + first, kNegInf);
+    for (int64_t i = 0; i < kept; ++i) {
+      idx[first + i] = static_cast<int64_t>(keys[static_cast<size_t>(i)] & 0xffffffffu);
+      sorted_row[first + i] = row[idx[first + i]];
     }
-    std::stable_sort(idx + masked, idx + vocab,
-                     [row](int64_t a, int64_t b) { return row[a] < row[b]; });
-    for (int64_t j = 0; j < vocab; ++j) sorted_data[r * vocab + j] = row[idx[j]];
   }
   const at::Tensor probs = at::softmax(sorted, -1).contiguous();
   const float* p = probs.const_data_ptr<float>();
@@ -77,12 +95,13 @@ at::Tensor apply_top_p(const at::Tensor& logits, double top_p) {
   at::Tensor out = x.clone();
   float* out_data = out.data_ptr<float>();
   for (int64_t r = 0; r < rows; ++r) {
+    // The -inf ids add 0 to the sum and are -inf already: the sums start after them. The sums
+    // only grow, so the first one past the threshold (or NaN) ends the cut.
     double cumulative = 0;
-    for (int64_t j = 0; j + 1 < vocab; ++j) {  // the most likely (last) always stays
+    for (int64_t j = masked[static_cast<size_t>(r)]; j + 1 < vocab; ++j) {  // the last stays
       cumulative += p[r * vocab + j];
-      if (static_cast<float>(cumulative) <= threshold) {
-        out_data[r * vocab + order[static_cast<size_t>(r * vocab + j)]] = kNegInf;
-      }
+      if (!(static_cast<float>(cumulative) <= threshold)) break;
+      out_data[r * vocab + order[static_cast<size_t>(r * vocab + j)]] = kNegInf;
     }
   }
   return out.view(logits.sizes());
@@ -276,12 +295,19 @@ at::Tensor Sampler::draw_noise(const std::vector<Sampler*>& samplers, int64_t dr
   const int64_t per_row = draws * vocab;
   for (size_t i = 0; i < samplers.size(); ++i) {
     if (samplers[i]->params_.is_greedy()) continue;
-    // The numbers exponential_ takes from the generator, in its order (one uniform double each).
+    // The numbers exponential_ takes from the generator, in its order (one uniform double each,
+    // from random64(): two 32-bit draws, the first the high word). Drawn from a copy of its
+    // engine, whose steps inline here, then put back.
     auto* gen = at::check_generator<at::CPUGeneratorImpl>(samplers[i]->gen_);
     std::lock_guard<std::mutex> lock(gen->mutex_);
-    const at::uniform_real_distribution<double> uniform(0.0, 1.0);
+    at::mt19937 engine = gen->engine();
     double* row = out + static_cast<int64_t>(i) * per_row;
-    for (int64_t j = 0; j < per_row; ++j) row[j] = uniform(gen);
+    for (int64_t j = 0; j < per_row; ++j) {
+      const uint64_t high = engine();
+      const uint64_t low = engine();
+      row[j] = at::transformation::uniform_real<double>((high << 32) | low, 0.0, 1.0);
+    }
+    gen->set_engine(engine);
   }
   return uniforms;
 }
