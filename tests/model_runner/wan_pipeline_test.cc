@@ -2,8 +2,8 @@
 // (make_wan_pipeline_fixture.py): Wan2.2-A14B (two experts, UniPC), Wan2.2-TI2V (z48 VAE,
 // per-token timesteps; plus its image-to-video path) and Wan2.1 (FlowMatchEuler). The token
 // ids and the initial noise must be identical, the prompt embeddings within 1e-4, every
-// transformer output, every step's latents and the frames within kAcrossCpus. Folders whose
-// parts disagree and invalid requests must fail naming what is wrong.
+// transformer output, every step's latents and the frames within kDiffusersAcrossCpus. Folders
+// whose parts disagree and invalid requests must fail naming what is wrong.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/diffusers_reference.h"
 #include "model_runner/diffusion/wan_pipeline.h"
 #include "model_runner/weights/safetensors.h"
 #include "weights_test_util.h"
@@ -87,12 +88,6 @@ struct Recorded {
   }
 };
 
-// The reference was written on one CPU; diffusers itself, run with the same torch on another
-// (Xeon with AVX-512 against the reference's machine), moves its transformer outputs, latents and
-// frames by up to 7e-4, and this pipeline equals diffusers bitwise on the machine running both.
-// Layer norms whose biases are 1 % off show as 3e-3 to 2e-2.
-constexpr double kAcrossCpus = 2e-3;
-
 // Runs `request` and compares everything with the reference keys under `prefix`.
 void expect_matches(WanPipeline& pipe, WanRequest request, const SafetensorsFile& ref,
                     const std::string& prefix, const std::string& label,
@@ -119,7 +114,7 @@ void expect_matches(WanPipeline& pipe, WanRequest request, const SafetensorsFile
       const std::string key = s + part;
       ASSERT_TRUE(rec.tensors.count(key)) << label << " " << key;
       const double diff = max_abs_diff(rec.tensors.at(key), ref.tensor(prefix + key));
-      EXPECT_LE(diff, kAcrossCpus) << label << " " << key;
+      EXPECT_LE(diff, omni::testing::kDiffusersAcrossCpus) << label << " " << key;
       worst_step = std::max(worst_step, diff);
     }
   }
@@ -127,7 +122,7 @@ void expect_matches(WanPipeline& pipe, WanRequest request, const SafetensorsFile
   ASSERT_EQ(result.frames.sizes(), expected.sizes());
   EXPECT_EQ(result.frames.scalar_type(), at::kFloat);
   const double frames_diff = max_abs_diff(result.frames, expected);
-  EXPECT_LE(frames_diff, kAcrossCpus) << label;
+  EXPECT_LE(frames_diff, omni::testing::kDiffusersAcrossCpus) << label;
   std::cout << label << ": max abs diff per-step " << worst_step << ", frames " << frames_diff
             << " (frames mean " << expected.mean().item<double>() << ")\n";
 }
