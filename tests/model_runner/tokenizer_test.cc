@@ -8,11 +8,14 @@
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
-#include "oniguruma_pattern.h"  // model_runner/src/tokenizer: internal, tested directly
+#include "byte_level.h"  // model_runner/src/tokenizer: internal, tested directly
+#include "oniguruma_pattern.h"
 #include "pcre2_regex.h"
 #include "weights_test_util.h"
 
@@ -21,6 +24,7 @@ namespace {
 
 using Json = nlohmann::json;
 using testing::error_of;
+using testing::peak_rss_growth;
 using testing::write_bytes;
 
 const std::string kFixtureDir = std::string(OMNI_FIXTURES_DIR) + "/tokenizer";
@@ -225,6 +229,152 @@ TEST(TokenizerTest, LongWhitespaceRuns) {
 TEST(TokenizerTest, EncodeRefusesInvalidUtf8) {
   const std::string error = error_of([] { fixture().encode("ok \xC3\x28"); });
   EXPECT_CONTAINS(error, "not valid UTF-8 (byte 3 of 5)");
+}
+
+// ---- encode() with max_tokens: what a server passes for a client's text.
+
+// The error a limited encode() of `text` throws; nullopt when it returns.
+std::optional<TokenLimitError> limit_error(const Tokenizer& tok, const std::string& text,
+                                           size_t max_tokens) {
+  try {
+    tok.encode(text, /*allow_special=*/false, max_tokens);
+  } catch (const TokenLimitError& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
+// A serving stage answers an omni::Error as the client's mistake (invalid argument).
+static_assert(std::is_base_of_v<Error, TokenLimitError>);
+
+TEST(TokenizerLimit, ATextThatFitsGetsTheIdsItGetsWithoutALimit) {
+  for (const Case& c : cases()) {
+    for (const bool special : {true, false}) {
+      const auto& want = special ? c.ids : c.ids_special_as_text;
+      const size_t n = want.size();
+      EXPECT_EQ(fixture().encode(c.text, special, n), want) << "text: " << Json(c.text).dump();
+      EXPECT_EQ(fixture().encode(c.text, special, n + 7), want) << "text: " << Json(c.text).dump();
+      if (n == 0) continue;
+      try {
+        fixture().encode(c.text, special, n - 1);
+        ADD_FAILURE() << "no error at a limit of " << n - 1 << ": " << Json(c.text).dump();
+      } catch (const TokenLimitError& e) {
+        EXPECT_EQ(e.max_tokens(), n - 1);
+        EXPECT_LE(e.encoded(), n);
+      }
+    }
+  }
+}
+
+TEST(TokenizerLimit, TheLimitIsExact) {
+  const std::string text = " the the the";
+  ASSERT_EQ(fixture().encode(text).size(), 3u);
+  EXPECT_EQ(fixture().encode(text, false, 3).size(), 3u);
+  const auto error = limit_error(fixture(), text, 2);
+  ASSERT_TRUE(error);
+  EXPECT_CONTAINS(error->what(),
+                  kFixtureDir + "/tokenizer.json: the text needs more than 2 tokens");
+  EXPECT_EQ(error->max_tokens(), 2u);
+  EXPECT_EQ(error->encoded(), 2u);  // no token left for the third word: it is not merged
+  EXPECT_EQ(fixture().encode("", false, 0), std::vector<int32_t>{});
+  EXPECT_TRUE(limit_error(fixture(), "a", 0));
+  // Added tokens count as they come.
+  EXPECT_EQ(fixture().encode("<tool_call>", false, 1).size(), 1u);
+  EXPECT_TRUE(limit_error(fixture(), "<tool_call><tool_call>", 1));
+}
+
+// Word by word: a word with no token left is not merged; one that might fit is, and the count
+// stops the encoding as soon as it passes the limit.
+TEST(TokenizerLimit, StopsAtTheFirstWordPastTheLimit) {
+  std::string text;
+  for (int i = 0; i < 4000; ++i) text += " the";  // one token each
+  auto error = limit_error(fixture(), text, 1000);
+  ASSERT_TRUE(error);
+  EXPECT_EQ(error->encoded(), 1000u);
+  const size_t last = fixture().encode(" xxx").size();
+  ASSERT_GE(last, 2u);
+  text = text.substr(0, 4 * 999) + " xxx" + text;
+  error = limit_error(fixture(), text, 1000);
+  ASSERT_TRUE(error);
+  EXPECT_EQ(error->encoded(), 999 + last);
+}
+
+// A text longer than the limit's worth of the longest tokens is refused on its length: no byte
+// of it is read (the invalid UTF-8 at its end is never seen) and nothing is encoded.
+TEST(TokenizerLimit, AHugeTextIsRefusedOnItsLengthAlone) {
+  std::string text(size_t{64} << 20, 'a');
+  text.back() = '\xC3';
+  const auto error = limit_error(fixture(), text, 4096);
+  ASSERT_TRUE(error);
+  EXPECT_EQ(error->encoded(), 0u);
+  // Without the limit the text is read, and refused for what it is.
+  EXPECT_CONTAINS(error_of([&] { fixture().encode(text.substr(text.size() - 1000)); }),
+                  "not valid UTF-8");
+}
+
+// A word longer than the tokens left could hold is refused before it is merged (merging 8 MiB
+// of letters takes seconds); the text as a whole is not too long for the limit by its length.
+// (The fixture's longest token is 16 bytes: 13 in model.vocab.)
+TEST(TokenizerLimit, AWordTooLongForTheTokensLeftIsRefusedUnmerged) {
+  std::string text;
+  for (int i = 0; i < 10; ++i) text += " the";
+  text += " " + std::string(size_t{8} << 20, 'x');
+  const auto error = limit_error(fixture(), text, 200000);
+  ASSERT_TRUE(error);
+  EXPECT_EQ(error->encoded(), 10u);
+}
+
+// Where the length does not refuse a text, memory holds its normalized copy (twice while NFC
+// runs) and the limit's ids, never all its words (which took hundreds of MiB for 32 MiB).
+TEST(TokenizerLimit, ALongTextCostsItsCopiesNotItsWords) {
+  std::string text;
+  while (text.size() < (size_t{32} << 20)) text += "Hello, world! The quick brown fox. ";
+  std::optional<TokenLimitError> error;
+  const auto growth = peak_rss_growth([&] { error = limit_error(fixture(), text, 600000); });
+  ASSERT_TRUE(error);
+  EXPECT_EQ(error->max_tokens(), 600000u);
+  if (!growth) GTEST_SKIP() << "/proc/self/clear_refs cannot reset the peak here";
+  EXPECT_LT(*growth, 3 * text.size());
+}
+
+// NFC shortens text at most 3.5-fold (U+1FBE U+0308 U+0301, 7 bytes, compose to U+0390, 2
+// bytes): with a token of 16 U+0390 the longest, 112 bytes of text make one token, more than
+// the 32 bytes of that token, and must not be refused on their length.
+TEST(TokenizerLimit, TextThatNfcShortensIsNotRefusedOnItsLength) {
+  std::string iota[5];  // U+0390 1, 2, 4, 8 and 16 times, in the byte-level alphabet
+  std::string first, second;
+  byte_level::encode("\xCE", &first);
+  byte_level::encode("\x90", &second);
+  iota[0] = first + second;
+  for (int i = 1; i < 5; ++i) iota[i] = iota[i - 1] + iota[i - 1];
+  const Tokenizer tok = edited([&](Json& json) {
+    Json& vocab = json["model"]["vocab"];
+    int32_t next_id = 5000;
+    for (const std::string& token : {first, second, iota[0], iota[1], iota[2], iota[3], iota[4]}) {
+      if (!vocab.contains(token)) vocab[token] = next_id++;
+    }
+    // Only these merges, so that no other pair of the two bytes merges first.
+    Json merges = Json::array({Json::array({first, second})});
+    for (int i = 0; i < 4; ++i) merges.push_back(Json::array({iota[i], iota[i]}));
+    json["model"]["merges"] = merges;
+  });
+  std::string text;
+  for (int i = 0; i < 16 * 8; ++i) text += "\u1FBE\u0308\u0301";
+  const std::vector<int32_t> want(8, tok.token_id(iota[4]));
+  ASSERT_EQ(tok.encode(text), want);
+  EXPECT_EQ(tok.encode(text, false, 8), want);
+  EXPECT_TRUE(limit_error(tok, text, 7));
+}
+
+// Added tokens are longer than any token of model.vocab: 100 of the longest are 100 tokens,
+// not refused on their length (without a normalizer nothing else widens the bound).
+TEST(TokenizerLimit, AddedTokensAreNotRefusedOnTheirLength) {
+  const Tokenizer tok = edited([](Json& json) { json["normalizer"] = nullptr; });
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += "<|vision_start|>";
+  const std::vector<int32_t> want(100, tok.token_id("<|vision_start|>"));
+  ASSERT_EQ(tok.encode(text), want);
+  EXPECT_EQ(tok.encode(text, /*allow_special=*/true, 100), want);
 }
 
 class TokenizerErrorTest : public testing::TempDirTest {};

@@ -92,6 +92,35 @@ TEST(Umt5Tokenizer, EncodeHasNoTemplate) {
   EXPECT_TRUE(tokenizer().encode("").empty());
 }
 
+// A SentencePiece tokenizer can drop text (Strip, WhitespaceSplit) and fuses unknown
+// characters, so no length refuses a text up front; the count still stops it.
+TEST(Umt5Tokenizer, ALimitStopsTheEncodingAndChangesNoIds) {
+  const Json reference = read_json(kFixtureDir + "/reference.json");
+  for (const Tokenizer& tok :
+       {tokenizer(), Tokenizer::load(kFixtureDir + "/converter_variant.json")}) {
+    for (const Json& c : reference.at("cases")) {
+      const std::string text = c.at("text").get<std::string>();
+      const auto ids = tok.encode(text);
+      EXPECT_EQ(tok.encode(text, true, ids.size()), ids) << "text: '" << text << "'";
+      if (ids.empty()) continue;
+      EXPECT_THROW(tok.encode(text, true, ids.size() - 1), TokenLimitError)
+          << "text: '" << text << "'";
+    }
+  }
+  std::string text;
+  for (int i = 0; i < 100000; ++i) text += "hello ";
+  const size_t word = tokenizer().encode("hello").size();
+  try {
+    tokenizer().encode(text, true, 1000);
+    FAIL() << "no error";
+  } catch (const TokenLimitError& e) {
+    EXPECT_GT(e.encoded(), 1000u);
+    EXPECT_LE(e.encoded(), 1000u + word);
+  }
+  // Whitespace is dropped: a megabyte of it makes no token.
+  EXPECT_TRUE(tokenizer().encode(std::string(1 << 20, ' '), true, 0).empty());
+}
+
 std::string edit_error(const std::function<void(Json&)>& edit) {
   Json json = read_json(kFixtureDir + "/tokenizer.json");
   edit(json);

@@ -1,5 +1,5 @@
 // Fixtures for the weight-loading tests: a fresh directory per test, raw safetensors bytes
-// (to build files our writer refuses to produce) and error-text checks.
+// (to build files our writer refuses to produce), error-text checks and peak memory.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "cpu_offload/check.h"
@@ -37,6 +38,29 @@ class TempDirTest : public ::testing::Test {
  private:
   std::filesystem::path dir_;
 };
+
+// A field of /proc/self/status in bytes ("VmRSS", "VmHWM").
+inline size_t status_bytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(field + ":", 0) == 0) return std::stoull(line.substr(field.size() + 1)) * 1024;
+  }
+  return 0;
+}
+
+// Growth of the peak resident set while `fn` runs; nullopt where /proc/self/clear_refs cannot
+// reset the peak (it needs Linux >= 4.0 and the right to write it).
+template <typename Fn>
+std::optional<size_t> peak_rss_growth(Fn&& fn) {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+  clear.flush();
+  if (!clear.good()) return std::nullopt;
+  const size_t before = status_bytes("VmRSS");
+  fn();
+  const size_t peak = status_bytes("VmHWM");
+  return peak > before ? peak - before : 0;
+}
 
 inline void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -15,7 +15,7 @@ void AddedTokenMatcher::add(std::string pattern, int32_t id, bool special) {
 }
 
 void AddedTokenMatcher::split(std::string_view text, bool match_special,
-                              std::vector<TextPiece>* out) const {
+                              const std::function<void(const TextPiece&)>& fn) const {
   size_t gap_start = 0;
   size_t pos = 0;
   while (pos < text.size()) {
@@ -40,12 +40,12 @@ void AddedTokenMatcher::split(std::string_view text, bool match_special,
       pos += length;
       continue;
     }
-    if (gap_start < pos) out->push_back({text.substr(gap_start, pos - gap_start), -1});
-    out->push_back({text.substr(pos, length), target->id});
+    if (gap_start < pos) fn({text.substr(gap_start, pos - gap_start), -1});
+    fn({text.substr(pos, length), target->id});
     pos += length;
     gap_start = pos;
   }
-  if (gap_start < text.size()) out->push_back({text.substr(gap_start), -1});
+  if (gap_start < text.size()) fn({text.substr(gap_start), -1});
 }
 
 AddedVocabulary AddedVocabulary::parse(

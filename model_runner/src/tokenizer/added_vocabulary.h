@@ -37,10 +37,11 @@ class AddedTokenMatcher {
   // `pattern` is what the token matches: its content, or the normalized content.
   void add(std::string pattern, int32_t id, bool special);
 
-  // `text` cut into gaps and matches, in order, gaps never empty. Matches of special tokens
-  // stay in the text unless `match_special`; they are still skipped over, as Hugging Face does
-  // (so a shorter token inside one does not match).
-  void split(std::string_view text, bool match_special, std::vector<TextPiece>* out) const;
+  // `text` cut into gaps and matches, handed to `fn` in order as they are found, gaps never
+  // empty. Matches of special tokens stay in the text unless `match_special`; they are still
+  // skipped over, as Hugging Face does (so a shorter token inside one does not match).
+  void split(std::string_view text, bool match_special,
+             const std::function<void(const TextPiece&)>& fn) const;
 
  private:
   struct Target {

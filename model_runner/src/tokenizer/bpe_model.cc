@@ -1,5 +1,6 @@
 #include "bpe_model.h"
 
+#include <algorithm>
 #include <queue>
 
 #include "cpu_offload/check.h"
@@ -66,6 +67,7 @@ void BpeModel::parse_vocab(const JsonField& vocab) {
     const int64_t id = entry.integer();
     if (id < 0 || id > INT32_MAX) entry.fail("id must be in [0, 2^31)");
     vocab_.emplace(token, static_cast<int32_t>(id));
+    max_token_chars_ = std::max(max_token_chars_, utf8::count_chars(token));
   }
   // Decoding needs the reverse. Should two tokens share an id, the lexicographically smallest
   // wins (Hugging Face's pick depends on hash order).

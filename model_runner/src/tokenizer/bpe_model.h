@@ -28,6 +28,9 @@ class BpeModel {
   std::optional<int32_t> token_to_id(std::string_view token) const;
   const std::string* id_to_token(int32_t id) const;
   size_t size() const { return vocab_.size(); }
+  // The most characters of any vocabulary token: with every character of a word in the
+  // vocabulary, a word of n characters makes at least n / max_token_chars() tokens.
+  size_t max_token_chars() const { return max_token_chars_; }
 
  private:
   struct Merge {
@@ -45,6 +48,7 @@ class BpeModel {
   std::unordered_map<std::string, int32_t> vocab_;
   std::unordered_map<int32_t, const std::string*> tokens_by_id_;  // points into vocab_'s keys
   std::unordered_map<uint64_t, Merge> merges_;                    // by (left id, right id)
+  size_t max_token_chars_ = 0;
   std::optional<int32_t> unk_id_;
   bool fuse_unk_ = false;
   bool ignore_merges_ = false;

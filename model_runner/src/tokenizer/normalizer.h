@@ -23,13 +23,19 @@ class Normalizer {
   explicit Normalizer(const std::optional<JsonField>& field);
 
   // `text` must be well-formed UTF-8.
-  std::string normalize(const std::string& text) const;
+  std::string normalize(std::string text) const;
+
+  // How many times shorter normalize() can make a text, at most: a text of n bytes normalizes
+  // to at least n / max_shrink() bytes. nullopt when it can delete text of any length (Strip,
+  // Replace, a Precompiled charsmap).
+  std::optional<size_t> max_shrink() const { return max_shrink_; }
 
  private:
   void add(const JsonField& field);
 
   // The steps in order.
   std::vector<std::function<std::string(const std::string&)>> steps_;
+  std::optional<size_t> max_shrink_ = 1;
 };
 
 }  // namespace omni::models

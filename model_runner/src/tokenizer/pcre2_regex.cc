@@ -68,11 +68,11 @@ bool Pcre2Regex::search(std::string_view text, size_t start, void* match_data, s
   return true;
 }
 
-std::vector<std::pair<size_t, size_t>> Pcre2Regex::find_all(std::string_view text) const {
+void Pcre2Regex::for_each_match(std::string_view text,
+                                const std::function<void(size_t, size_t)>& fn) const {
   std::unique_ptr<pcre2_match_data, MatchDataDeleter> md(
       pcre2_match_data_create_from_pattern(as_code(code_), nullptr));
   OMNI_CHECK(md != nullptr, what_, ": out of memory for regex match data");
-  std::vector<std::pair<size_t, size_t>> matches;
   size_t start = 0;
   size_t last_end = std::string_view::npos;
   while (start <= text.size()) {
@@ -83,10 +83,15 @@ std::vector<std::pair<size_t, size_t>> Pcre2Regex::find_all(std::string_view tex
       start += utf8::char_length(text, start);
       continue;
     }
-    matches.emplace_back(begin, end);
+    fn(begin, end);
     start = end;
     last_end = end;
   }
+}
+
+std::vector<std::pair<size_t, size_t>> Pcre2Regex::find_all(std::string_view text) const {
+  std::vector<std::pair<size_t, size_t>> matches;
+  for_each_match(text, [&](size_t begin, size_t end) { matches.emplace_back(begin, end); });
   return matches;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -26,6 +27,9 @@ class Pcre2Regex {
   // the search moves on by one character), like the Oniguruma iterator Hugging Face uses.
   // Thread-safe.
   std::vector<std::pair<size_t, size_t>> find_all(std::string_view text) const;
+  // The same matches handed to `fn(begin, end)` one at a time, as they are found: a long text
+  // costs no list of all its matches, and `fn` may stop the search by throwing.
+  void for_each_match(std::string_view text, const std::function<void(size_t, size_t)>& fn) const;
 
   bool jit() const { return jit_; }
 

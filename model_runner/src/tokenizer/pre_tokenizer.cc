@@ -103,34 +103,13 @@ size_t whitespace_length(std::string_view text, size_t pos) {
 
 }  // namespace
 
-void PreTokenizer::split_metaspace(std::string_view text, std::vector<std::string>* words,
-                                   bool at_text_start) const {
+void PreTokenizer::split_metaspace(std::string_view text, bool at_text_start,
+                                   const WordFn& fn) const {
   const Metaspace& m = *metaspace_;
-  // (piece, starts the input)
-  std::vector<std::pair<std::string_view, bool>> pieces;
-  if (m.whitespace_split) {
-    size_t start = std::string_view::npos;
-    for (size_t pos = 0; pos < text.size();) {
-      const size_t ws = whitespace_length(text, pos);
-      if (ws > 0) {
-        if (start != std::string_view::npos) {
-          pieces.emplace_back(text.substr(start, pos - start), at_text_start && start == 0);
-        }
-        start = std::string_view::npos;
-        pos += ws;
-      } else {
-        if (start == std::string_view::npos) start = pos;
-        ++pos;
-      }
-    }
-    if (start != std::string_view::npos) {
-      pieces.emplace_back(text.substr(start), at_text_start && start == 0);
-    }
-  } else if (!text.empty()) {
-    pieces.emplace_back(text, at_text_start);
-  }
-  for (const auto& [piece, first] : pieces) {
-    std::string word;
+  std::string word;
+  // One piece (`first`: it starts the input) into its words.
+  const auto emit = [&](std::string_view piece, bool first) {
+    word.clear();
     for (const char c : piece) {
       if (c == ' ') {
         word += m.replacement;
@@ -144,19 +123,39 @@ void PreTokenizer::split_metaspace(std::string_view text, std::vector<std::strin
       word.insert(0, m.replacement);
     }
     if (!m.split) {
-      words->push_back(std::move(word));
-      continue;
+      fn(word);
+      return;
     }
     // Split before every replacement, which stays with what follows (MergedWithNext).
+    const std::string_view all(word);
     size_t begin = 0;
-    size_t at = word.find(m.replacement, 1);
-    while (at != std::string::npos) {
-      if (at > begin) words->push_back(word.substr(begin, at - begin));
+    size_t at = all.find(m.replacement, 1);
+    while (at != std::string_view::npos) {
+      if (at > begin) fn(all.substr(begin, at - begin));
       begin = at;
-      at = word.find(m.replacement, at + m.replacement.size());
+      at = all.find(m.replacement, at + m.replacement.size());
     }
-    if (begin < word.size()) words->push_back(word.substr(begin));
+    if (begin < all.size()) fn(all.substr(begin));
+  };
+  if (!m.whitespace_split) {
+    if (!text.empty()) emit(text, at_text_start);
+    return;
   }
+  size_t start = std::string_view::npos;
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t ws = whitespace_length(text, pos);
+    if (ws > 0) {
+      if (start != std::string_view::npos) {
+        emit(text.substr(start, pos - start), at_text_start && start == 0);
+      }
+      start = std::string_view::npos;
+      pos += ws;
+    } else {
+      if (start == std::string_view::npos) start = pos;
+      ++pos;
+    }
+  }
+  if (start != std::string_view::npos) emit(text.substr(start), at_text_start && start == 0);
 }
 
 void PreTokenizer::add_split(const JsonField& field) {
@@ -201,39 +200,48 @@ void PreTokenizer::check_byte_level(const JsonField& field) const {
   }
 }
 
-void PreTokenizer::split(std::string_view text, std::vector<std::string>* words,
-                         bool at_text_start) const {
+bool PreTokenizer::keeps_every_byte() const {
+  if (metaspace_) return !metaspace_->whitespace_split;
+  for (const SplitStep& step : steps_) {
+    if (step.remove_matches) return false;
+  }
+  return true;
+}
+
+void PreTokenizer::split(std::string_view text, bool at_text_start, const WordFn& fn) const {
   if (metaspace_) {
-    split_metaspace(text, words, at_text_start);
+    split_metaspace(text, at_text_start, fn);
     return;
   }
-  std::vector<std::string_view> pieces{text};
-  std::vector<std::string_view> next;
-  for (const SplitStep& step : steps_) {
-    next.clear();
-    for (const std::string_view piece : pieces) {
-      // Matches and the gaps between them, in order; each a piece unless removed or empty.
-      const auto keep = [&](size_t begin, size_t end, bool is_match) {
-        if (step.invert) is_match = !is_match;
-        if (end > begin && !(is_match && step.remove_matches)) {
-          next.push_back(piece.substr(begin, end - begin));
-        }
-      };
-      size_t gap_start = 0;
-      for (const auto& [begin, end] : step.regex->find_all(piece)) {
-        keep(gap_start, begin, false);
-        keep(begin, end, true);
-        gap_start = end;
-      }
-      keep(gap_start, piece.size(), false);
+  std::string word;
+  split_from(0, text, &word, fn);
+}
+
+void PreTokenizer::split_from(size_t step_index, std::string_view piece, std::string* word,
+                              const WordFn& fn) const {
+  if (step_index == steps_.size()) {
+    word->clear();
+    byte_level::encode(piece, word);
+    fn(*word);
+    return;
+  }
+  // Depth first, each piece through the next step as soon as it is cut: the words come out in
+  // the order step-by-step splitting gives them, without a list of pieces per step.
+  const SplitStep& step = steps_[step_index];
+  // Matches and the gaps between them, in order; each a piece unless removed or empty.
+  const auto keep = [&](size_t begin, size_t end, bool is_match) {
+    if (step.invert) is_match = !is_match;
+    if (end > begin && !(is_match && step.remove_matches)) {
+      split_from(step_index + 1, piece.substr(begin, end - begin), word, fn);
     }
-    pieces.swap(next);
-  }
-  for (const std::string_view piece : pieces) {
-    std::string word;
-    byte_level::encode(piece, &word);
-    words->push_back(std::move(word));
-  }
+  };
+  size_t gap_start = 0;
+  step.regex->for_each_match(piece, [&](size_t begin, size_t end) {
+    keep(gap_start, begin, false);
+    keep(begin, end, true);
+    gap_start = end;
+  });
+  keep(gap_start, piece.size(), false);
 }
 
 }  // namespace omni::models

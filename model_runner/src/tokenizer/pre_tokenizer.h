@@ -7,6 +7,7 @@
 // Sequence; its words stay UTF-8. Anything else is refused at load, naming the field.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,11 +27,17 @@ class PreTokenizer {
   // A SentencePiece Metaspace pre-tokenizer (else byte-level).
   bool is_metaspace() const { return metaspace_.has_value(); }
 
-  // Appends the words of well-formed UTF-8 `text`, in the byte-level alphabet (ByteLevel) or
-  // with spaces as the Metaspace replacement. `at_text_start`: `text` begins the input (for
-  // Metaspace's prepend_scheme "first").
-  void split(std::string_view text, std::vector<std::string>* words,
-             bool at_text_start = true) const;
+  // Whether every byte of the text ends up in some word: no Split removes its matches and no
+  // WhitespaceSplit drops whitespace.
+  bool keeps_every_byte() const;
+
+  // A word, valid only during the call.
+  using WordFn = std::function<void(std::string_view word)>;
+  // Hands the words of well-formed UTF-8 `text` to `fn` in order, one at a time as they are
+  // found (a long text never has all its words at once), in the byte-level alphabet (ByteLevel)
+  // or with spaces as the Metaspace replacement. `at_text_start`: `text` begins the input (for
+  // Metaspace's prepend_scheme "first"). An exception from `fn` stops the split.
+  void split(std::string_view text, bool at_text_start, const WordFn& fn) const;
 
  private:
   struct SplitStep {
@@ -46,8 +53,11 @@ class PreTokenizer {
     std::string replacement;
   };
   static Metaspace parse_metaspace(const JsonField& field, bool whitespace_split);
-  void split_metaspace(std::string_view text, std::vector<std::string>* words,
-                       bool at_text_start) const;
+  void split_metaspace(std::string_view text, bool at_text_start, const WordFn& fn) const;
+  // The pieces of `piece` after steps_[step_index...], as words in the byte-level alphabet (built
+  // in `word`, reused from one to the next).
+  void split_from(size_t step_index, std::string_view piece, std::string* word,
+                  const WordFn& fn) const;
   void add_split(const JsonField& field);
   void check_byte_level(const JsonField& field) const;
 

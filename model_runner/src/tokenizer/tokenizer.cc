@@ -1,5 +1,6 @@
 #include "model_runner/tokenizer/tokenizer.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -52,6 +53,7 @@ class Model {
     return bpe_ ? bpe_->id_to_token(id) : unigram_->id_to_token(id);
   }
   size_t size() const { return bpe_ ? bpe_->size() : unigram_->size(); }
+  const BpeModel* bpe() const { return bpe_.get(); }
 
  private:
   std::unique_ptr<BpeModel> bpe_;
@@ -153,41 +155,53 @@ class Tokenizer::Impl {
     for (const AddedToken& token : added_.tokens()) {
       if (!model_.token_to_id(token.content)) ++vocab_size_;
     }
+    set_token_bounds();
   }
 
-  std::vector<int32_t> encode(const std::string& text, bool allow_special) const {
+  std::vector<int32_t> encode(const std::string& text, bool allow_special,
+                              std::optional<size_t> max_tokens) const {
+    // The length alone can refuse a text before a byte of it is read.
+    if (max_tokens && text_bytes_per_token_ &&
+        !may_fit(text.size(), *max_tokens, *text_bytes_per_token_)) {
+      refuse(*max_tokens, 0);
+    }
     const size_t invalid = utf8::find_invalid(text);
     if (invalid != std::string::npos) {
       OMNI_THROW(source_, ": encode: the text is not valid UTF-8 (byte ", invalid, " of ",
                  text.size(), ")");
     }
     std::vector<int32_t> ids;
-    std::vector<TextPiece> raw_pieces;
-    added_.raw_matcher().split(text, allow_special, &raw_pieces);
-    std::vector<TextPiece> pieces;
+    const auto add_token = [&](int32_t id) {
+      ids.push_back(id);
+      if (max_tokens && ids.size() > *max_tokens) refuse(*max_tokens, ids.size());
+    };
+    const auto add_word = [&](std::string_view word) {
+      // Merging is the costly part (a word of megabytes takes seconds): a word too long for
+      // the tokens left is refused unmerged. The count never passes the limit before this.
+      if (max_tokens && word_chars_per_token_ &&
+          !may_fit(utf8::count_chars(word), *max_tokens - ids.size(), *word_chars_per_token_)) {
+        refuse(*max_tokens, ids.size());
+      }
+      model_.tokenize(word, &ids);
+      if (max_tokens && ids.size() > *max_tokens) refuse(*max_tokens, ids.size());
+    };
     bool at_text_start = true;
-    std::vector<std::string> words;
-    for (const TextPiece& raw : raw_pieces) {
+    added_.raw_matcher().split(text, allow_special, [&](const TextPiece& raw) {
       if (raw.token_id >= 0) {
-        ids.push_back(raw.token_id);
+        add_token(raw.token_id);
         at_text_start = false;
-        continue;
+        return;
       }
       const std::string normalized = normalizer_.normalize(std::string(raw.text));
-      pieces.clear();
-      added_.normalized_matcher().split(normalized, allow_special, &pieces);
-      for (const TextPiece& piece : pieces) {
+      added_.normalized_matcher().split(normalized, allow_special, [&](const TextPiece& piece) {
         if (piece.token_id >= 0) {
-          ids.push_back(piece.token_id);
-          at_text_start = false;
-          continue;
+          add_token(piece.token_id);
+        } else {
+          pre_tokenizer_.split(piece.text, at_text_start, add_word);
         }
-        words.clear();
-        pre_tokenizer_.split(piece.text, &words, at_text_start);
         at_text_start = false;
-        for (const std::string& word : words) model_.tokenize(word, &ids);
-      }
-    }
+      });
+    });
     return ids;
   }
 
@@ -195,7 +209,7 @@ class Tokenizer::Impl {
                                             std::optional<size_t> max_length) const {
     if (!template_.error.empty()) OMNI_THROW(template_.error);
     std::vector<int32_t> ids = template_.before;
-    std::vector<int32_t> body = encode(text, true);
+    std::vector<int32_t> body = encode(text, true, std::nullopt);
     if (max_length) {
       const size_t added = template_.before.size() + template_.after.size();
       if (*max_length < added) {
@@ -270,6 +284,40 @@ class Tokenizer::Impl {
   const std::string& source() const { return source_; }
 
  private:
+  // Whether `bytes` can make at most `tokens` tokens of at most `per_token` bytes each.
+  static bool may_fit(size_t bytes, size_t tokens, size_t per_token) {
+    return bytes / per_token + (bytes % per_token != 0 ? 1 : 0) <= tokens;
+  }
+
+  [[noreturn]] void refuse(size_t max_tokens, size_t encoded) const {
+    throw TokenLimitError(
+        source_ + ": the text needs more than " + std::to_string(max_tokens) + " tokens",
+        max_tokens, encoded);
+  }
+
+  // The bounds a limited encode() refuses by. They hold for byte-level BPE with every byte in
+  // the vocabulary: each byte of a word is in exactly one of its tokens, so a word of n
+  // characters (one per byte) makes at least n / longest tokens. Then the text: each normalized
+  // byte is in a word or an added token, and the normalizer shortens by at most max_shrink.
+  void set_token_bounds() {
+    const BpeModel* bpe = model_.bpe();
+    if (bpe == nullptr || pre_tokenizer_.is_metaspace()) return;  // unknown characters fuse
+    for (int b = 0; b < 256; ++b) {
+      std::string stand_in;
+      byte_level::encode(std::string(1, static_cast<char>(b)), &stand_in);
+      if (!bpe->token_to_id(stand_in)) return;  // a byte that is dropped or fused
+    }
+    word_chars_per_token_ = std::max<size_t>(1, bpe->max_token_chars());
+    const auto shrink = normalizer_.max_shrink();
+    if (!shrink || !pre_tokenizer_.keeps_every_byte()) return;
+    size_t longest = *word_chars_per_token_;
+    for (const AddedToken& token : added_.tokens()) {
+      longest =
+          std::max({longest, token.content.size(), normalizer_.normalize(token.content).size()});
+    }
+    text_bytes_per_token_ = longest * *shrink;
+  }
+
   // An added token that is also in the BPE vocabulary must have its id there, and one that is
   // not must not take the id of another token: Hugging Face would renumber it (and only warn).
   void check_added_ids(const std::optional<JsonField>& added_tokens) const {
@@ -297,6 +345,10 @@ class Tokenizer::Impl {
   Decoder decoder_;
   Template template_;
   size_t vocab_size_ = 0;
+  // The most characters of a pre-tokenized word one token covers, and the most bytes of the
+  // raw text; unset where no such bound holds (see set_token_bounds).
+  std::optional<size_t> word_chars_per_token_;
+  std::optional<size_t> text_bytes_per_token_;
 };
 
 Tokenizer::Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
@@ -322,8 +374,9 @@ Tokenizer Tokenizer::parse(const std::string& text, const std::string& source) {
   return Tokenizer(std::make_shared<const Impl>(JsonField(root, source, "")));
 }
 
-std::vector<int32_t> Tokenizer::encode(const std::string& text, bool allow_special) const {
-  return impl_->encode(text, allow_special);
+std::vector<int32_t> Tokenizer::encode(const std::string& text, bool allow_special,
+                                       std::optional<size_t> max_tokens) const {
+  return impl_->encode(text, allow_special, max_tokens);
 }
 
 std::vector<int32_t> Tokenizer::encode_with_template(const std::string& text) const {

@@ -48,6 +48,12 @@ size_t char_length(std::string_view text, size_t pos) {
   return complete ? n : 0;
 }
 
+size_t count_chars(std::string_view text) {
+  size_t n = 0;
+  for (const char c : text) n += is_continuation(static_cast<unsigned char>(c)) ? 0 : 1;
+  return n;
+}
+
 size_t find_invalid(std::string_view text) {
   for (size_t pos = 0; pos < text.size();) {
     const size_t n = char_length(text, pos);

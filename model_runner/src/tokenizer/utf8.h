@@ -16,6 +16,9 @@ size_t char_length(std::string_view text, size_t pos);
 // Offset of the first byte that starts no well-formed character; npos when there is none.
 size_t find_invalid(std::string_view text);
 
+// The number of characters in well-formed `text`.
+size_t count_chars(std::string_view text);
+
 // The code points of well-formed `text` (see find_invalid), appended to `out`.
 void decode(std::string_view text, std::vector<char32_t>* out);
 void append(char32_t cp, std::string* out);

@@ -43,7 +43,24 @@
 #include <string>
 #include <vector>
 
+#include "cpu_offload/check.h"
+
 namespace omni::models {
+
+// What encode() throws when the text needs more than its `max_tokens`. An omni::Error, so a
+// serving stage answers it as the client's mistake (invalid argument), not its own.
+class TokenLimitError : public omni::Error {
+ public:
+  TokenLimitError(const std::string& message, size_t max_tokens, size_t encoded)
+      : omni::Error(message), max_tokens_(max_tokens), encoded_(encoded) {}
+  size_t max_tokens() const { return max_tokens_; }
+  // The tokens encoded when it gave up: 0 when the text's length alone refused it.
+  size_t encoded() const { return encoded_; }
+
+ private:
+  size_t max_tokens_;
+  size_t encoded_;
+};
 
 class Tokenizer {
  public:
@@ -55,8 +72,17 @@ class Tokenizer {
   // `text` must be UTF-8 (else omni::Error naming the byte). With `allow_special` false the special
   // added tokens are not matched and `<|im_start|>` typed by a user encodes as plain text (Hugging
   // Face's `split_special_tokens`); non-special added tokens (e.g. `<tool_call>`) still match.
+  //
+  // With `max_tokens`, a text that needs more tokens throws TokenLimitError as soon as that is
+  // certain, so that an untrusted text costs about what max_tokens tokens cost, whatever its
+  // length: at once when it has more bytes than max_tokens of the longest tokens could cover
+  // (allowing for what the normalizer shortens), before merging a word too long for the tokens
+  // left, and at the first word past the limit. Words reach the model one at a time, never all
+  // held. A text that fits gets the ids it gets without a limit. Where text can vanish or fuse
+  // (SentencePiece: Strip, WhitespaceSplit, unknown characters fused) only the count applies.
   // Thread-safe.
-  std::vector<int32_t> encode(const std::string& text, bool allow_special = true) const;
+  std::vector<int32_t> encode(const std::string& text, bool allow_special = true,
+                              std::optional<size_t> max_tokens = std::nullopt) const;
   // encode() wrapped in the post-processor's single-sequence template: Hugging Face's
   // `tokenizer(text).input_ids` (add_special_tokens=True), e.g. T5's ids then </s>. Throws when
   // the post_processor is not TemplateProcessing, ByteLevel or absent. Thread-safe.
