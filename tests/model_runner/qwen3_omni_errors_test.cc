@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <string>
 #include <vector>
@@ -213,6 +214,18 @@ TEST_F(BrokenCheckpoint, TiedWordEmbeddingsUseTheEmbeddingAsLmHead) {
   EXPECT_EQ(tied->generate(tied->prepare(request), p).tokens, expected);
 }
 
+// A max_position_embeddings of 0 sets no limit on the prompt.
+TEST_F(BrokenCheckpoint, NoContextSizeMeansNoLimitOnThePrompt) {
+  edit_config("\"max_position_embeddings\": 4096", "\"max_position_embeddings\": 0",
+              "\"thinker_config\"");
+  ThinkerRunnerOptions options;
+  options.model_dir = dir_.string();
+  auto runner = ThinkerRunner::load(options, offload::make_cpu_sim_engine({}));
+  ChatRequest request;
+  for (int i = 0; i < 5000; ++i) request.text += " the";
+  EXPECT_GT(runner->prepare(request).input_ids.size(), 5000u);
+}
+
 TEST_F(BrokenCheckpoint, UnknownArchitecture) {
   edit_config("\"Qwen3OmniMoeForConditionalGeneration\"", "\"LlamaForCausalLM\"");
   EXPECT_ERROR_HAS(load_error(), "config.json", "LlamaForCausalLM",
@@ -355,6 +368,51 @@ TEST(ThinkerRunnerErrors, SpecialTokenStringsInTheTextStayText) {
       "<|im_start|>system\nbe nice<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
       "<|im_start|>assistant\n");
   EXPECT_EQ(runner->prepare(request).input_ids, std::vector<int64_t>(want.begin(), want.end()));
+}
+
+// The chat's text is encoded against the context left (the prompt must stay below the
+// thinker's max_position_embeddings, 4096, so that a token can be generated): a prompt of 4095
+// tokens passes, one of 4096 is refused while encoding, and a huge message is refused without
+// encoding any of it, before its size in tokens could ever be allocated.
+TEST(ThinkerRunnerErrors, ThePromptIsBoundedByTheContextWhileItIsEncoded) {
+  ThinkerRunnerOptions options;
+  options.model_dir = kDir;
+  auto runner = ThinkerRunner::load(options, offload::make_cpu_sim_engine({}));
+  ChatRequest request;
+  request.system_prompt = "be nice";
+  const size_t base = runner->prepare(request).input_ids.size();
+  const auto words = [](size_t n) {
+    std::string text;
+    for (size_t i = 0; i < n; ++i) text += " the";  // one token each
+    return text;
+  };
+  request.text = words(2);
+  ASSERT_EQ(runner->prepare(request).input_ids.size(), base + 2);
+  request.text = words(4095 - base);
+  EXPECT_EQ(runner->prepare(request).input_ids.size(), 4095u);
+  const auto refusal = [&] {
+    try {
+      runner->prepare(request);
+    } catch (const TokenLimitError& e) {
+      return std::optional<TokenLimitError>(e);
+    }
+    return std::optional<TokenLimitError>();
+  };
+  request.text = words(4096 - base);
+  auto error = refusal();
+  ASSERT_TRUE(error);
+  EXPECT_EQ(std::string(error->what()),
+            "the prompt (4096 tokens or more) does not fit the model's context of 4096 tokens");
+  EXPECT_EQ(error->max_tokens(), 4095u);
+  // 48 MiB: refused on its length, with only the template's ids before it encoded.
+  request.text = std::string(size_t{48} << 20, 'a');
+  error = refusal();
+  ASSERT_TRUE(error);
+  EXPECT_LT(error->encoded(), base);
+  // In an earlier turn, too.
+  request.text = "hi";
+  request.history = {{"user", {{ChatPart::Kind::kText, words(5000)}}}};
+  EXPECT_TRUE(refusal());
 }
 
 // A conversation renders turn by turn in ChatML, each user turn with its own media, and the

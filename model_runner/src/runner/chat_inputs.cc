@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,9 @@ namespace {
 // the text between special tokens, so prompts without such strings get the same ids.
 class PromptBuilder {
  public:
-  explicit PromptBuilder(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+  // `context`: the model's context in tokens, which the prompt must stay below; 0: no limit.
+  PromptBuilder(const Tokenizer& tokenizer, int64_t context)
+      : tokenizer_(tokenizer), context_(context) {}
   void control(const std::string& token) {
     flush();
     ids_.push_back(tokenizer_.token_id(token));
@@ -33,12 +36,34 @@ class PromptBuilder {
   }
 
  private:
+  // The text is encoded with the tokens left in the context as its limit, so that a huge text
+  // is refused for about the cost of the context, not of the text.
   void flush() {
     if (pending_.empty()) return;
-    for (int32_t id : tokenizer_.encode(pending_, /*allow_special=*/false)) ids_.push_back(id);
+    std::optional<size_t> left;
+    if (context_ > 0) {
+      const auto most = static_cast<size_t>(context_ - 1);
+      if (ids_.size() > most) too_long(0);
+      left = most - ids_.size();
+    }
+    try {
+      for (int32_t id : tokenizer_.encode(pending_, /*allow_special=*/false, left)) {
+        ids_.push_back(id);
+      }
+    } catch (const TokenLimitError& e) {
+      too_long(e.encoded());
+    }
     pending_.clear();
   }
+  // Worded as TokenSequence words a prompt that is too long, which it would be.
+  [[noreturn]] void too_long(size_t encoded) const {
+    throw TokenLimitError(detail::str_cat("the prompt (", context_,
+                                          " tokens or more) does not fit the model's context of ",
+                                          context_, " tokens"),
+                          static_cast<size_t>(context_ - 1), ids_.size() + encoded);
+  }
   const Tokenizer& tokenizer_;
+  const int64_t context_;
   std::vector<int64_t> ids_;
   std::string pending_;
 };
@@ -81,7 +106,7 @@ ChatPreprocessor ChatPreprocessor::load(const std::string& model_dir,
 ThinkerInputs ChatPreprocessor::prepare(const ChatRequest& request, const Tokenizer& tokenizer,
                                         const qwen3_omni::ThinkerConfig& cfg) const {
   ThinkerInputs in;
-  PromptBuilder prompt(tokenizer);
+  PromptBuilder prompt(tokenizer, cfg.text.max_position_embeddings);
   // Audio whose tokens alone would overflow the context is refused before it is decoded: a
   // full chunk of 2 * n_window mel frames makes audio_output_length(chunk) tokens.
   AudioLimits limits;
