@@ -24,6 +24,7 @@ namespace omni::models {
 namespace {
 
 using testing::error_of;
+using testing::peak_rss_growth;
 using testing::write_bytes;
 
 const std::string kFixtureDir = std::string(OMNI_FIXTURES_DIR) + "/qwen3_omni_tiny";
@@ -217,6 +218,72 @@ TEST_F(AudioFileTest, StereoIsMixedDownByAveraging) {
     const float right = static_cast<float>(pcm[2 * i + 1]) / 32768.0f;
     ASSERT_EQ(clip.samples[i], (left + right) / 2.0f) << "frame " << i;
   }
+}
+
+TEST_F(AudioFileTest, SevenPointOneIsMixedDownByAveraging) {
+  const std::vector<int16_t> pcm = pcm_ramp(8 * 500, 5);
+  const std::string wav = path("surround.wav");
+  write_pcm16(wav, pcm, /*channels=*/8, /*sample_rate=*/48000);
+  const AudioClip clip = read_audio_file(wav);
+  ASSERT_EQ(clip.samples.size(), 500u);
+  for (size_t i = 0; i < 500; ++i) {
+    float sum = static_cast<float>(pcm[8 * i]) / 32768.0f;
+    for (size_t c = 1; c < 8; ++c) sum += static_cast<float>(pcm[8 * i + c]) / 32768.0f;
+    ASSERT_EQ(clip.samples[i], sum / 8.0f) << "frame " << i;
+  }
+}
+
+// A 16 KiB PCM WAV whose header declares `channels` channels (as many silent frames as fit),
+// written byte by byte so that any count can be declared.
+std::string silent_wav(uint16_t channels) {
+  std::string b;
+  const auto u32 = [&](uint32_t v) {
+    for (int i = 0; i < 4; ++i) b.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  const auto u16 = [&](uint16_t v) {
+    b.push_back(static_cast<char>(v & 0xff));
+    b.push_back(static_cast<char>(v >> 8));
+  };
+  const uint32_t data = 16384 - 44;
+  b += "RIFF";
+  u32(36 + data);
+  b += "WAVEfmt ";
+  u32(16);
+  u16(1);  // PCM
+  u16(channels);
+  u32(16000);
+  u32(16000u * 2 * channels);
+  u16(static_cast<uint16_t>(2 * channels));
+  u16(16);
+  b += "data";
+  u32(data);
+  b.append(data, '\0');
+  return b;
+}
+
+// Channels past the limit are refused on the header, before a sample buffer exists: 1,024 of
+// them made a 16 KiB upload cost a 256 MiB block.
+TEST_F(AudioFileTest, TooManyChannelsAreRefusedBeforeDecoding) {
+  const std::string bytes = silent_wav(1024);
+  const auto decode = [&](const AudioLimits& limits) {
+    return decode_audio(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "input-0.wav",
+                        limits);
+  };
+  EXPECT_CONTAINS(error_of([&] { decode({}); }),
+                  "audio 'input-0.wav' has 1024 channels: at most 8 are accepted");
+  write_bytes(path("many.wav"), bytes);
+  EXPECT_CONTAINS(error_of([&] { read_audio_file(path("many.wav")); }),
+                  "audio file '" + path("many.wav") + "' has 1024 channels");
+  // Allowed, they decode, in a block of 2 MiB (it was 256 MiB: 2^16 frames of 1,024 floats).
+  AudioLimits limits;
+  limits.max_channels = 1024;
+  AudioClip clip;
+  const auto growth = peak_rss_growth([&] { clip = decode(limits); });
+  EXPECT_EQ(clip.samples, std::vector<float>(7, 0.0f));
+  if (growth) {
+    EXPECT_LT(*growth, size_t{32} << 20);
+  }
+  EXPECT_EQ(read_audio_file(path("many.wav"), limits).samples.size(), 7u);
 }
 
 TEST_F(AudioFileTest, FlacDecodesLikeWav) {

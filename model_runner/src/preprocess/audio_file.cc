@@ -59,6 +59,10 @@ AudioClip decode(SNDFILE* opened, const SF_INFO& info, const std::string& what,
                sf_strerror(nullptr));
   }
   OMNI_CHECK(info.channels > 0, what, " has ", info.channels, " channels");
+  if (info.channels > limits.max_channels) {
+    OMNI_THROW(what, " has ", info.channels, " channels: at most ", limits.max_channels,
+               " are accepted");
+  }
   if (info.samplerate < limits.min_sample_rate || info.samplerate > limits.max_sample_rate) {
     OMNI_THROW(what, " has a sample rate of ", info.samplerate, " Hz: it must be between ",
                limits.min_sample_rate, " and ", limits.max_sample_rate, " Hz");
@@ -71,17 +75,21 @@ AudioClip decode(SNDFILE* opened, const SF_INFO& info, const std::string& what,
   if (limits.max_seconds > 0 && info.frames > max_frames) too_long("", info.frames);
 
   // Read in blocks until the end rather than trusting info.frames, which some containers
-  // (streams, truncated files) do not state exactly.
+  // (streams, truncated files) do not state exactly. Nor does it size the clip past 16 MiB up
+  // front: a header may claim hours that a short file does not hold.
   const int64_t channels = info.channels;
   AudioClip clip;
   clip.sample_rate = info.samplerate;
-  if (info.frames > 0 && info.frames < (int64_t{1} << 34)) {
-    clip.samples.reserve(static_cast<size_t>(info.frames));
+  if (info.frames > 0) {
+    clip.samples.reserve(static_cast<size_t>(std::min<int64_t>(info.frames, int64_t{1} << 22)));
   }
-  constexpr sf_count_t kBlockFrames = 1 << 16;
-  std::vector<float> block(static_cast<size_t>(kBlockFrames * channels));
+  // 2^16 frames a block, fewer past 8 channels: its size stays bounded whatever the limits.
+  constexpr sf_count_t kBlockSamples = sf_count_t{8} << 16;
+  const sf_count_t block_frames =
+      std::min<sf_count_t>(1 << 16, std::max<sf_count_t>(1, kBlockSamples / channels));
+  std::vector<float> block(static_cast<size_t>(block_frames * channels));
   while (true) {
-    const sf_count_t n = sf_readf_float(file.get(), block.data(), kBlockFrames);
+    const sf_count_t n = sf_readf_float(file.get(), block.data(), block_frames);
     if (n <= 0) break;
     if (limits.max_seconds > 0 && static_cast<int64_t>(clip.samples.size()) + n > max_frames) {
       too_long("over ", static_cast<int64_t>(clip.samples.size()) + n);

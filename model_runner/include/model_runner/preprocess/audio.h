@@ -19,19 +19,22 @@ struct AudioClip {
   int64_t sample_rate = 0;
 };
 
-// What a file may declare before any sample is decoded: a header claiming 1 Hz, or hours, would
-// make a few bytes cost gigabytes once decoded and resampled.
+// What a file may declare before any sample is decoded: a header claiming 1 Hz, or hours, or a
+// thousand channels, would make a few bytes cost gigabytes once decoded and resampled.
 struct AudioLimits {
   int64_t min_sample_rate = 8000;
   int64_t max_sample_rate = 192000;
   double max_seconds = 0;  // 0: no limit
+  // 7.1 audio; the models mix every input down to mono anyway.
+  int64_t max_channels = 8;
 };
 
 // Decodes `path` (any format libsndfile reads: WAV, FLAC, OGG/Vorbis, ...). Multi-channel audio
 // is mixed down by averaging the channels (librosa's mono=True). Throws omni::Error naming the
 // file when it is missing, not audio libsndfile can decode, or holds no samples, and naming the
-// limit when its sample rate is outside `limits` or it lasts longer (checked on the header's
-// frame count before decoding, and again while decoding, for headers that do not say).
+// limit when its sample rate or channel count is outside `limits` (checked on the header before
+// any sample buffer exists) or it lasts longer (checked on the header's frame count before
+// decoding, and again while decoding, for headers that do not say).
 AudioClip read_audio_file(const std::string& path, const AudioLimits& limits = {});
 // The same for a file's bytes in memory (an upload); `name` stands for the file in errors.
 AudioClip decode_audio(const uint8_t* data, size_t size, const std::string& name,
