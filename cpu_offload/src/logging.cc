@@ -46,4 +46,28 @@ void log_message(LogLevel level, const std::string& message) {
   std::cerr << "[omni " << level_name(level) << "] " << message << std::endl;
 }
 
+RateLimitedLog::RateLimitedLog(LogLevel level, std::chrono::milliseconds window, int burst)
+    : level_(level), window_(window), burst_(burst) {}
+
+void RateLimitedLog::write(const std::string& message) {
+  if (log_level() > level_) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = std::chrono::steady_clock::now();
+  if (now - window_start_ >= window_) {
+    if (unwritten_ > 0) {
+      log_message(level_,
+                  std::to_string(unwritten_) + " more lines of this kind were left out of the log");
+    }
+    window_start_ = now;
+    written_ = 0;
+    unwritten_ = 0;
+  }
+  if (written_ >= burst_) {
+    ++unwritten_;
+    return;
+  }
+  ++written_;
+  log_message(level_, message);
+}
+
 }  // namespace omni

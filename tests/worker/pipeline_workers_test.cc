@@ -6,7 +6,11 @@
 //   - a worker killed mid-request fails that request naming the stage; it is restarted and the
 //     next request succeeds; a failing stage answers with an error, the others keep serving;
 //   - 32 concurrent requests each equal their own single-request output;
-//   - a worker with a token refuses a client without it and keeps serving;
+//   - a worker with a token refuses a client without it and keeps serving; the workers a
+//     launcher starts get a token of their own (in their environment, not their command line)
+//     and refuse a local process without it;
+//   - an upstream packet that never ends fails its request at the worker's limit without the
+//     worker's memory growing past it;
 //   - expert offload from --cpu-offload-experts / --expert-cache-budget and from the YAML keys
 //     (cpu_offload_experts, expert_cache_budget, expert_prefetch, expert_miss_policy,
 //     expert_eviction) reaches the thinker, changes nothing, and the thinker's stats report the
@@ -18,24 +22,31 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <future>
+#include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <grpcpp/grpcpp.h>
+
 #include "cpu_offload/check.h"
 #include "process.h"
+#include "stage.grpc.pb.h"
 #include "worker/config/stage_overrides.h"
 #include "worker/config/stage_yaml.h"
 #include "worker/pipeline/stage_launcher.h"
 #include "worker/pipeline/stage_params.h"
+#include "worker/rpc/auth.h"
 #include "worker/rpc/stage_client.h"
 
 namespace omni::pipeline {
@@ -207,6 +218,20 @@ std::vector<pid_t> children_of(pid_t parent) {
   return pids;
 }
 
+// The value of `name` in process `pid`'s environment (/proc/PID/environ), "" when it has none.
+std::string environment_value(pid_t pid, const std::string& name) {
+  const std::string text = read_file("/proc/" + std::to_string(pid) + "/environ");
+  const std::string prefix = name + "=";
+  for (size_t pos = 0, end; pos < text.size(); pos = end + 1) {
+    end = text.find('\0', pos);
+    if (end == std::string::npos) end = text.size();
+    if (text.compare(pos, prefix.size(), prefix) == 0) {
+      return text.substr(pos + prefix.size(), end - pos - prefix.size());
+    }
+  }
+  return "";
+}
+
 TEST(PipelineWorkers, SigtermStopsTheWorkersItStarted) {
   // A long answer, so that the signal arrives while the workers are up.
   std::vector<std::string> args = {OMNI_VLLM_OMNI, "generate", "--stage-configs-path",
@@ -276,6 +301,8 @@ TEST(PipelineWorkers, AKilledWorkerFailsItsRequestAndIsRestarted) {
   const int talker = launcher.supervisor_index(1);
   ASSERT_GE(talker, 0);
   const auto generation = supervisor->generation(talker);
+  const std::string token = environment_value(supervisor->pid(talker), rpc::kWorkerTokenEnv);
+  EXPECT_FALSE(token.empty());
 
   // SIGKILL the talker's worker at its first frame: the request fails naming it, in time.
   PipelineCallbacks cb;
@@ -296,6 +323,8 @@ TEST(PipelineWorkers, AKilledWorkerFailsItsRequestAndIsRestarted) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
   supervisor->wait_ready(talker, std::chrono::seconds(120), generation + 1);
   EXPECT_GT(supervisor->generation(talker), generation);
+  // The restarted worker has the token the launcher's clients send.
+  EXPECT_EQ(environment_value(supervisor->pid(talker), rpc::kWorkerTokenEnv), token);
   const auto after = pipeline.generate(request("Count to three."));
   EXPECT_EQ(after.omni.tokens, before.omni.tokens);
   EXPECT_TRUE(at::equal(after.omni.codes, before.omni.codes));
@@ -634,6 +663,222 @@ TEST(PipelineWorkers, AWorkerWithATokenRefusesOthersAndKeepsServing) {
   worker.stop();
   const auto log = read_file(spec.log_path);
   EXPECT_NE(log.find("refused"), std::string::npos) << log;
+  fs::remove_all(dir);
+}
+
+// Every worker a launcher starts refuses a local process that lacks the launch's token: Info,
+// Run and Device(release) alike (the last moves nothing); the launcher's own calls pass. The
+// token lies in the worker's environment, not on its command line (anyone may read that).
+TEST(PipelineWorkers, LaunchedWorkersRefuseACallerWithoutTheirToken) {
+  auto options = launcher_options();
+  config::EngineFlags flags = {config::engine_flag("cpu_offload_components", {"talker"})};
+  config::apply_stage_flags(options.config, flags, "");
+  StageLauncher launcher(options);
+  auto* supervisor = launcher.supervisor();
+  ASSERT_NE(supervisor, nullptr);
+  const std::string token = environment_value(supervisor->pid(0), rpc::kWorkerTokenEnv);
+  EXPECT_GE(token.size(), 32u) << "at least 128 bits in hex";
+  EXPECT_EQ(token.find_first_not_of("0123456789abcdef"), std::string::npos) << token;
+  for (size_t i = 0; i < supervisor->size(); ++i) {
+    const std::string proc = "/proc/" + std::to_string(supervisor->pid(i));
+    EXPECT_EQ(environment_value(supervisor->pid(i), rpc::kWorkerTokenEnv), token) << i;
+    const std::string cmdline = read_file(proc + "/cmdline");
+    EXPECT_NE(cmdline.find("--stage-id"), std::string::npos) << "the command line was read";
+    EXPECT_EQ(cmdline.find(token), std::string::npos) << cmdline;
+  }
+  // A second launch has a token of its own.
+  {
+    StageLauncher other(launcher_options());
+    EXPECT_NE(environment_value(other.supervisor()->pid(0), rpc::kWorkerTokenEnv), token);
+  }
+
+  // The talker after a request holds its weights on its device; the launcher's calls pass.
+  ASSERT_GT(launcher.pipeline().generate(request("Hello.")).omni.codes.size(1), 0);
+  Stage& own = *launcher.pipeline().stages().at(1).stage;
+  const uint64_t held = own.device_bytes();
+  ASSERT_GT(held, 0u);
+  const auto counters = [&] { return Json::parse(own.stats_json())["worker"]; };
+  const Json before = counters();
+
+  const std::string address = supervisor->address(launcher.supervisor_index(1));
+  const auto stub = proto::StageService::NewStub(rpc::make_channel(address, {}));
+  for (const std::string& sent : {std::string(), std::string("0123456789abcdef")}) {
+    SCOPED_TRACE(sent.empty() ? "no token" : "a wrong token");
+    const auto context = [&](grpc::ClientContext& c) {
+      if (!sent.empty()) c.AddMetadata(rpc::kAuthMetadataKey, rpc::bearer(sent));
+      c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    };
+    {
+      grpc::ClientContext c;
+      context(c);
+      proto::InfoResponse info;
+      EXPECT_EQ(stub->Info(&c, proto::InfoRequest(), &info).error_code(),
+                grpc::StatusCode::UNAUTHENTICATED);
+    }
+    {
+      grpc::ClientContext c;
+      context(c);
+      proto::DeviceRequest release;
+      release.set_release(true);
+      proto::DeviceResponse moved;
+      EXPECT_EQ(stub->Device(&c, release, &moved).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+      EXPECT_EQ(moved.moved_bytes(), 0u);
+    }
+    {
+      grpc::ClientContext c;
+      context(c);
+      auto stream = stub->Run(&c);
+      proto::RunRequest header;
+      header.mutable_header()->set_params_json(TalkerParams().to_json());
+      stream->Write(header);
+      stream->WritesDone();
+      proto::RunResponse response;
+      int responses = 0;
+      while (stream->Read(&response)) ++responses;
+      EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+      EXPECT_EQ(responses, 0);
+    }
+  }
+  EXPECT_EQ(own.device_bytes(), held) << "a refused Device(release) moved weights";
+  const Json after = counters();
+  EXPECT_EQ(after["requests_started"], before["requests_started"]) << after.dump();
+  EXPECT_EQ(after["requests_refused"].get<int>(), before["requests_refused"].get<int>() + 6)
+      << after.dump();
+  // With the token the same calls pass: the release moves what the refused one would have.
+  {
+    grpc::ClientContext c;
+    c.AddMetadata(rpc::kAuthMetadataKey, rpc::bearer(token));
+    proto::InfoResponse info;
+    ASSERT_TRUE(stub->Info(&c, proto::InfoRequest(), &info).ok());
+    EXPECT_EQ(info.pid(), supervisor->pid(launcher.supervisor_index(1)));
+  }
+  EXPECT_GT(own.set_device_released(true), 0u);
+  EXPECT_LT(own.device_bytes(), held);
+  own.set_device_released(false);
+  // Health probes need no secret.
+  std::string why;
+  EXPECT_TRUE(rpc::wait_healthy(address, {}, std::chrono::seconds(5), &why)) << why;
+  EXPECT_TRUE(launcher.healthy(&why)) << why;
+  EXPECT_GT(launcher.pipeline().generate(request("Hello.")).omni.codes.size(1), 0);
+}
+
+// A process's resident memory at its highest from now on: VmHWM after resetting it
+// (/proc/PID/clear_refs, Linux 4.0+), and VmRSS sampled every 2 ms in case the reset is refused.
+class PeakMemory {
+ public:
+  explicit PeakMemory(pid_t pid) : proc_("/proc/" + std::to_string(pid)) {
+    std::ofstream(proc_ + "/clear_refs") << "5";
+    start_ = kib("VmRSS:");
+    // The reset took when the high-water mark is back at the current size.
+    hwm_reset_ = kib("VmHWM:") <= start_ + 1024;
+    sampler_ = std::thread([this] {
+      while (!stop_) {
+        peak_ = std::max(peak_.load(), kib("VmRSS:"));
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    });
+  }
+  ~PeakMemory() { stop(); }
+  // Bytes above the resident size at construction.
+  uint64_t growth() {
+    stop();
+    uint64_t peak = std::max(peak_.load(), kib("VmRSS:"));
+    if (hwm_reset_) peak = std::max(peak, kib("VmHWM:"));
+    return peak > start_ ? (peak - start_) * 1024 : 0;
+  }
+  uint64_t start_bytes() const { return start_ * 1024; }
+
+ private:
+  uint64_t kib(const std::string& field) const {
+    std::ifstream in(proc_ + "/status");
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind(field, 0) == 0) return std::stoull(line.substr(field.size()));
+    }
+    return 0;
+  }
+  void stop() {
+    stop_ = true;
+    if (sampler_.joinable()) sampler_.join();
+  }
+  const std::string proc_;
+  uint64_t start_ = 0;
+  bool hwm_reset_ = false;
+  std::atomic<uint64_t> peak_{0};
+  std::atomic<bool> stop_{false};
+  std::thread sampler_;
+};
+
+// A hostile client's Run: one upstream packet whose `more` never ends, 1 MiB of token ids per
+// message (8 MiB in memory each). The worker, limited by --max-upstream-bytes to 16 MiB, answers
+// INVALID_ARGUMENT naming the limit, its memory grows by less than 100 MB over the attack
+// (unbounded, 40 messages would take it past 300 MB), and it serves a good request after.
+TEST(PipelineWorkers, AnUpstreamPacketThatNeverEndsStopsAtTheWorkersLimit) {
+  const auto dir = temp_dir();
+  WorkerSpec spec;
+  spec.name = "stage 2 (code2wav)";
+  spec.argv = {OMNI_VLLM_OMNI, "worker",      "--stage-configs-path", kTinyYaml, "--stage-id", "2",
+               "--listen",     "127.0.0.1:0", "--max-upstream-bytes", "16MiB"};
+  spec.log_path = (dir / "worker.log").string();
+  WorkerProcess worker(spec);
+  const std::string address = worker.start();
+
+  PeakMemory memory(worker.pid());
+  const auto stub = proto::StageService::NewStub(rpc::make_channel(address, {}));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto stream = stub->Run(&context);
+  proto::RunRequest header;
+  header.mutable_header()->set_params_json(Code2WavParams().to_json());
+  ASSERT_TRUE(stream->Write(header));
+  constexpr int kMessages = 40;
+  std::atomic<int> sent{0};
+  std::thread writer([&] {
+    proto::RunRequest message;
+    message.mutable_upstream()->set_more(true);
+    for (int i = 0; i < (1 << 20); ++i) message.mutable_upstream()->add_token_ids(1);
+    while (sent < kMessages && stream->Write(message)) ++sent;
+    stream->WritesDone();
+  });
+  proto::RunResponse response;
+  proto::StageError error;
+  while (stream->Read(&response)) {
+    if (response.has_error()) error = response.error();
+  }
+  writer.join();
+  EXPECT_TRUE(stream->Finish().ok());
+  const uint64_t growth = memory.growth();
+  EXPECT_EQ(error.code(), proto::StageError::INVALID_ARGUMENT) << error.message();
+  EXPECT_NE(error.message().find("token ids"), std::string::npos) << error.message();
+  EXPECT_NE(error.message().find("limit of 16777216 bytes"), std::string::npos) << error.message();
+  EXPECT_LT(growth, 100000000u) << "from " << memory.start_bytes() << " bytes resident";
+  std::cout << "[ figures  ] " << sent << " messages of 1 MiB sent; the worker grew by "
+            << growth / 1e6 << " MB from " << memory.start_bytes() / 1e6 << " MB" << std::endl;
+
+  // A good request after it: a few codec frames decode to a waveform.
+  rpc::RemoteStage code2wav(address);
+  StagePacket frames;
+  for (int64_t f = 0; f < 8; ++f) {
+    std::vector<int64_t> codes;
+    for (int64_t g = 0; g < 16; ++g) codes.push_back((f * 16 + g) % 128);
+    frames.frames.push_back(std::move(codes));
+  }
+  frames.finished = true;
+  PacketQueue input;
+  input.push(std::move(frames));
+  input.close();
+  StageCall call;
+  call.params = std::make_shared<const Code2WavParams>();
+  CancelToken cancel;
+  at::Tensor waveform;
+  code2wav.run(
+      call, input,
+      [&](StagePacket&& p) {
+        if (p.tensor("waveform").defined()) waveform = p.tensor("waveform");
+      },
+      cancel);
+  ASSERT_TRUE(waveform.defined());
+  EXPECT_GT(waveform.numel(), 0);
+  worker.stop();
   fs::remove_all(dir);
 }
 

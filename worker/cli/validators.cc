@@ -6,8 +6,12 @@
 #include <cerrno>
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <sstream>
+#include <stdexcept>
+
+#include "cpu_offload/option_values.h"
 
 namespace omni::cli {
 namespace {
@@ -73,6 +77,22 @@ CLI::Validator number_in(double min, double max, bool min_open) {
         }
         why << ", got '" << text << "'";
         return why.str();
+      },
+      "");
+}
+
+CLI::Validator positive_byte_size() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        uint64_t bytes = 0;
+        try {
+          bytes = offload::values::parse_byte_size(text);
+        } catch (const std::invalid_argument& e) {
+          return e.what();
+        }
+        if (bytes == 0) return "expected a byte size above 0, got '" + text + "'";
+        text = std::to_string(bytes);
+        return "";
       },
       "");
 }

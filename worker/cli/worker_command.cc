@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <ostream>
 
 #include "cpu_offload/check.h"
@@ -35,7 +36,7 @@ void add_worker_options(CLI::App& app, WorkerOptions& o) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--listen", o.listen,
                  "host:port to serve on (port 0: any free port); beyond loopback it needs "
-                 "--tls-cert/--tls-key or --auth-token-file")
+                 "--tls-cert/--tls-key or a token (--auth-token-file or $OMNI_WORKER_TOKEN)")
       ->type_name("HOST:PORT")
       ->capture_default_str();
   app.add_option("--stage-overrides", o.stage_overrides,
@@ -50,9 +51,19 @@ void add_worker_options(CLI::App& app, WorkerOptions& o) {
   cert->needs(key);
   key->needs(cert);
   app.add_option("--auth-token-file", o.auth_token_file,
-                 "a file holding the token every request must carry (Bearer)")
+                 std::string("a file holding the token every request must carry (Bearer); "
+                             "without it, the token in $") +
+                     rpc::kWorkerTokenEnv +
+                     " (generate and serve hand the workers they start one there)")
       ->type_name("FILE")
       ->check(CLI::ExistingFile);
+  app.add_option("--max-upstream-bytes", o.max_upstream_bytes,
+                 "the memory one request's upstream packets may take here, together (the talker "
+                 "keeps all its thinker's rows); beyond it the request fails. One packet may "
+                 "take 2GiB at most")
+      ->type_name("BYTES")
+      ->transform(positive_byte_size())
+      ->default_str(std::to_string(rpc::kDefaultMaxUpstreamBytes >> 30) + "GiB");
   app.add_option("--ready-fd", o.ready_fd,
                  "write 'LISTENING host:port' to this file descriptor once serving (used by the "
                  "orchestrator)")
@@ -87,12 +98,21 @@ int run_worker(const WorkerOptions& o, std::ostream& err) {
     server_options.listen_address = o.listen;
     server_options.tls_cert_file = o.tls_cert;
     server_options.tls_key_file = o.tls_key;
-    if (!o.auth_token_file.empty()) server_options.token = rpc::read_token_file(o.auth_token_file);
+    const char* env_token = std::getenv(rpc::kWorkerTokenEnv);
+    if (env_token != nullptr && *env_token != '\0' && !o.auth_token_file.empty()) {
+      err << "vllm-omni worker: error: a token both in --auth-token-file and in $"
+          << rpc::kWorkerTokenEnv << ": give one" << std::endl;
+      return 2;
+    }
+    server_options.token = !o.auth_token_file.empty() ? rpc::read_token_file(o.auth_token_file)
+                           : env_token != nullptr     ? env_token
+                                                      : "";
+    if (o.max_upstream_bytes > 0) server_options.max_upstream_bytes = o.max_upstream_bytes;
     // Refuse an open, unauthenticated listen address before spending minutes on the weights.
     if (!rpc::is_loopback_address(o.listen) && o.tls_cert.empty() && server_options.token.empty()) {
       err << "vllm-omni worker: error: --listen " << o.listen
-          << " is not a loopback address: give --tls-cert/--tls-key or --auth-token-file"
-          << std::endl;
+          << " is not a loopback address: give --tls-cert/--tls-key or a token "
+          << "(--auth-token-file or $" << rpc::kWorkerTokenEnv << ")" << std::endl;
       return 2;
     }
     log_info(name, ": loading ", stage.engine.model);

@@ -2,8 +2,9 @@
 // (only its part of the checkpoint), loads the weights, applies the stage's offload settings
 // after load, listens, and serves until SIGTERM / SIGINT (then drains: running requests get
 // --drain-timeout seconds to finish). Loopback by default; any other address needs TLS or a
-// token. With --ready-fd (the orchestrator's start-up protocol, worker/pipeline/worker_process.h)
-// it writes "LISTENING host:port" there once it serves.
+// token. The token comes from --auth-token-file or, without it, from $OMNI_WORKER_TOKEN (how a
+// launcher hands the workers it starts theirs). With --ready-fd (the orchestrator's start-up
+// protocol, worker/pipeline/worker_process.h) it writes "LISTENING host:port" there once it serves.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,7 @@ struct WorkerOptions {
   std::string stage_overrides;  // JSON, as for generate
   std::string tls_cert, tls_key;
   std::string auth_token_file;
+  uint64_t max_upstream_bytes = 0;  // 0: rpc::kDefaultMaxUpstreamBytes
   int ready_fd = -1;
   double drain_timeout_s = 10;
   // Instead of runtime.devices: cpu (the simulated device) or cuda.

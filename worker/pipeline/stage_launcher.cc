@@ -9,6 +9,7 @@
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
 #include "worker/config/engine_options.h"
+#include "worker/rpc/auth.h"
 
 namespace omni::pipeline {
 namespace {
@@ -78,9 +79,14 @@ std::string resolved_stage_overrides(const config::StageConfig& s) {
 
 StageLauncher::StageLauncher(LauncherOptions options) : options_(std::move(options)) {
   const auto& config = options_.config;
+  // Local workers get their own token, not the configured one: it may be shared with other
+  // hosts, and a leak there must not open the workers of every launch on this one.
+  local_token_ = rpc::random_token();
   rpc::ClientOptions client;
-  client.token = options_.token;
-  client.tls_ca_file = options_.tls_ca_file;
+  client.token = local_token_;
+  rpc::ClientOptions remote_client;
+  remote_client.token = options_.token;
+  remote_client.tls_ca_file = options_.tls_ca_file;
 
   // Local workers first, all at once (their start-up overlaps).
   std::vector<WorkerSpec> specs;
@@ -100,6 +106,7 @@ StageLauncher::StageLauncher(LauncherOptions options) : options_(std::move(optio
                  "127.0.0.1:0",
                  "--stage-overrides",
                  resolved_stage_overrides(s)};
+    spec.env = {{rpc::kWorkerTokenEnv, local_token_}};
     spec.startup_timeout = options_.init_timeout;
     if (!options_.log_dir.empty()) {
       spec.log_path = (std::filesystem::path(options_.log_dir) /
@@ -142,14 +149,14 @@ StageLauncher::StageLauncher(LauncherOptions options) : options_(std::move(optio
       ps.stage = std::make_shared<SupervisedStage>(*supervisor_, static_cast<size_t>(index),
                                                    stage_name(s), client, options_.init_timeout);
     } else {
-      auto remote_client = client;
-      remote_client.name = stage_name(s);
+      auto named = remote_client;
+      named.name = stage_name(s);
       std::string why;
-      if (!rpc::wait_healthy(s.runtime.address, remote_client, options_.init_timeout, &why)) {
+      if (!rpc::wait_healthy(s.runtime.address, named, options_.init_timeout, &why)) {
         OMNI_THROW(stage_name(s), " at ", s.runtime.address, " did not become healthy within ",
                    options_.init_timeout.count() / 1000.0, " s (", why, ")");
       }
-      ps.stage = std::make_shared<rpc::RemoteStage>(s.runtime.address, remote_client);
+      ps.stage = std::make_shared<rpc::RemoteStage>(s.runtime.address, named);
     }
     stages_.push_back(ps.stage);
     stages.push_back(std::move(ps));
@@ -170,13 +177,13 @@ StageLauncher::~StageLauncher() {
 }
 
 bool StageLauncher::healthy(std::string* why) {
-  rpc::ClientOptions client;
-  client.token = options_.token;
-  client.tls_ca_file = options_.tls_ca_file;
   for (const auto& s : options_.config.stages) {
     const int index = supervisor_index(s.stage_id);
     const std::string address =
         index >= 0 ? supervisor_->address(static_cast<size_t>(index)) : s.runtime.address;
+    rpc::ClientOptions client;
+    client.token = index >= 0 ? local_token_ : options_.token;
+    if (index < 0) client.tls_ca_file = options_.tls_ca_file;
     std::string reason;
     if (!rpc::wait_healthy(address, client, std::chrono::milliseconds(1000), &reason)) {
       if (why) {

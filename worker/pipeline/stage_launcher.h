@@ -4,6 +4,10 @@
 // one that is not within the start-up timeout), restarts a worker that dies (its in-flight
 // requests fail naming the stage; later requests wait for the restart and succeed), and stops
 // every worker it started when destroyed.
+//
+// Every launch makes a fresh random token for the workers it starts (even on loopback, where any
+// local process could otherwise call them) and hands it to them in their environment
+// (rpc::kWorkerTokenEnv), never on their command line; a restarted worker gets the same one.
 #pragma once
 
 #include <chrono>
@@ -25,8 +29,8 @@ struct LauncherOptions {
   // The vllm-omni executable the local workers run (`<exe> worker ...`).
   std::string worker_executable;
   std::chrono::milliseconds init_timeout{600000};
-  // For workers at runtime.address: the shared token (sent to local workers too) and the CA
-  // that signed their certificates (empty: no TLS).
+  // For workers at runtime.address: their shared token and the CA that signed their
+  // certificates (empty: no TLS). Local workers never get this token but one of their own.
   std::string token;
   std::string tls_ca_file;
   // Local workers' output goes to <log_dir>/stage-<id>.log; empty: this process's stderr.
@@ -54,6 +58,7 @@ class StageLauncher {
 
  private:
   LauncherOptions options_;
+  std::string local_token_;  // the local workers' token, made for this launch
   std::unique_ptr<WorkerSupervisor> supervisor_;
   std::vector<std::pair<int64_t, int>> local_index_;  // stage id -> supervisor index
   std::vector<std::shared_ptr<Stage>> stages_;

@@ -21,6 +21,7 @@
 #include <future>
 #include <set>
 #include <stdexcept>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -419,6 +420,19 @@ std::string WorkerProcess::start_impl(const std::atomic<bool>* cancel) {
   std::vector<char*> argv;
   for (auto& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
+  std::vector<std::string> env_entries;
+  for (const auto& [key, value] : spec_.env) env_entries.push_back(key + "=" + value);
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string_view inherited(*entry);
+    const bool replaced = std::any_of(spec_.env.begin(), spec_.env.end(), [&](const auto& kv) {
+      return inherited.size() > kv.first.size() && inherited[kv.first.size()] == '=' &&
+             inherited.substr(0, kv.first.size()) == kv.first;
+    });
+    if (!replaced) env_entries.emplace_back(inherited);
+  }
+  std::vector<char*> envp;
+  for (auto& entry : env_entries) envp.push_back(entry.data());
+  envp.push_back(nullptr);
 
   Fd log_fd, null_fd, ready_read, ready_write, error_read, error_write;
   off_t log_start = 0;
@@ -442,7 +456,7 @@ std::string WorkerProcess::start_impl(const std::atomic<bool>* cancel) {
   ChildPlan plan;
   plan.path = program.c_str();
   plan.argv = argv.data();
-  plan.envp = environ;
+  plan.envp = envp.data();
   plan.stdin_fd = null_fd.get();
   plan.log_fd = log_fd.get();
   plan.ready_fd = ready_write.get();

@@ -35,6 +35,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace omni::pipeline {
@@ -43,6 +44,9 @@ struct WorkerSpec {
   std::string name;               // e.g. "stage 1 (talker)": used in every message
   std::vector<std::string> argv;  // argv[0]: the program (a path, or a name looked up in PATH);
                                   // the supervisor appends "--ready-fd", "3"
+  // Variables set in the child's environment over the ones it inherits: a secret for the worker
+  // goes here, never in argv (anyone can read a command line; an environment only its user).
+  std::vector<std::pair<std::string, std::string>> env;
   std::chrono::milliseconds startup_timeout{60000};
   // The child's stdout and stderr are appended to this file (created if needed). Empty: both go
   // to this process's stderr (stdout too, so that a worker never writes into our stdout).

@@ -1,12 +1,17 @@
 #include "worker/rpc/auth.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
+
+#include "cpu_offload/logging.h"
 
 namespace omni::rpc {
 namespace {
@@ -39,6 +44,30 @@ std::string read_token_file(const std::string& path) {
   return token;
 }
 
+std::string random_token() {
+  unsigned char bytes[32];
+  size_t got = 0;
+  while (got < sizeof bytes) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // ENOSYS on an old kernel: /dev/urandom below
+    got += static_cast<size_t>(n);
+  }
+  if (got < sizeof bytes) {
+    std::ifstream urandom("/dev/urandom", std::ios::binary);
+    if (!urandom.read(reinterpret_cast<char*>(bytes), sizeof bytes)) {
+      throw std::runtime_error("cannot make a worker token: getrandom and /dev/urandom failed");
+    }
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string token;
+  for (const unsigned char b : bytes) {
+    token += kHex[b >> 4];
+    token += kHex[b & 15];
+  }
+  return token;
+}
+
 bool constant_time_equal(std::string_view a, std::string_view b) {
   // Every byte of `a` is read whatever `b` holds; volatile keeps the compiler from stopping at
   // the first difference.
@@ -50,31 +79,8 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-RefusalLog::RefusalLog(std::chrono::milliseconds window, int burst)
-    : window_(window), burst_(burst) {}
-
-void RefusalLog::refused(const std::string& peer, const char* problem) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto now = std::chrono::steady_clock::now();
-  if (now - window_start_ >= window_) {
-    if (unlogged_ > 0) {
-      std::fprintf(stderr, "omni worker: %llu more requests refused without a line each\n",
-                   static_cast<unsigned long long>(unlogged_));
-    }
-    window_start_ = now;
-    logged_ = 0;
-    unlogged_ = 0;
-  }
-  if (logged_ >= burst_) {
-    ++unlogged_;
-    return;
-  }
-  ++logged_;
-  // One fprintf per line: lines of concurrent refusals do not interleave.
-  std::fprintf(stderr, "omni worker: refused request from %s: %s\n", peer.c_str(), problem);
-}
-
-TokenCheck::TokenCheck(std::string token) : token_(std::move(token)) {}
+TokenCheck::TokenCheck(std::string token)
+    : token_(std::move(token)), log_(std::make_shared<RateLimitedLog>(LogLevel::kWarning)) {}
 
 grpc::Status TokenCheck::check(const grpc::ServerContext& context) const {
   if (token_.empty()) return grpc::Status::OK;
@@ -90,7 +96,7 @@ grpc::Status TokenCheck::check(const grpc::ServerContext& context) const {
     }
     problem = "wrong token";
   }
-  log_->refused(context.peer(), problem);
+  log_->write("refused request from " + context.peer() + ": " + problem);
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                       std::string("the worker refused the token (") + problem + ")");
 }

@@ -11,16 +11,21 @@
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/status.h>
 
-#include <chrono>
-#include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
+
+namespace omni {
+class RateLimitedLog;  // cpu_offload/logging.h
+}  // namespace omni
 
 namespace omni::rpc {
 
 constexpr const char* kAuthMetadataKey = "authorization";
+// The environment variable a launcher hands a local worker its token in (`vllm-omni worker`
+// reads it when no --auth-token-file is given): a command line is world-readable in /proc, the
+// environment only by the same user, who could read the orchestrator's memory anyway.
+constexpr const char* kWorkerTokenEnv = "OMNI_WORKER_TOKEN";
 
 // The metadata value for `token`: "Bearer <token>".
 std::string bearer(const std::string& token);
@@ -29,39 +34,27 @@ std::string bearer(const std::string& token);
 // std::runtime_error naming the file when it cannot be read or holds no token.
 std::string read_token_file(const std::string& path);
 
+// A fresh token: 256 bits from the kernel's CSPRNG (getrandom, else /dev/urandom) as 64 hex
+// digits. Throws std::runtime_error when neither can be read.
+std::string random_token();
+
 // Compares in time that depends on the lengths only, not on where the first difference is.
 bool constant_time_equal(std::string_view a, std::string_view b);
 
 // The server side of the token: the stage service calls check() first in every RPC (the health
 // service does not, so that probes need no secret).
-// Lines for refused calls on stderr at a bounded rate: a client retrying a wrong token in a loop
-// cannot fill the log. At most `burst` lines per `window`; the calls beyond are counted and the
-// count is written with the first line of a later window.
-class RefusalLog {
- public:
-  explicit RefusalLog(std::chrono::milliseconds window = std::chrono::seconds(10), int burst = 10);
-  void refused(const std::string& peer, const char* problem);
-
- private:
-  std::mutex mutex_;
-  const std::chrono::milliseconds window_;
-  const int burst_;
-  std::chrono::steady_clock::time_point window_start_{};
-  int logged_ = 0;
-  uint64_t unlogged_ = 0;
-};
-
 class TokenCheck {
  public:
   explicit TokenCheck(std::string token);  // empty: every call passes
   bool enabled() const { return !token_.empty(); }
   // OK, or UNAUTHENTICATED after logging "refused request from <peer>: missing token" (or
-  // "wrong token") on stderr, at the rate RefusalLog allows.
+  // "wrong token") as a warning, at a bounded rate: a client retrying a wrong token in a loop
+  // cannot fill the log.
   grpc::Status check(const grpc::ServerContext& context) const;
 
  private:
   std::string token_;
-  std::shared_ptr<RefusalLog> log_ = std::make_shared<RefusalLog>();
+  std::shared_ptr<RateLimitedLog> log_;
 };
 
 // TLS credentials from PEM files; errors (std::runtime_error) name the file. Both files empty:

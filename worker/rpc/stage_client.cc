@@ -366,6 +366,8 @@ bool wait_healthy(const std::string& address, const ClientOptions& options,
   bool answered = false;
   while (true) {
     grpc::ClientContext context;
+    // The health service needs no token; it goes along as on the orchestrator's other calls.
+    if (!options.token.empty()) context.AddMetadata(kAuthMetadataKey, bearer(options.token));
     context.set_deadline(std::min(end, SystemClock::now() + std::chrono::seconds(1)));
     grpc::health::v1::HealthCheckRequest request;
     grpc::health::v1::HealthCheckResponse response;

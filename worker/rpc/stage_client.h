@@ -74,7 +74,8 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& address,
                                             const ClientOptions& options);
 
 // Polls the worker's health service until it reports SERVING (true) or `timeout` passes
-// (false, with the last answer or transport error in *why when given). Needs no token.
+// (false, with the last answer or transport error in *why when given). Needs no token (the
+// options' token goes along when given).
 bool wait_healthy(const std::string& address, const ClientOptions& options,
                   std::chrono::milliseconds timeout, std::string* why = nullptr);
 

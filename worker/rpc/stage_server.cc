@@ -298,7 +298,9 @@ std::optional<StageError> StageServer::Impl::serve(grpc::ServerContext* context,
   bool done = false, reader_done = false;
   std::thread reader([&] {
     try {
-      PacketAssembler assembler;
+      WireLimits limits;
+      limits.max_request_bytes = options_.max_upstream_bytes;
+      PacketAssembler assembler(limits);
       proto::RunRequest request;
       bool ended = false;
       while (!ended && stream->Read(&request)) {

@@ -16,6 +16,11 @@
 
 namespace omni::rpc {
 
+// What one Run call's upstream packets may hold in the worker's memory, together: the talker
+// keeps all of its thinker's rows, 2 x 2048 values per token (Qwen3-Omni 30B-A3B: 1 GiB for a
+// 64k-token context in float32, half that in bfloat16); 4 GiB is 4x that.
+constexpr uint64_t kDefaultMaxUpstreamBytes = uint64_t{4} << 30;
+
 struct ServerOptions {
   // host:port; port 0 = the OS picks one (address() tells which after start()).
   std::string listen_address = "127.0.0.1:0";
@@ -26,6 +31,8 @@ struct ServerOptions {
   // Listening beyond loopback without TLS or a token lets anyone on the network run requests:
   // refused unless this is set.
   bool allow_insecure_nonloopback = false;
+  // Beyond it a request fails with StageError kInvalidArgument (wire.h counts the bytes).
+  uint64_t max_upstream_bytes = kDefaultMaxUpstreamBytes;
 };
 
 class StageServer {

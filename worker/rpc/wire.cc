@@ -202,16 +202,44 @@ void PacketAssembler::reset() {
   packet_ = pipeline::StagePacket{};
   open_tensor_.reset();
   open_audio_.reset();
-  packet_bytes_ = 0;
+  packet_bytes_ = 0;  // request_bytes_ stays: the packets handed on may still be held
   in_progress_ = false;
+}
+
+void PacketAssembler::charge(const std::string& what, uint64_t bytes) {
+  // Subtractions, not sums: the counts never exceed their limits, so nothing can wrap around.
+  if (bytes > limits_.max_packet_bytes - packet_bytes_) {
+    invalid(what + ": " + std::to_string(bytes) + " more bytes in memory would exceed the " +
+            "packet's limit of " + std::to_string(limits_.max_packet_bytes) + " bytes (" +
+            std::to_string(packet_bytes_) + " taken)");
+  }
+  if (bytes > limits_.max_request_bytes - request_bytes_) {
+    invalid(what + ": " + std::to_string(bytes) + " more bytes in memory would exceed the " +
+            "limit of " + std::to_string(limits_.max_request_bytes) +
+            " bytes for all upstream packets of a request (" + std::to_string(request_bytes_) +
+            " taken; vllm-omni worker --max-upstream-bytes raises it)");
+  }
+  packet_bytes_ += bytes;
+  request_bytes_ += bytes;
 }
 
 std::optional<pipeline::StagePacket> PacketAssembler::add(const proto::Packet& message) {
   try {
-    in_progress_ = true;
+    // Each part is charged before it is appended: a refused message allocates nothing.
+    if (!in_progress_) {
+      in_progress_ = true;
+      charge("a packet", kPacketOverheadBytes);
+    }
+    charge("token ids", uint64_t{sizeof(int64_t)} * message.token_ids_size());
     packet_.tokens.insert(packet_.tokens.end(), message.token_ids().begin(),
                           message.token_ids().end());
+    charge("text", message.text_delta().size());
     packet_.text += message.text_delta();
+    uint64_t frame_bytes = 0;
+    for (const auto& frame : message.frames()) {
+      frame_bytes += kFrameOverheadBytes + uint64_t{sizeof(int64_t)} * frame.codes_size();
+    }
+    charge("codec frames", frame_bytes);
     for (const auto& frame : message.frames()) {
       packet_.frames.emplace_back(frame.codes().begin(), frame.codes().end());
     }
@@ -226,6 +254,11 @@ std::optional<pipeline::StagePacket> PacketAssembler::add(const proto::Packet& m
                 " bytes");
       }
     }
+    uint64_t tail_bytes = message.finish_reason().size();
+    for (const auto& [key, value] : message.metrics()) {
+      tail_bytes += kMetricOverheadBytes + key.size();
+    }
+    charge("finish reason and metrics", tail_bytes);
     packet_.finished = message.finished();
     packet_.finish_reason = message.finish_reason();
     packet_.source = message.has_source_stage() ? message.source_stage() : -1;
@@ -234,6 +267,7 @@ std::optional<pipeline::StagePacket> PacketAssembler::add(const proto::Packet& m
     reset();
     return done;
   } catch (...) {
+    request_bytes_ -= packet_bytes_;  // the packet is dropped: its memory is free again
     reset();
     throw;
   }
@@ -255,6 +289,7 @@ void PacketAssembler::add_chunk(const proto::Tensor& chunk, bool audio) {
       if (chunk.total_bytes() != 0 || !chunk.data().empty() || chunk.shape_size() != 0) {
         invalid(label + ": an undefined tensor with a shape or data");
       }
+      charge(label, kTensorOverheadBytes + chunk.name().size());
       if (audio) {
         packet_.audio = at::Tensor();
       } else {
@@ -286,11 +321,7 @@ void PacketAssembler::add_chunk(const proto::Tensor& chunk, bool audio) {
       invalid(label + ": " + std::to_string(bytes) + " bytes exceed the limit of " +
               std::to_string(limits_.max_tensor_bytes));
     }
-    if (packet_bytes_ + bytes > limits_.max_packet_bytes) {
-      invalid(label + ": the packet's tensors exceed the limit of " +
-              std::to_string(limits_.max_packet_bytes) + " bytes");
-    }
-    packet_bytes_ += bytes;
+    charge(label, kTensorOverheadBytes + chunk.name().size() + bytes);
     std::vector<int64_t> shape(chunk.shape().begin(), chunk.shape().end());
     open =
         Partial{label, chunk.name(), at::empty(shape, at::TensorOptions().dtype(*type)), 0, bytes};

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,14 +31,31 @@ constexpr size_t kMaxMessageBytes = 4 << 20;
 // The payload bytes (tensor data, media data, text, tokens) one message carries at most.
 constexpr size_t kChunkBytes = 1 << 20;
 
-// What an assembler accepts at most: a peer that declares a 1 TB tensor gets an error, not an
-// allocation attempt.
+// What an assembler accepts at most, counted as the memory a received packet takes: tensor bytes,
+// 8 bytes per token id, text bytes, each codec frame's codes plus kFrameOverheadBytes, and the
+// fixed costs below. A peer that declares a 1 TB tensor, or sends token ids in a packet that never
+// ends, gets an error, not an allocation: each message is checked before anything is appended.
+//
+// The largest real packets: the thinker's first hand-off, embeds and hidden rows of 2 x 2048
+// values per prompt token (Qwen3-Omni 30B-A3B: 512 MiB for 64k tokens in bfloat16, 1 GiB in
+// float32), and a video's frames, float32 [F, H, W, 3] (Wan2.2 A14B, 81 frames of 1280x720:
+// 854 MiB; TI2V-5B, 121 of 1280x704: 1.22 GiB). 2 GiB per packet is 1.6x the largest of them.
 struct WireLimits {
-  uint64_t max_tensor_bytes = uint64_t{8} << 30;   // one tensor (or the audio chunk)
-  uint64_t max_packet_bytes = uint64_t{16} << 30;  // all tensors of one packet
-  uint64_t max_media_bytes = uint64_t{2} << 30;    // all media files of one request
+  uint64_t max_tensor_bytes = uint64_t{2} << 30;  // one tensor (or the audio chunk)
+  uint64_t max_packet_bytes = uint64_t{2} << 30;  // one packet in memory, everything counted
+  // Every packet one assembler takes in, together. No limit here: the orchestrator hands each
+  // packet of a worker's answer on as it comes; a worker sets one for what a Run call's upstream
+  // brings in (ServerOptions::max_upstream_bytes), since its stage may keep all of it.
+  uint64_t max_request_bytes = std::numeric_limits<uint64_t>::max();
+  uint64_t max_media_bytes = uint64_t{2} << 30;  // all media files of one request
   size_t max_dims = 16;
 };
+
+// The fixed memory costs an assembler counts besides the payload bytes (estimates that err high).
+constexpr uint64_t kPacketOverheadBytes = sizeof(pipeline::StagePacket) + 64;  // + a queue slot
+constexpr uint64_t kFrameOverheadBytes = sizeof(std::vector<int64_t>) + 16;    // + malloc header
+constexpr uint64_t kTensorOverheadBytes = 512;  // at::Tensor's TensorImpl and StorageImpl
+constexpr uint64_t kMetricOverheadBytes = 96;   // a std::map node beside its key's bytes
 
 // Wire names of the supported dtypes: float32, float64, bfloat16, float16, int64, int32, uint8,
 // bool. dtype_name throws StageError kInvalidArgument for any other; dtype_from_name returns
@@ -67,11 +85,15 @@ class PacketAssembler {
   explicit PacketAssembler(WireLimits limits = {});
   // Adds the next message; returns the packet when this message ends it (`more` unset).
   // Throws StageError kInvalidArgument naming the tensor for a malformed message (unknown
-  // dtype, shape that disagrees with total_bytes, a chunk out of order, a size over the
-  // limits); the assembler is then empty again.
+  // dtype, shape that disagrees with total_bytes, a chunk out of order), or naming what would
+  // exceed which limit (WireLimits); the packet is then dropped.
   std::optional<pipeline::StagePacket> add(const proto::Packet& message);
   // A packet has begun and not ended.
   bool in_progress() const { return in_progress_; }
+  // The memory the packet being assembled takes, and every packet taken in so far (as counted
+  // against the limits).
+  uint64_t packet_bytes() const { return packet_bytes_; }
+  uint64_t request_bytes() const { return request_bytes_; }
 
  private:
   struct Partial {
@@ -81,12 +103,14 @@ class PacketAssembler {
     uint64_t received = 0, total = 0;
   };
   void add_chunk(const proto::Tensor& chunk, bool audio);
+  // Counts `bytes` more against both limits, or throws naming `what` and the limit.
+  void charge(const std::string& what, uint64_t bytes);
   void reset();
 
   WireLimits limits_;
   pipeline::StagePacket packet_;
   std::optional<Partial> open_tensor_, open_audio_;
-  uint64_t packet_bytes_ = 0;
+  uint64_t packet_bytes_ = 0, request_bytes_ = 0;
   bool in_progress_ = false;
 };
 

@@ -16,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -386,6 +387,51 @@ TEST(WorkerProcess, OutlivesTheThreadThatStartedIt) {
 }
 
 // --- WorkerSupervisor --------------------------------------------------------------------------
+
+// The NAME=value entries of a process's environment (Linux: /proc/PID/environ).
+std::vector<std::string> environment_of(pid_t pid) {
+  const std::string text = read_file("/proc/" + std::to_string(pid) + "/environ");
+  std::vector<std::string> entries;
+  for (size_t pos = 0, end; pos < text.size(); pos = end + 1) {
+    end = text.find('\0', pos);
+    if (end == std::string::npos) end = text.size();
+    entries.push_back(text.substr(pos, end - pos));
+  }
+  return entries;
+}
+
+int count_of(const std::vector<std::string>& entries, const std::string& entry) {
+  return static_cast<int>(std::count(entries.begin(), entries.end(), entry));
+}
+
+// A secret for the worker travels in its environment, over an inherited variable of the same
+// name, and stays off its command line, also when the supervisor restarts it.
+TEST(WorkerSupervisor, SpecEnvironmentReachesTheWorkerAndItsRestarts) {
+  ::setenv("OMNI_TEST_SECRET", "inherited", 1);
+  WorkerSpec spec = fake("w", "ok");
+  spec.env = {{"OMNI_TEST_SECRET", "f00dcafe"}};
+  WorkerSupervisor::Options options;
+  options.poll_interval = 50ms;
+  WorkerSupervisor supervisor(options);
+  supervisor.start_all({spec});
+  ::unsetenv("OMNI_TEST_SECRET");
+  const pid_t first = supervisor.pid(0);
+  for (const pid_t pid : {first, pid_t{-1}}) {
+    if (pid < 0) {  // the second round: the restarted worker
+      ASSERT_EQ(::kill(first, SIGKILL), 0);
+      supervisor.wait_ready(0, 5s, 2);
+    }
+    const pid_t worker = supervisor.pid(0);
+    const auto env = environment_of(worker);
+    EXPECT_EQ(count_of(env, "OMNI_TEST_SECRET=f00dcafe"), 1) << "pid " << worker;
+    EXPECT_EQ(count_of(env, "OMNI_TEST_SECRET=inherited"), 0) << "pid " << worker;
+    EXPECT_EQ(count_of(env, std::string("PATH=") + std::getenv("PATH")), 1) << "inherited";
+    const std::string cmdline = read_file("/proc/" + std::to_string(worker) + "/cmdline");
+    EXPECT_NE(cmdline.find("--mode"), std::string::npos) << "the command line was read";
+    EXPECT_EQ(cmdline.find("f00dcafe"), std::string::npos) << cmdline;
+  }
+  EXPECT_NE(supervisor.pid(0), first);
+}
 
 struct Events {
   std::mutex mu;

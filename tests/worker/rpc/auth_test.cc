@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "cpu_offload/logging.h"
 #include "tests/worker/rpc/fake_stage.h"
 #include "worker/rpc/stage_server.h"
 
@@ -71,6 +72,13 @@ TEST(AuthTest, ConstantTimeEqual) {
   EXPECT_TRUE(constant_time_equal("", ""));
 }
 
+TEST(AuthTest, RandomTokensAre256BitsOfHexAndDiffer) {
+  const std::string a = random_token(), b = random_token();
+  EXPECT_EQ(a.size(), 64u);
+  EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos) << a;
+  EXPECT_NE(a, b);
+}
+
 TEST(AuthTest, LoopbackAddresses) {
   for (const char* a : {"127.0.0.1:0", "127.1.2.3:50051", "localhost:1", "[::1]:0", "::1",
                         "unix:/tmp/worker.sock", "ipv4:127.0.0.1:5"}) {
@@ -106,9 +114,9 @@ TEST(AuthTest, NonLoopbackListenerNeedsTlsOrToken) {
 // A client retrying a wrong token in a loop gets `burst` lines a window; the rest are counted
 // and the count is written when the next window opens.
 TEST(AuthTest, RefusedCallsAreLoggedAtABoundedRate) {
-  RefusalLog log(std::chrono::milliseconds(300), 3);
+  RateLimitedLog log(LogLevel::kWarning, std::chrono::milliseconds(300), 3);
   ::testing::internal::CaptureStderr();
-  for (int i = 0; i < 50; ++i) log.refused("ipv4:10.0.0.9:1", "wrong token");
+  for (int i = 0; i < 50; ++i) log.write("refused request from ipv4:10.0.0.9:1: wrong token");
   std::string text = ::testing::internal::GetCapturedStderr();
   const auto lines = [](const std::string& t, const std::string& what) {
     size_t n = 0;
@@ -118,9 +126,9 @@ TEST(AuthTest, RefusedCallsAreLoggedAtABoundedRate) {
   EXPECT_EQ(lines(text, "refused request from ipv4:10.0.0.9:1: wrong token"), 3u) << text;
   std::this_thread::sleep_for(std::chrono::milliseconds(350));
   ::testing::internal::CaptureStderr();
-  log.refused("ipv4:10.0.0.9:1", "missing token");
+  log.write("refused request from ipv4:10.0.0.9:1: missing token");
   text = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(text.find("47 more requests refused"), std::string::npos) << text;
+  EXPECT_NE(text.find("47 more lines of this kind were left out"), std::string::npos) << text;
   EXPECT_EQ(lines(text, "refused request from ipv4:10.0.0.9:1: missing token"), 1u) << text;
 }
 

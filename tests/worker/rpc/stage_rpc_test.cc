@@ -411,6 +411,30 @@ TEST_F(StageRpcTest, ProtocolErrorsOfARawClientAreInvalidArgument) {
   EXPECT_EQ(error.stage(), "stage 1 (fake)");
 }
 
+// Whole packets count too: a request whose upstream brings in more than the server's
+// max_upstream_bytes fails naming the limit, however small each packet is (the stage may keep
+// all of them); the next request starts from nothing again.
+TEST_F(StageRpcTest, UpstreamPacketsOfARequestStopAtTheServersLimit) {
+  ServerOptions options;
+  options.max_upstream_bytes = 1 << 20;
+  start(options);
+  RemoteStage remote = client();
+  std::vector<StagePacket> inputs(200);
+  for (auto& p : inputs) p.tensors.emplace_back("rows", at::zeros({2560}));  // 10 KiB each
+  const Result r = run_remote(remote, "add:1", inputs);
+  ASSERT_TRUE(r.error) << "200 packets of 10 KiB passed a 1 MiB limit";
+  EXPECT_EQ(r.error->code(), StageError::Code::kInvalidArgument) << r.error->what();
+  EXPECT_TRUE(contains(r.error->what(), "limit of 1048576 bytes for all upstream packets"))
+      << r.error->what();
+  EXPECT_EQ(r.error->stage(), "stage 1 (fake)");
+  EXPECT_LT(r.packets.size(), 100u);  // the fake stage answered the packets before the limit
+
+  inputs.resize(50);
+  const Result ok = run_remote(remote, "add:1", inputs);
+  ASSERT_FALSE(ok.error) << ok.error->what();
+  EXPECT_EQ(ok.packets.size(), 51u);
+}
+
 TEST_F(StageRpcTest, WaitHealthy) {
   std::string why;
   EXPECT_TRUE(wait_healthy(server_->address(), {}, milliseconds(2000), &why)) << why;

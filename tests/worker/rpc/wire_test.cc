@@ -1,12 +1,16 @@
 // StagePacket <-> proto: split, serialized, parsed and reassembled, bitwise equal; every message
-// under the limit; malformed chunks refused with the tensor's name.
+// under the limit; malformed chunks refused with the tensor's name; the memory a packet takes
+// counted against the limits to the byte.
 #include "worker/rpc/wire.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace omni::rpc {
@@ -228,6 +232,139 @@ TEST(WireTest, MalformedChunksAreRefusedNamingTheTensor) {
     t->add_shape(1 << 20);
     expect_refused(parts, "too large");
   }
+}
+
+// The memory a received packet takes as wire.h counts it: each payload in the container it lands
+// in, plus the fixed costs.
+uint64_t memory_cost(const StagePacket& p) {
+  uint64_t bytes = kPacketOverheadBytes + 8 * p.tokens.size() + p.text.size();
+  for (const auto& frame : p.frames) bytes += kFrameOverheadBytes + 8 * frame.size();
+  for (const auto& [name, t] : p.tensors) {
+    bytes += kTensorOverheadBytes + name.size() + (t.defined() ? t.nbytes() : 0);
+  }
+  if (p.audio.defined()) bytes += kTensorOverheadBytes + p.audio.nbytes();
+  bytes += p.finish_reason.size();
+  for (const auto& [key, value] : p.metrics) bytes += kMetricOverheadBytes + key.size();
+  return bytes;
+}
+
+// Assembles `packet` from messages of at most 4096 payload bytes (so that it spans several)
+// under `limits`: "" when it arrives whole, else the error.
+std::string assembly_error(const StagePacket& packet, const WireLimits& limits) {
+  PacketAssembler assembler(limits);
+  const std::vector<proto::Packet> parts = split_packet(packet, 4096);
+  try {
+    std::optional<StagePacket> out;
+    for (const auto& part : parts) out = assembler.add(through_wire(part));
+    EXPECT_TRUE(out.has_value());
+    EXPECT_EQ(assembler.request_bytes(), memory_cost(packet));
+    return "";
+  } catch (const StageError& e) {
+    EXPECT_EQ(e.code(), StageError::Code::kInvalidArgument) << e.what();
+    EXPECT_FALSE(assembler.in_progress());
+    EXPECT_EQ(assembler.request_bytes(), 0u) << "the dropped packet is still counted";
+    return e.what();
+  }
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Token ids, text, codec frames, tensors and the last message's fields all count toward the
+// packet's limit with the bytes they take in memory: a packet at the limit arrives, a limit one
+// byte lower refuses it naming what overflowed and the limit.
+TEST(WireTest, EveryPartOfAPacketCountsTowardItsLimitToTheByte) {
+  StagePacket tokens;
+  tokens.tokens.assign(3000, 7);  // 24 KB in memory from 3 KB of varints
+  StagePacket text;
+  text.text = std::string(10000, 'a');
+  StagePacket frames;
+  frames.frames.assign(500, std::vector<int64_t>(16, 3));
+  StagePacket tensors;
+  tensors.tensors.emplace_back("none", at::Tensor());
+  tensors.tensors.emplace_back("rows", at::ones({300, 8}, at::kFloat));  // the last one counted
+  StagePacket last;
+  last.finish_reason = "stop";
+  last.metrics = {{"decode_ms", 1.5}, {"tokens", 3}};
+  const std::vector<std::pair<StagePacket, std::string>> cases = {
+      {tokens, "token ids"},
+      {text, "text"},
+      {frames, "codec frames"},
+      {tensors, "tensor 'rows'"},
+      {last, "finish reason and metrics"}};
+  for (const auto& [packet, what] : cases) {
+    SCOPED_TRACE(what);
+    const uint64_t cost = memory_cost(packet);
+    WireLimits limits;
+    limits.max_packet_bytes = cost;
+    EXPECT_EQ(assembly_error(packet, limits), "");
+    limits.max_packet_bytes = cost - 1;
+    const std::string error = assembly_error(packet, limits);
+    EXPECT_TRUE(contains(error, what + ": ")) << error;
+    EXPECT_TRUE(contains(error, "packet's limit of " + std::to_string(cost - 1) + " bytes"))
+        << error;
+  }
+  // All at once, and one byte of text more than the limit holds.
+  StagePacket all = big_packet();
+  const uint64_t cost = memory_cost(all);
+  WireLimits limits;
+  limits.max_packet_bytes = cost;
+  EXPECT_EQ(assembly_error(all, limits), "");
+  all.text += "!";
+  const std::string error = assembly_error(all, limits);
+  EXPECT_TRUE(contains(error, "packet's limit of " + std::to_string(cost))) << error;
+}
+
+// What a hostile client sends: one packet whose `more` never ends. Each message holds 128 Ki
+// token ids of one varint byte (128 KiB on the wire, 1 MiB in memory); the fourth would take the
+// packet past 4 MiB.
+TEST(WireTest, APacketThatNeverEndsIsRefusedAtItsLimit) {
+  proto::Packet part;
+  part.set_more(true);
+  for (int i = 0; i < (1 << 17); ++i) part.add_token_ids(1);
+  WireLimits limits;
+  limits.max_packet_bytes = 4 << 20;
+  PacketAssembler assembler(limits);
+  int accepted = 0;
+  try {
+    for (; accepted < 100; ++accepted) assembler.add(part);
+    FAIL() << "100 MiB of token ids were accepted";
+  } catch (const StageError& e) {
+    EXPECT_TRUE(contains(e.what(), "token ids: ")) << e.what();
+    EXPECT_TRUE(contains(e.what(), std::to_string(4 << 20))) << e.what();
+  }
+  EXPECT_EQ(accepted, 3);
+  EXPECT_FALSE(assembler.in_progress());
+  EXPECT_EQ(assembler.packet_bytes(), 0u);
+}
+
+// The packets one assembler takes in (one Run call's upstream) stay under the request's limit
+// together; a packet refused for it leaves the count where it was.
+TEST(WireTest, TheRequestsPacketsStayUnderItsLimitTogether) {
+  StagePacket p;
+  p.tokens = {1, 2, 3};
+  p.text = "row";
+  p.tensors.emplace_back("hidden", at::zeros({1, 16}, at::kFloat));
+  const uint64_t cost = memory_cost(p);
+  WireLimits limits;
+  limits.max_request_bytes = 3 * cost;
+  PacketAssembler assembler(limits);
+  const std::vector<proto::Packet> parts = split_packet(p);
+  ASSERT_EQ(parts.size(), 1u);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(assembler.add(parts[0]).has_value()) << i;
+  EXPECT_EQ(assembler.request_bytes(), 3 * cost);
+  try {
+    assembler.add(parts[0]);
+    FAIL() << "a fourth packet was accepted";
+  } catch (const StageError& e) {
+    EXPECT_EQ(e.code(), StageError::Code::kInvalidArgument);
+    EXPECT_TRUE(contains(e.what(), "limit of " + std::to_string(3 * cost) +
+                                       " bytes for all upstream packets of a request"))
+        << e.what();
+    EXPECT_TRUE(contains(e.what(), "--max-upstream-bytes")) << e.what();
+  }
+  EXPECT_EQ(assembler.request_bytes(), 3 * cost);
 }
 
 TEST(WireTest, MediaRoundTripIsBitwiseExact) {
