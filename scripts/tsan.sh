@@ -2,7 +2,7 @@
 # The suites whose code runs threads of ours, built with -fsanitize=thread and run: the engine
 # (the simulated copy stream, the disk tier's readers), the worker-process supervisor, the
 # in-process pipeline, and the HTTP server (worker_chat_server_test: clients at once, streams,
-# clients that leave, /health and /metrics meanwhile; and its metrics).
+# clients that leave, /health and /metrics meanwhile; its metrics; its connection loop).
 # LibTorch is not instrumented, so its OpenMP threads are turned off: TSan cannot see their
 # synchronisation.
 # Left out: the gRPC suites (worker_rpc_test, PipelineWorkers). Debian's gRPC and Abseil are
@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # -O1 -g1: line tables are all a report needs.
 OMNI_BUILD_TARGETS="cpu_offload_tests pipeline_tests http_tests worker_pipeline_local_test \
-worker_server_metrics_test worker_chat_server_test worker_engine_loop_test worker_step_rendezvous_test \
+worker_server_metrics_test worker_chat_server_test worker_bounded_http_server_test worker_engine_loop_test worker_step_rendezvous_test \
 worker_pipeline_batching_test" \
   CMAKE_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-tsan -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
   -DOMNI_SANITIZE=thread -DOMNI_BUILD_BENCH=OFF -DOMNI_WITH_CUDA=OFF -DOMNI_CUDA_COMPILE_CHECK=OFF
@@ -26,4 +26,4 @@ export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
 # Suites not built here register a failing <target>_NOT_BUILT test: left out, as are the API
 # suites that run vllm-omni.
 (cd build-tsan && ctest --output-on-failure --parallel "$jobs" -L 'cpu_offload|pipeline|http|worker' \
-  -E '_NOT_BUILT$|^PipelineWorkers[.]|^worker_(openai_api|serve_load|serve_attacks|playground|serve_tls|netns_pipeline|videos_api|playground_video)$')
+  -E '_NOT_BUILT$|^PipelineWorkers[.]|^worker_(openai_api|serve_load|serve_attacks|serve_resource_attacks|serve_admission|playground|serve_tls|netns_pipeline|videos_api|playground_video)$')

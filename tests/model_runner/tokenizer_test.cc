@@ -312,6 +312,23 @@ TEST(TokenizerLimit, AHugeTextIsRefusedOnItsLengthAlone) {
                   "not valid UTF-8");
 }
 
+// max_text_bytes() is the bound the length refusal uses: a server checks a client's text
+// against it before it even parses the request. One byte more is refused on its length alone;
+// at the bound the text is read.
+TEST(TokenizerLimit, MaxTextBytesIsTheLengthBound) {
+  const auto bound = fixture().max_text_bytes(100);
+  ASSERT_TRUE(bound);
+  EXPECT_EQ(*fixture().max_text_bytes(200), 2 * *bound);
+  std::string text(*bound + 1, 'a');
+  text.back() = '\xC3';  // invalid UTF-8, never read when the length refuses
+  const auto error = limit_error(fixture(), text, 100);
+  ASSERT_TRUE(error);
+  EXPECT_EQ(error->encoded(), 0u);
+  text.pop_back();
+  text.back() = '\xC3';
+  EXPECT_CONTAINS(error_of([&] { fixture().encode(text, false, 100); }), "not valid UTF-8");
+}
+
 // A word longer than the tokens left could hold is refused before it is merged (merging 8 MiB
 // of letters takes seconds); the text as a whole is not too long for the limit by its length.
 // (The fixture's longest token is 16 bytes: 13 in model.vocab.)

@@ -460,6 +460,76 @@ TEST_F(ServeFuzz, RequestsRefusedFromTheirHeadBeforeTheBodyIsRead) {
   EXPECT_EQ(after->status, 200) << after->body;
 }
 
+// Round two's framings: bodies without a length (411 from the head, nothing read until the
+// client closes), byte ranges on routes that serve none (ignored) and in the thousands, JSON
+// shaped to cost memory (a million values, a megabyte key, text past the context), a head over
+// its limit. Each gets a client error with OpenAI's JSON, the server keeps serving, and no
+// allocation leaks.
+TEST_F(ServeFuzz, LengthlessBodiesRangesAndCostlyJsonShapes) {
+  const std::string start = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+  const std::string json = "Content-Type: application/json\r\n";
+  for (const char* method : {"POST", "PUT", "PATCH"}) {
+    SCOPED_TRACE(method);
+    // The bytes after the head never end: a server reading to the close would never answer.
+    const std::string got =
+        raw_http(std::string(method) + " /v1/chat/completions HTTP/1.1\r\n" +
+                     "Host: 127.0.0.1\r\n" + json + "\r\n" + std::string(1 << 16, '{'),
+                 /*close_write=*/false);
+    EXPECT_EQ(got.rfind("HTTP/1.1 411 ", 0), 0u) << got.substr(0, 300);
+  }
+  {
+    // DELETE without a length: no body; the bytes after it are the next request's (garbage).
+    const std::string got =
+        raw_http("DELETE /v1/videos/x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nnot a request\r\n\r\n",
+                 /*close_write=*/false);
+    EXPECT_EQ(got.rfind("HTTP/1.1 400 ", 0), 0u) << got.substr(0, 300);  // makes no video
+    EXPECT_NE(got.find("HTTP/1.1 400 ", 10), std::string::npos) << got;  // then the garbage
+  }
+  std::string ranges = "bytes=0-0";
+  for (int i = 1; i < 2000; ++i) ranges += "," + std::to_string(i) + "-" + std::to_string(i);
+  for (const std::string& path :
+       {std::string("/"), std::string("/health"), std::string("/v1/videos/x/content")}) {
+    SCOPED_TRACE(path);
+    const std::string got =
+        raw_http("GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nRange: " + ranges +
+                 "\r\nConnection: close\r\n\r\n");
+    EXPECT_EQ(got.rfind("HTTP/1.1 ", 0), 0u) << got.substr(0, 300);
+    EXPECT_EQ(got.find("HTTP/1.1 206 "), std::string::npos) << got.substr(0, 300);
+    EXPECT_EQ(got.find("multipart/byteranges"), std::string::npos);
+    EXPECT_LT(got.size(), 64u << 10);
+  }
+  // A head over 64 KiB.
+  const std::string long_head = raw_http(
+      "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: " + std::string(70 << 10, 'a') + "\r\n\r\n");
+  EXPECT_EQ(long_head.rfind("HTTP/1.1 431 ", 0), 0u) << long_head.substr(0, 300);
+
+  std::vector<std::string> bodies;
+  std::string values = "{\"model\": \"tiny\", \"messages\": [";
+  for (int i = 0; i < 1000000; ++i) values += "{},";
+  bodies.push_back(values + "{}]}");
+  std::string numbers = "{\"model\": \"tiny\", \"stop\": [";
+  for (int i = 0; i < 300000; ++i) numbers += "1,";
+  bodies.push_back(numbers + "1]}");
+  bodies.push_back(request("hi", {{std::string(1 << 20, 'k'), 1}}));
+  bodies.push_back(request(std::string(1 << 20, 'a')));
+  Json parts = Json::array();
+  for (int i = 0; i < 2000; ++i)
+    parts.push_back({{"type", "text"}, {"text", std::string(100, 't')}});
+  bodies.push_back(request(parts));
+  for (const auto& body : bodies) {
+    const auto r = post(body);
+    ASSERT_TRUE(r) << httplib::to_string(r.error());
+    EXPECT_GE(r->status, 400) << body.substr(0, 100);
+    EXPECT_LT(r->status, 500) << r->body.substr(0, 300);
+    EXPECT_LT(r->body.size(), 2000u) << r->body.substr(0, 300);
+    ASSERT_NO_THROW(Json::parse(r->body)) << r->body;
+  }
+  const auto after = post(request("hi"));
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->status, 200) << after->body;
+  EXPECT_EQ(__lsan_do_recoverable_leak_check(), 0);
+}
+
 // Errors quote the start of a request value, and sampling values that would overflow inside the
 // sampler are refused by validation, naming the field.
 TEST_F(ServeFuzz, ErrorsQuoteTheStartOfAValueAndSamplingIsValidatedUpFront) {
@@ -607,18 +677,26 @@ TEST_F(ServeFuzz, SlowClientsAreCutAtTheirDeadlinesAndOthersAreServed) {
     return r && r->status == 200 && seconds_since(start) < 0.5;
   };
 
-  // Cap: 6 connections that send nothing hold every place; the 7th is refused with 503.
+  // Cap: 6 connections that send nothing hold every place; a 7th is answered from its head on
+  // the overflow lane: /health as usual, anything else 503.
   std::vector<int> idle;
   for (int i = 0; i < 6; ++i) idle.push_back(connect_to(bounded.port()));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  const std::string refused = [&] {
+  const auto over_the_cap = [&](const std::string& path) {
     const int fd = connect_to(bounded.port());
+    const std::string request = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
     std::string text = read_until_closed(fd);
     ::close(fd);
     return text;
-  }();
+  };
+  const std::string refused = over_the_cap("/v1/models");
   EXPECT_EQ(refused.rfind("HTTP/1.1 503 ", 0), 0u) << refused;
   EXPECT_NE(refused.find("too_many_connections"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("Retry-After: 1"), std::string::npos) << refused;
+  const std::string lane_health = over_the_cap("/health");
+  EXPECT_EQ(lane_health.rfind("HTTP/1.1 200 ", 0), 0u) << lane_health;
+  EXPECT_NE(lane_health.find(R"("status":"ok")"), std::string::npos) << lane_health;
   // They are cut at the head deadline (1 s from the connect, never a byte sent).
   for (int fd : idle) {
     EXPECT_EQ(read_until_closed(fd), "");

@@ -15,6 +15,7 @@
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
 #include "cpu_offload/option_names.h"
+#include "model_runner/diffusion/wan_pipeline.h"
 #include "model_runner/weights/hf_config.h"
 #include "worker/cli/engine_flags.h"
 #include "worker/cli/generate_command.h"
@@ -75,11 +76,33 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--max-concurrent-requests", o.max_concurrent_requests,
-                 "requests running at once; more get 429")
+                 "chat requests running at once; more wait in a queue")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--max-queued-requests", o.max_queued_requests,
+                 "chat requests waiting for a running place; more get 429 with Retry-After "
+                 "(0: no queue)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--queue-timeout", o.queue_timeout_s,
+                 "seconds a request may wait in the queue; then 503 with Retry-After")
+      ->type_name("SECONDS")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-inflight-bytes", o.max_inflight_bytes,
+                 "bytes all requests may hold at once (bodies, parsed JSON, media, answers, "
+                 "video frames); more get 503 with Retry-After (default: a quarter of the "
+                 "memory available once the model has loaded); a number or 512MiB, 4GiB")
+      ->type_name("BYTES")
+      ->transform(positive_byte_size());
   app.add_option("--max-connections", o.max_connections,
-                 "open connections; more are answered 503 and closed")
+                 "open connections; more are answered from their head alone (/health and "
+                 "/metrics; 503 for the rest)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-connections-per-client", o.max_connections_per_client,
+                 "open connections of one client address (behind a proxy, raise it to "
+                 "--max-connections)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--request-head-timeout", o.request_head_timeout_s,
@@ -119,8 +142,8 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--max-video-jobs", o.max_video_jobs,
-                 "video jobs (/v1/videos) stored at once, queued, running or finished; more "
-                 "get 429")
+                 "video jobs (/v1/videos) queued or running at once; more get 429 (finished "
+                 "ones count against --max-video-bytes and --video-job-ttl)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--video-job-ttl", o.video_job_ttl_s,
@@ -133,6 +156,11 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
       ->type_name("BYTES")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--max-video-cost", o.max_video_cost,
+                 "width x height x frames x steps one video job may ask for (default: 4 times "
+                 "the model's default request); more get 400")
+      ->type_name("COST")
+      ->check(CLI::PositiveNumber);
   app.add_option("--device", o.device,
                  "with --model: auto (cuda when a CUDA device is usable), cpu (the simulated "
                  "device) or cuda (a stage YAML names its devices in runtime.devices)")
@@ -174,6 +202,8 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
   server.port = o.port;
   server.max_request_bytes = o.max_request_bytes;
   server.max_concurrent_requests = o.max_concurrent_requests;
+  server.max_queued_requests = o.max_queued_requests;
+  server.max_inflight_bytes = o.max_inflight_bytes;
   server.tls_cert = o.tls_cert;
   server.tls_key = o.tls_key;
   server.allowed_hosts = o.allowed_hosts;
@@ -184,12 +214,16 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
   const auto ms = [](double seconds) {
     return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   };
+  server.queue_timeout = ms(o.queue_timeout_s);
   server.connections.max_connections = o.max_connections;
+  server.connections.max_connections_per_client =
+      std::min(o.max_connections_per_client, o.max_connections);
   server.connections.head_timeout = ms(o.request_head_timeout_s);
   server.connections.body_timeout = ms(o.request_body_timeout_s);
   server.connections.idle_timeout = ms(o.keep_alive_timeout_s);
   server.videos.max_jobs = o.max_video_jobs;
   server.videos.max_bytes = o.max_video_bytes;
+  server.videos.max_cost = o.max_video_cost;
   server.videos.ttl = std::chrono::seconds(
       std::max<int64_t>(1, static_cast<int64_t>(std::llround(o.video_job_ttl_s))));
   std::unique_ptr<pipeline::StageLauncher> launcher;
@@ -227,6 +261,12 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
       // The frame rate turns a video request's `seconds` into frames.
       if (pipeline::is_diffusers_folder(o.model)) {
         server.videos.fps = pipeline::diffusers_frame_rate(o.model);
+        // A request's unset fields take the pipeline's defaults (its cost cap is from them).
+        const models::WanRequest defaults;
+        server.videos.default_width = defaults.width;
+        server.videos.default_height = defaults.height;
+        server.videos.default_frames = defaults.num_frames;
+        server.videos.default_steps = defaults.num_inference_steps;
       }
       local = pipeline::make_local_pipeline(cfg, device);
     }

@@ -28,22 +28,28 @@ struct ServeOptions {
   std::string tls_cert, tls_key;  // PEM: serve HTTPS
   std::string served_model_name;  // default: the checkpoint folder's name
   size_t max_request_bytes = size_t{64} << 20;
-  int max_concurrent_requests = 8;
-  int max_connections = 256;                      // open HTTP connections; more get 503
-  double request_head_timeout_s = 10;             // the whole request head
-  double request_body_timeout_s = 60;             // the whole body
-  double keep_alive_timeout_s = 5;                // an idle connection between requests
-  std::vector<std::string> allowed_hosts;         // Host names besides the loopback ones; "*": any
-  std::vector<std::string> allowed_origins;       // CORS origins; "*": any
-  bool metrics_public = false;                    // /metrics without the key
-  size_t max_media_items = 16;                    // audio and image parts per request
+  int max_concurrent_requests = 8;           // chat requests running at once
+  int max_queued_requests = 32;              // waiting for a running place; more get 429
+  double queue_timeout_s = 60;               // waiting longer gets 503
+  uint64_t max_inflight_bytes = 0;           // bytes requests hold at once; 0: from the free memory
+  int max_connections = 256;                 // open HTTP connections (more go to the overflow lane)
+  int max_connections_per_client = 64;       // of them, from one client address
+  double request_head_timeout_s = 10;        // the whole request head
+  double request_body_timeout_s = 60;        // the whole body
+  double keep_alive_timeout_s = 5;           // an idle connection between requests
+  std::vector<std::string> allowed_hosts;    // Host names besides the loopback ones; "*": any
+  std::vector<std::string> allowed_origins;  // CORS origins; "*": any
+  bool metrics_public = false;               // /metrics without the key
+  size_t max_media_items = 16;               // audio and image parts per request
   uint64_t max_image_pixels = uint64_t{1} << 25;  // all images of a request together
   std::string device = "auto";
-  // /v1/videos (a diffusion model): jobs stored, seconds a finished one is kept, MP4 bytes on
-  // disk for all of them.
+  // /v1/videos (a diffusion model): jobs queued or running, seconds a finished one is kept,
+  // MP4 bytes on disk for all of them, width x height x frames x steps of one (0: 4 times the
+  // model's default request).
   size_t max_video_jobs = 16;
   double video_job_ttl_s = 3600;
   uint64_t max_video_bytes = uint64_t{1} << 30;
+  double max_video_cost = 0;
   // The engine option flags given (--cpu-offload-*, --dtype, ...): they apply to every stage,
   // the checkpoint's own (--model) or the YAML's, as on generate.
   config::EngineFlags engine;

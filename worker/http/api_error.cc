@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstddef>
+#include <string>
 #include <utility>
 
 namespace omni::http {
@@ -58,6 +59,23 @@ size_t location_at(const std::string& s, size_t pos, bool source_only) {
   return i + 1 - pos;
 }
 
+// The length of "omni-media-Ab12Cd/" (or the mp4 encoder's or the video jobs' folder) at `pos`,
+// or 0: mkdtemp's six characters, then a slash.
+size_t temp_folder_at(const std::string& s, size_t pos) {
+  for (const char* prefix : {"omni-media-", "omni-mp4-", "omni-videos-"}) {
+    const size_t n = std::char_traits<char>::length(prefix);
+    if (s.compare(pos, n, prefix) != 0 || pos + n + 7 > s.size() || s[pos + n + 6] != '/') {
+      continue;
+    }
+    const auto first = s.begin() + static_cast<std::ptrdiff_t>(pos + n);
+    if (std::all_of(first, first + 6,
+                    [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; })) {
+      return n + 7;
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 std::string public_error_message(const std::string& message) {
@@ -81,15 +99,11 @@ std::string public_error_message(const std::string& message) {
         continue;
       }
     }
-    // ".../omni-media-Ab12Cd/": the server's temporary media folder, up to the file name.
-    if (message.compare(i, 11, "omni-media-") == 0 && i + 18 <= message.size() &&
-        message[i + 17] == '/' &&
-        std::all_of(message.begin() + static_cast<std::ptrdiff_t>(i + 11),
-                    message.begin() + static_cast<std::ptrdiff_t>(i + 17),
-                    [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; })) {
+    // ".../omni-media-Ab12Cd/": a temporary folder of the server's, up to the file name.
+    if (const size_t n = temp_folder_at(message, i)) {
       const size_t delimiter = out.find_last_of(" '\"");
       out.erase(delimiter == std::string::npos ? 0 : delimiter + 1);
-      i += 18;
+      i += n;
       continue;
     }
     out += message[i++];

@@ -38,8 +38,8 @@ class ApiException : public std::exception {
 
 // `message` (an internal error's text) as a client may see it: without the source locations
 // and check conditions of omni::Error ("... (expected n > 0) [sampler.cc:50]") and with the
-// server's temporary media folders cut from file paths ("/tmp/omni-media-Ab12Cd/input-0.wav"
-// becomes "input-0.wav").
+// server's temporary folders (media, MP4 encoding, video jobs) cut from file paths
+// ("/tmp/omni-media-Ab12Cd/input-0.wav" becomes "input-0.wav").
 std::string public_error_message(const std::string& message);
 
 // 400 invalid_request_error.

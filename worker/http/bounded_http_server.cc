@@ -24,6 +24,10 @@
 #include <stdexcept>
 #include <thread>
 #include <utility>
+#include <vector>
+
+#include "cpu_offload/logging.h"
+#include "worker/http/api_error.h"
 
 namespace omni::http {
 namespace {
@@ -31,8 +35,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 thread_local int t_socket = -1;
+thread_local const std::string* t_client = nullptr;
 thread_local bool t_close_after = false;
-thread_local bool t_refuse = false;
+thread_local bool t_accepting = false;  // on the accepting thread, in ConnectionThreads::enqueue
+// What the current request holds until it has been answered (hold_until_answered).
+thread_local std::vector<std::shared_ptr<void>> t_held;
 
 // Waits are cut in slices so that a stopping server is noticed.
 constexpr auto kWaitSlice = std::chrono::milliseconds(100);
@@ -46,12 +53,21 @@ int poll_ms(Clock::time_point deadline) {
 constexpr ssize_t kWantRead = -2;
 constexpr ssize_t kWantWrite = -3;
 
-std::string busy_response() {
-  const std::string body =
-      R"({"error":{"message":"the server has too many open connections: try again later",)"
-      R"("type":"server_error","param":null,"code":"too_many_connections"}})";
-  return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: " +
-         std::to_string(body.size()) + "\r\nRetry-After: 1\r\nConnection: close\r\n\r\n" + body;
+// An answer of the connection itself, as OpenAI's error JSON, after which it closes.
+std::string plain_response(int status, const std::string& message, const std::string& code) {
+  ApiError e;
+  e.status = status;
+  e.type = status >= 500 ? "server_error" : "invalid_request_error";
+  e.message = message;
+  e.code = code;
+  return raw_http_response(status, "application/json", e.json(),
+                           status == 503 ? "Retry-After: 1\r\n" : "");
+}
+
+const std::string& busy_response() {
+  static const std::string response = plain_response(
+      503, "the server has too many open connections: try again later", "too_many_connections");
+  return response;
 }
 
 void address_of(int sock, bool peer, std::string& ip, int& port) {
@@ -82,9 +98,13 @@ std::string openssl_error() {
 }  // namespace
 
 // One client connection as httplib's request parser reads it: a buffered, non-blocking socket
-// (plain or TLS) whose reads fail once the current phase's deadline has passed.
+// (plain or TLS) whose reads fail once the current phase's deadline has passed. Each request's
+// head is read here first (read_head); httplib then reads that head, filtered, and at most the
+// body bytes its Content-Length announces.
 class BoundedHttpServer::Connection final : public httplib::Stream {
  public:
+  enum class Head { kReady, kClosed, kTimedOut, kTooLarge, kMalformed };
+
   Connection(const BoundedHttpServer& server, int sock, SSL* ssl)
       : server_(server), limits_(server.limits_), sock_(sock), ssl_(ssl) {}
 
@@ -108,48 +128,105 @@ class BoundedHttpServer::Connection final : public httplib::Stream {
     return wait(POLLIN, Clock::now() + idle);
   }
 
-  void begin_request() {
-    in_head_ = true;
-    line_has_bytes_ = false;
-    head_bytes_ = 0;
+  // Reads the next request's head within the head deadline. kReady: head() holds it, and what
+  // httplib reads next is that head (Range kept only where `keeps_range` says), then the body.
+  Head read_head() {
+    head_in_.clear();
+    head_out_.clear();
+    head_pos_ = 0;
+    body_left_ = 0;
+    body_refused_ = false;
+    written_ = 0;
     deadline_ = Clock::now() + limits_.head_timeout;
+    for (;;) {
+      if (begin_ == end_) {
+        const ssize_t n = fill();
+        if (n == 0) return head_in_.empty() ? Head::kClosed : Head::kMalformed;
+        if (n < 0) return timed_out_ ? Head::kTimedOut : Head::kClosed;
+      }
+      const size_t searched = head_in_.size() > 3 ? head_in_.size() - 3 : 0;
+      const size_t take = std::min(end_ - begin_, limits_.max_head_bytes + 1 - head_in_.size());
+      head_in_.append(buffer_ + begin_, take);
+      begin_ += take;
+      const size_t end = head_end(std::string_view(head_in_).substr(searched));
+      if (end != std::string_view::npos) {
+        // Bytes past the head are the body's: back into the buffer.
+        begin_ -= head_in_.size() - (searched + end);
+        head_in_.resize(searched + end);
+        break;
+      }
+      if (head_in_.size() > limits_.max_head_bytes) return Head::kTooLarge;
+    }
+    // One blank line before a request is tolerated (RFC 9112 2.2): clients send one after a body.
+    std::string_view text(head_in_);
+    while (!text.empty() && (text.front() == '\r' || text.front() == '\n')) text.remove_prefix(1);
+    auto head = parse_http_head(text);
+    if (!head) return Head::kMalformed;
+    head_ = std::move(*head);
+    const BodyFraming framing = body_framing(head_);
+    body_left_ = framing.kind == BodyFraming::Kind::kLength ? framing.length : 0;
+    body_refused_ =
+        framing.kind == BodyFraming::Kind::kChunked || framing.kind == BodyFraming::Kind::kInvalid;
+    filter_range();
+    head_out_ = head_.serialize();
+    deadline_ = Clock::now() + limits_.body_timeout;
+    return Head::kReady;
   }
+
+  const HttpHead& head() const { return head_; }
+  // Body bytes announced and not read (the handler refused the request from its head).
+  bool body_unread() const { return body_left_ > 0 || body_refused_; }
+  bool response_started() const { return written_ > 0; }
   bool timed_out() const { return timed_out_; }
 
-  bool is_readable() const override { return begin_ < end_ || wait(POLLIN, deadline_); }
+  // A short answer of the connection itself (a head it could not take), before it closes.
+  void answer(const std::string& response) { write(response.data(), response.size()); }
+
+  // Before closing a connection whose client may still be sending (a body refused from the
+  // head): stops sending, then reads and drops the client's bytes up to the linger limits, so
+  // that the close does not reset the connection before the client has read the answer.
+  void linger() {
+    if (ssl_ != nullptr) {
+      ERR_clear_error();
+      SSL_shutdown(ssl_);
+    }
+    ::shutdown(sock_, SHUT_WR);
+    const auto deadline = Clock::now() + limits_.linger_timeout;
+    uint64_t left = limits_.linger_bytes;
+    while (left > 0 && wait(POLLIN, deadline, false)) {
+      const ssize_t n = recv(sock_, buffer_, sizeof(buffer_), MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;
+      if (n > 0) left -= std::min<uint64_t>(left, static_cast<uint64_t>(n));
+    }
+    begin_ = end_ = 0;
+  }
+
+  bool is_readable() const override {
+    return head_pos_ < head_out_.size() || begin_ < end_ || wait(POLLIN, deadline_);
+  }
   bool is_writable() const override {
     return wait(POLLOUT, Clock::now() + limits_.write_timeout, false);
   }
 
   ssize_t read(char* ptr, size_t size) override {
     if (size == 0) return 0;
-    if (begin_ == end_) {
-      const ssize_t n = fill();
-      if (n <= 0) return n;
-    }
-    if (!in_head_) {
-      const size_t n = std::min(size, end_ - begin_);
-      std::memcpy(ptr, buffer_ + begin_, n);
-      begin_ += n;
+    if (head_pos_ < head_out_.size()) {
+      const size_t n = std::min(size, head_out_.size() - head_pos_);
+      std::memcpy(ptr, head_out_.data() + head_pos_, n);
+      head_pos_ += n;
       return static_cast<ssize_t>(n);
     }
-    // The head: stop after the empty line that ends it, where the body's deadline starts.
-    size_t n = 0;
-    while (n < size && begin_ < end_) {
-      const char c = buffer_[begin_++];
-      ptr[n++] = c;
-      if (++head_bytes_ > limits_.max_head_bytes) return -1;
-      if (c == '\n') {
-        if (!line_has_bytes_) {
-          in_head_ = false;
-          deadline_ = Clock::now() + limits_.body_timeout;
-          break;
-        }
-        line_has_bytes_ = false;
-      } else if (c != '\r') {
-        line_has_bytes_ = true;
-      }
+    if (body_refused_) return -1;
+    if (body_left_ == 0) return 0;  // the body ends here, whatever the client sends next
+    if (begin_ == end_) {
+      const ssize_t n = fill();
+      if (n <= 0) return n == 0 ? -1 : n;  // closed before the announced length: an error
     }
+    const size_t n = static_cast<size_t>(
+        std::min<uint64_t>({static_cast<uint64_t>(size), end_ - begin_, body_left_}));
+    std::memcpy(ptr, buffer_ + begin_, n);
+    begin_ += n;
+    body_left_ -= n;
     return static_cast<ssize_t>(n);
   }
 
@@ -167,7 +244,10 @@ class BoundedHttpServer::Connection final : public httplib::Stream {
         if (n < 0)
           n = (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? kWantWrite : -1;
       }
-      if (n >= 0) return n;
+      if (n >= 0) {
+        written_ += static_cast<uint64_t>(n);
+        return n;
+      }
       // A stopping server still sends the answers its handlers finish.
       if (n == -1 || !wait(n == kWantRead ? POLLIN : POLLOUT, deadline, false)) return -1;
     }
@@ -182,6 +262,26 @@ class BoundedHttpServer::Connection final : public httplib::Stream {
   socket_t socket() const override { return sock_; }
 
  private:
+  // A Range header survives only on the routes that serve ranges, as one small, well-formed
+  // list (httplib parses it with std::regex, and builds a copy of the body per range).
+  void filter_range() {
+    const auto values = head_.values("Range");
+    if (values.empty()) return;
+    head_.erase("Range");
+    if (values.size() != 1 || !server_.keeps_range_ || !server_.keeps_range_(head_)) return;
+    const auto ranges = parse_byte_ranges(values.front(), limits_.max_ranges);
+    if (!ranges) return;
+    std::string canonical = "bytes=";
+    for (size_t i = 0; i < ranges->size(); ++i) {
+      const ByteRange& r = (*ranges)[i];
+      if (i > 0) canonical += ',';
+      if (r.first) canonical += std::to_string(*r.first);
+      canonical += '-';
+      if (r.last) canonical += std::to_string(*r.last);
+    }
+    head_.headers.emplace_back("Range", canonical);
+  }
+
   // Reads what the socket has into the buffer: > 0 bytes, 0 at the client's end, -1 on an
   // error, a passed deadline or a stopping server.
   ssize_t fill() {
@@ -241,61 +341,48 @@ class BoundedHttpServer::Connection final : public httplib::Stream {
   SSL* ssl_;
   char buffer_[16384];
   size_t begin_ = 0, end_ = 0;
-  bool in_head_ = true;
-  bool line_has_bytes_ = false;
-  size_t head_bytes_ = 0;
+  std::string head_in_, head_out_;
+  size_t head_pos_ = 0;
+  HttpHead head_;
+  uint64_t body_left_ = 0;
+  bool body_refused_ = false;  // chunked or ambiguous framing: the body is never read
+  uint64_t written_ = 0;       // bytes of the current request's response
   bool timed_out_ = false;
   Clock::time_point deadline_ = Clock::now();
 };
 
-// httplib hands each accepted socket to a task queue; this one gives each a thread of its own
-// (bounded by max_connections), so no client waits for a thread another client holds.
+// Outlives the server's threads: a connection thread still unlocks it after the last notify.
+struct BoundedHttpServer::ConnectionState {
+  std::mutex mutex;
+  std::condition_variable done;
+};
+
+// httplib hands each accepted socket to a task queue; this one runs the hand-off on the
+// accepting thread, where admit() gives the socket a thread of its own (bounded by the caps),
+// the overflow lane or a 503, so no client waits for a thread another client holds.
 class BoundedHttpServer::ConnectionThreads final : public httplib::TaskQueue {
  public:
-  explicit ConnectionThreads(BoundedHttpServer& server)
-      : server_(server), state_(std::make_shared<State>()) {}
+  explicit ConnectionThreads(BoundedHttpServer& server) : server_(server) {}
 
   void enqueue(std::function<void()> fn) override {
-    if (server_.open_.load() >= server_.limits_.max_connections) {
-      // On the accepting thread: a 503 sent without waiting, and the socket closed.
-      t_refuse = true;
-      fn();
-      t_refuse = false;
-      return;
-    }
-    ++server_.open_;
-    std::thread([server = &server_, state = state_, fn = std::move(fn)] {
-      // A TLS write to a closed socket raises SIGPIPE on this thread: keep it pending here
-      // rather than let it end the process.
-      sigset_t pipe;
-      sigemptyset(&pipe);
-      sigaddset(&pipe, SIGPIPE);
-      pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
-      fn();
-      std::lock_guard<std::mutex> lock(state->mutex);
-      --server->open_;
-      state->done.notify_all();
-    }).detach();
+    t_accepting = true;
+    fn();  // process_and_close_socket: admit()
+    t_accepting = false;
   }
 
   void shutdown() override {
-    std::unique_lock<std::mutex> lock(state_->mutex);
-    state_->done.wait(lock, [this] { return server_.open_.load() == 0; });
+    if (server_.lane_) server_.lane_->stop();
+    std::unique_lock<std::mutex> lock(server_.state_->mutex);
+    server_.state_->done.wait(lock, [this] { return server_.open_.load() == 0; });
   }
 
  private:
-  // Outlives the queue: a finishing thread still unlocks it after the last notify.
-  struct State {
-    std::mutex mutex;
-    std::condition_variable done;
-  };
   BoundedHttpServer& server_;
-  std::shared_ptr<State> state_;
 };
 
 BoundedHttpServer::BoundedHttpServer(ConnectionLimits limits, const std::string& tls_cert,
                                      const std::string& tls_key)
-    : limits_(limits) {
+    : limits_(limits), state_(std::make_shared<ConnectionState>()) {
   if (tls_cert.empty() != tls_key.empty()) {
     throw std::invalid_argument("TLS needs both a certificate and its private key");
   }
@@ -314,12 +401,34 @@ BoundedHttpServer::BoundedHttpServer(ConnectionLimits limits, const std::string&
                                "' (unreadable, not PEM, or not a pair: " + openssl_error() + ")");
     }
   }
+  // The Keep-Alive header httplib writes states these limits.
+  set_keep_alive_max_count(static_cast<size_t>(limits_.max_requests_per_connection));
+  set_keep_alive_timeout(static_cast<time_t>((limits_.idle_timeout.count() + 999) / 1000));
   new_task_queue = [this] { return new ConnectionThreads(*this); };
 }
 
-BoundedHttpServer::~BoundedHttpServer() = default;
+BoundedHttpServer::~BoundedHttpServer() {
+  if (lane_) lane_->stop();
+}
+
+void BoundedHttpServer::set_range_routes(std::function<bool(const HttpHead&)> keeps_range) {
+  keeps_range_ = std::move(keeps_range);
+}
+
+void BoundedHttpServer::set_overflow_answer(OverflowLane::Answer answer) {
+  if (tls_ || !answer) return;  // the lane speaks plain HTTP only
+  lane_ =
+      std::make_unique<OverflowLane>(static_cast<size_t>(limits_.overflow_connections),
+                                     static_cast<size_t>(limits_.overflow_connections_per_client),
+                                     limits_.overflow_timeout, std::move(answer));
+}
 
 int BoundedHttpServer::current_socket() { return t_socket; }
+
+const std::string& BoundedHttpServer::current_client() {
+  static const std::string none;
+  return t_client != nullptr ? *t_client : none;
+}
 
 bool BoundedHttpServer::client_gone(int socket) {
   if (socket < 0) return false;
@@ -329,10 +438,16 @@ bool BoundedHttpServer::client_gone(int socket) {
 
 void BoundedHttpServer::close_after_response() { t_close_after = true; }
 
+void BoundedHttpServer::hold_until_answered(std::shared_ptr<void> held) {
+  t_held.push_back(std::move(held));
+}
+
+void BoundedHttpServer::on_request_head(const HttpHead&) {}
+
 void BoundedHttpServer::refuse(socket_t sock) {
   ++refused_;
   if (!tls_) {
-    static const std::string busy = busy_response();
+    const std::string& busy = busy_response();
     [[maybe_unused]] const ssize_t sent =
         send(sock, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   }
@@ -341,10 +456,72 @@ void BoundedHttpServer::refuse(socket_t sock) {
 }
 
 bool BoundedHttpServer::process_and_close_socket(socket_t sock) {
-  if (t_refuse) {
-    refuse(sock);
-    return false;
+  if (!t_accepting) {  // not through ConnectionThreads: httplib's own callers
+    serve(sock, "");
+    return true;
   }
+  admit(sock);
+  return true;
+}
+
+void BoundedHttpServer::admit(socket_t sock) {
+  std::string client;
+  int port = 0;
+  address_of(sock, true, client, port);
+  bool admitted = false;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    const auto it = clients_.find(client);
+    const int mine = it == clients_.end() ? 0 : it->second;
+    if (open_.load() < limits_.max_connections && mine < limits_.max_connections_per_client) {
+      ++open_;
+      ++clients_[client];
+      admitted = true;
+    }
+  }
+  if (!admitted) {
+    if (lane_ && lane_->offer(sock, client)) {
+      ++overflowed_;
+    } else {
+      refuse(sock);
+    }
+    return;
+  }
+  std::thread([this, state = state_, sock, client] {
+    // A TLS write to a closed socket raises SIGPIPE on this thread: keep it pending here
+    // rather than let it end the process.
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
+    serve(sock, client);
+    std::lock_guard<std::mutex> lock(state->mutex);
+    if (--clients_[client] == 0) clients_.erase(client);
+    --open_;
+    state->done.notify_all();
+  }).detach();
+}
+
+void BoundedHttpServer::end_request() {
+  t_socket = -1;
+  t_client = nullptr;
+  t_held.clear();  // after the response was written: the request's budget goes back
+}
+
+void BoundedHttpServer::failed(Connection& connection, const std::string& client,
+                               const char* what) {
+  ++failed_;
+  static RateLimitedLog log(LogLevel::kWarning);
+  log.write("serve: the connection from " + (client.empty() ? std::string("?") : client) +
+            " failed and was closed: " + what);
+  if (!connection.response_started()) {
+    connection.answer(plain_response(
+        500, "the server failed while serving this request; it goes on serving others",
+        "internal_error"));
+  }
+}
+
+void BoundedHttpServer::serve(socket_t sock, const std::string& client) {
   const int flags = fcntl(sock, F_GETFL, 0);
   fcntl(sock, F_SETFL, flags | O_NONBLOCK);
   const int one = 1;
@@ -357,25 +534,53 @@ bool BoundedHttpServer::process_and_close_socket(socket_t sock) {
   }
   Connection connection(*this, sock, ssl.get());
   bool open = !tls_ || (ssl && connection.handshake());
+  bool linger = false;
   for (int n = 0; open && n < limits_.max_requests_per_connection; ++n) {
     if (!connection.wait_for_request(n == 0 ? limits_.head_timeout : limits_.idle_timeout)) break;
-    connection.begin_request();
-    bool closed = false;
-    t_socket = sock;
-    t_close_after = false;
-    const bool answered =
-        process_request(connection, n + 1 == limits_.max_requests_per_connection, closed, {});
-    t_socket = -1;
-    open = answered && !closed && !t_close_after;
+    open = false;
+    try {
+      const Connection::Head read = connection.read_head();
+      if (read == Connection::Head::kTooLarge) {
+        connection.answer(plain_response(
+            431,
+            "the request head is larger than " + std::to_string(limits_.max_head_bytes) + " bytes",
+            "request_too_large"));
+        linger = true;
+      } else if (read == Connection::Head::kMalformed) {
+        connection.answer(
+            plain_response(400, "the request head is not valid HTTP/1.1", "invalid_request"));
+        linger = true;
+      }
+      if (read != Connection::Head::kReady) break;
+      on_request_head(connection.head());
+      t_socket = sock;
+      t_client = &client;
+      t_close_after = false;
+      bool closed = false;
+      const bool answered =
+          process_request(connection, n + 1 == limits_.max_requests_per_connection, closed, {});
+      end_request();
+      // A body the handler did not read cannot be followed by another request.
+      linger = connection.body_unread();
+      open = answered && !closed && !t_close_after && !linger;
+    } catch (const std::exception& e) {
+      end_request();
+      failed(connection, client, e.what());
+      linger = true;
+    } catch (...) {
+      end_request();
+      failed(connection, client, "an unknown exception");
+      linger = true;
+    }
   }
   if (connection.timed_out()) ++timed_out_;
+  if (linger) connection.linger();
   if (ssl) {
     ERR_clear_error();
     SSL_shutdown(ssl.get());  // one try: a close_notify if the socket takes it now
   }
   ::shutdown(sock, SHUT_RDWR);
   ::close(sock);
-  return true;
 }
 
 bool BoundedHttpServer::widen_listen_backlog(int port) {

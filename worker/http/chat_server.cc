@@ -14,14 +14,17 @@
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
+#include "worker/http/admission_queue.h"
 #include "worker/http/api_error.h"
 #include "worker/http/ascii_text.h"
 #include "worker/http/base64.h"
 #include "worker/http/bounded_http_server.h"
 #include "worker/http/chat_request.h"
+#include "worker/http/inflight_budget.h"
 #include "worker/http/openai_protocol.h"
 #include "worker/http/playground.h"
 #include "worker/http/request_guard.h"
+#include "worker/http/request_json.h"
 #include "worker/http/server_metrics.h"
 #include "worker/http/sse_queue.h"
 #include "worker/http/stage_errors.h"
@@ -36,6 +39,11 @@ using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
 
 using pipeline::ms_since;
+
+// The bytes the request this thread serves holds in the budget: its body from the head on,
+// then what parsing and answering it add. Set by the pre-routing check, read by the handler on
+// the same thread; BoundedHttpServer owns it until the response has been written.
+thread_local std::weak_ptr<InflightBudget::Lease> t_lease;
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -54,36 +62,70 @@ std::string truncated(const std::string& value) {
   return value.size() <= kMax ? value : value.substr(0, kMax) + "...";
 }
 
+// What a chat request holds beyond its body once parsed: the JSON values, the parsed texts and
+// media (about the body again), then its images decoded (RGB and float patches) and its audio
+// decoded to samples.
+uint64_t parsed_bytes(const ChatCompletionRequest& r, size_t body_bytes) {
+  uint64_t audio = 0;
+  for (const auto& a : r.audio) audio += a.data.size();
+  return static_cast<uint64_t>(r.json_values) * detail::kJsonValueBytes + body_bytes +
+         r.image_pixels * 16 + audio * 8;
+}
+
+// Streamed events a slow client has not read yet, at most: beyond, it is dropped (the request
+// is cancelled) rather than held without bound.
+constexpr size_t kMaxUnsentStreamBytes = size_t{16} << 20;
+
 }  // namespace
 
 class ChatServer::Impl {
  public:
   Impl(pipeline::Pipeline& pipeline, ServerOptions options)
-      : pipeline_(pipeline), options_(std::move(options)) {
+      : pipeline_(pipeline),
+        options_(std::move(options)),
+        budget_(
+            options_.max_inflight_bytes != 0
+                ? options_.max_inflight_bytes
+                : default_inflight_bytes(4 * static_cast<uint64_t>(options_.max_request_bytes))),
+        admission_(options_.max_concurrent_requests, options_.max_queued_requests,
+                   options_.queue_timeout) {
     server_ = std::make_unique<BoundedHttpServer>(options_.connections, options_.tls_cert,
                                                   options_.tls_key);
     server_->set_payload_max_length(options_.max_request_bytes);
+    if (options_.limits.max_text_bytes == 0) {
+      // Text that could not fit the model's context is refused before it is even parsed.
+      const auto [bytes, tokens] = pipeline_.prompt_limit();
+      options_.limits.max_text_bytes = bytes;
+      options_.limits.text_limit_why =
+          "the model's context of " + std::to_string(tokens) + " tokens";
+    }
+    access_.api_key = options_.api_key;
+    access_.metrics_public = options_.metrics_public;
+    access_.max_body_bytes = options_.max_request_bytes;
     // Before the body is read: what its limit cannot bound, and what a web page could send.
     hosts_ = host_policy(options_.host, !options_.api_key.empty(), options_.allowed_hosts);
     server_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      RequestHead head{req.method, [&req](const std::string& name) {
-                         std::vector<std::string> values;
-                         const auto range = req.headers.equal_range(name);
-                         for (auto it = range.first; it != range.second; ++it) {
-                           values.push_back(it->second);
-                         }
-                         return values;
-                       }};
-      head.path = req.path;
-      const auto refusal = refuse_request_head(head, hosts_);
+      const auto refusal = refuse_from_head(req, true);
       if (!refusal) return httplib::Server::HandlerResponse::Unhandled;
       // The body was not read: the connection cannot carry another request.
       res.set_header("Connection", "close");
       BoundedHttpServer::close_after_response();
-      send_error(res, *refusal);
-      metrics_.count_request(refusal->status);
+      answer_error(res, *refusal);
       return httplib::Server::HandlerResponse::Handled;
     });
+    // A client that asks before sending its body learns the refusal before it sends a byte.
+    server_->set_expect_100_continue_handler(
+        [this](const httplib::Request& req, httplib::Response& res) {
+          const auto refusal = refuse_from_head(req, false);
+          if (!refusal) return 100;
+          answer_error(res, *refusal);
+          return refusal->status;
+        });
+    server_->set_range_routes([](const HttpHead& head) {
+      return (head.method == "GET" || head.method == "HEAD") &&
+             VideoApi::is_content_path(head.path());
+    });
+    server_->set_overflow_answer([this](const HttpHead& head) { return overflow_answer(head); });
     // CORS, for the origins named only: browsers ask first (OPTIONS, no key), then read
     // answers that carry their origin.
     server_->Options(R"(/v1/.*)",
@@ -135,14 +177,9 @@ class ChatServer::Impl {
           metrics_.count_request(500);
         });
     server_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-      std::string why;
-      const bool ok = !options_.healthy || options_.healthy(&why);
-      res.status = ok ? 200 : 503;
-      res.set_content(Json{{"status", ok ? "ok" : "unhealthy"}, {"detail", why}}.dump(),
-                      "application/json");
+      res.set_content(health_json(&res.status), "application/json");
     });
-    server_->Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-      if (!authorized(req, res)) return;
+    server_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       // "speakers" and "default_speaker" are ours: the voices the model speaks with (the
       // playground's menu).
       res.set_content(Json{{"object", "list"},
@@ -161,20 +198,12 @@ class ChatServer::Impl {
     server_->Get("/", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(playground_html(), "text/html; charset=utf-8");
     });
-    server_->Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
-      if (!options_.metrics_public && !authorized(req, res)) return;
-      res.set_content(metrics_.prometheus() +
-                          "# HELP omni_requests_running Chat requests running now.\n"
-                          "# TYPE omni_requests_running gauge\nomni_requests_running " +
-                          std::to_string(running_.load()) + "\n" + connection_metrics() +
-                          videos_->prometheus() + offload_metrics(pipeline_.stats_json()),
-                      "text/plain; version=0.0.4");
+    server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics_text(), "text/plain; version=0.0.4");
     });
-    videos_ =
-        std::make_unique<VideoApi>(pipeline_, options_.videos, options_.model_name, metrics_,
-                                   [this](const httplib::Request& req, httplib::Response& res) {
-                                     return authorized(req, res);
-                                   });
+    VideoOptions videos = options_.videos;
+    videos.queue_timeout = options_.queue_timeout;
+    videos_ = std::make_unique<VideoApi>(pipeline_, videos, options_.model_name, metrics_, budget_);
     videos_->add_routes(*server_);
     server_->Post("/v1/chat/completions",
                   [this](const httplib::Request& req, httplib::Response& res) {
@@ -194,11 +223,15 @@ class ChatServer::Impl {
       log_warning("serve: could not raise the listen backlog of port ", port_,
                   "; bursts of connections may wait");
     }
+    log_info("serve: requests may hold ", budget_.limit() >> 20,
+             " MiB at once (--max-inflight-bytes); ", options_.max_concurrent_requests,
+             " chat requests run at once, ", options_.max_queued_requests, " wait");
     thread_ = std::thread([this] { server_->listen_after_bind(); });
   }
   int port() const { return port_; }
   void stop() {
-    videos_->stop();  // first: a /v1/videos/sync handler waiting for its job returns
+    admission_.stop();  // queued requests answer 503 at once
+    videos_->stop();    // a /v1/videos/sync handler waiting for its job returns
     server_->stop();
     if (thread_.joinable()) thread_.join();
   }
@@ -207,46 +240,91 @@ class ChatServer::Impl {
   }
 
  private:
-  bool authorized(const httplib::Request& req, httplib::Response& res) {
-    if (options_.api_key.empty()) return true;
-    const auto header = req.get_header_value("Authorization");
-    const std::string expected = "Bearer " + options_.api_key;
-    bool same = header.size() == expected.size();
-    unsigned char diff = 0;
-    for (size_t i = 0; same && i < header.size(); ++i) {
-      diff |= static_cast<unsigned char>(header[i] ^ expected[i]);
-    }
-    if (same && diff == 0) return true;
-    ApiError e;
-    e.status = 401;
-    e.type = "authentication_error";
-    e.code = "invalid_api_key";
-    e.message =
-        header.empty() ? "no API key: send 'Authorization: Bearer <key>'" : "the API key is wrong";
-    send_error(res, e);
-    metrics_.count_request(401);
-    return false;
+  // The refusal of a request from its head, or nullopt. `take_body` (the pre-routing check, not
+  // the 100-continue one): the body's bytes are taken from the budget here, before httplib
+  // reads them, and kept until the request has been answered.
+  std::optional<ApiError> refuse_from_head(const httplib::Request& req, bool take_body) {
+    RequestHead head{req.method, [&req](const std::string& name) {
+                       std::vector<std::string> values;
+                       const auto range = req.headers.equal_range(name);
+                       for (auto it = range.first; it != range.second; ++it) {
+                         values.push_back(it->second);
+                       }
+                       return values;
+                     }};
+    head.path = req.path;
+    if (auto refusal = refuse_request_head(head, hosts_)) return refusal;
+    if (auto refusal = refuse_request_access(head, access_)) return refusal;
+    t_lease.reset();
+    if (!take_body || !takes_body(head)) return std::nullopt;
+    const uint64_t length = req.get_header_value<uint64_t>("Content-Length");
+    // A form's parts are copied out of the body as it is read; JSON is read into one string.
+    const uint64_t bytes = req.is_multipart_form_data() ? 2 * length : length;
+    auto lease = std::make_shared<InflightBudget::Lease>(budget_.lease());
+    if (!lease->grow(bytes)) return budget_refusal(bytes);
+    if (!req.is_multipart_form_data()) const_cast<httplib::Request&>(req).body.reserve(length);
+    t_lease = lease;
+    BoundedHttpServer::hold_until_answered(std::move(lease));
+    return std::nullopt;
   }
 
-  // A running-request slot, or 429.
-  struct Slot {
-    std::atomic<int>* running = nullptr;
-    std::atomic<bool> held{false};
-    // Once: when the response is over (sent, or its client gone), not when the stages have
-    // wound the cancelled request down.
-    void release() {
-      if (running && held.exchange(false)) --*running;
+  ApiError budget_refusal(uint64_t bytes) const {
+    ApiError e;
+    e.status = bytes > budget_.limit() ? 413 : 503;
+    e.type = e.status == 503 ? "server_error" : "invalid_request_error";
+    e.code = e.status == 503 ? "server_busy" : "request_too_large";
+    e.message = e.status == 503
+                    ? "the server holds as many request bytes as --max-inflight-bytes (" +
+                          std::to_string(budget_.limit()) + ") allows: try again shortly"
+                    : "the request needs " + std::to_string(bytes) +
+                          " bytes, more than --max-inflight-bytes (" +
+                          std::to_string(budget_.limit()) + ")";
+    return e;
+  }
+
+  // An error answer, counted; 429 and 503 say when to come back.
+  void answer_error(httplib::Response& res, const ApiError& e) {
+    send_error(res, e);
+    if (e.status == 429 || e.status == 503) {
+      res.set_header("Retry-After", std::to_string(admission_.retry_after_seconds()));
     }
-    ~Slot() { release(); }
-  };
-  bool take_slot(Slot& slot) {
-    if (++running_ > options_.max_concurrent_requests) {
-      --running_;
-      return false;
+    metrics_.count_request(e.status);
+  }
+
+  // What a connection over the caps is answered, from its head (overflow_lane.h).
+  std::string overflow_answer(const HttpHead& head) {
+    const bool get = head.method == "GET" || head.method == "HEAD";
+    if (get && head.path() == "/health") {
+      int status = 200;
+      const std::string body = health_json(&status);
+      return raw_http_response(status, "application/json", body);
     }
-    slot.running = &running_;
-    slot.held = true;
-    return true;
+    if (get && head.path() == "/metrics" &&
+        (options_.metrics_public || options_.api_key.empty() ||
+         key_matches(head.value("Authorization"), options_.api_key))) {
+      return raw_http_response(200, "text/plain; version=0.0.4", metrics_text());
+    }
+    ApiError e;
+    e.status = 503;
+    e.type = "server_error";
+    e.code = "too_many_connections";
+    e.message =
+        "the server (or this client's share of it) has too many open connections: "
+        "try again later";
+    metrics_.count_request(503);
+    return raw_http_response(503, "application/json", e.json(), "Retry-After: 1\r\n");
+  }
+
+  std::string health_json(int* status) {
+    std::string why;
+    const bool ok = !options_.healthy || options_.healthy(&why);
+    *status = ok ? 200 : 503;
+    return Json{{"status", ok ? "ok" : "unhealthy"}, {"detail", why}}.dump();
+  }
+
+  std::string metrics_text() {
+    return metrics_.prometheus() + admission_metrics() + connection_metrics() +
+           videos_->prometheus() + offload_metrics(pipeline_.stats_json());
   }
 
   // The request as the pipeline takes it.
@@ -311,50 +389,85 @@ class ChatServer::Impl {
       if (std::find(known.begin(), known.end(), ascii_lower(r.speaker)) == known.end()) {
         std::string list;
         for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-        throw ApiException(bad_request("unknown speaker '" + r.speaker + "' (known: " + list + ")",
-                                       "speaker", "unknown_speaker"));
+        throw ApiException(
+            bad_request("unknown speaker '" + truncated(r.speaker) + "' (known: " + list + ")",
+                        "speaker", "unknown_speaker"));
       }
     }
   }
 
+  // A place among the running requests, after a wait in the queue; false with the refusal
+  // answered.
+  bool admit(AdmissionQueue::Slot& slot, httplib::Response& res) {
+    const int socket = BoundedHttpServer::current_socket();
+    const auto outcome =
+        admission_.acquire(slot, [socket] { return BoundedHttpServer::client_gone(socket); });
+    ApiError e;
+    switch (outcome) {
+      case AdmissionQueue::Outcome::kAdmitted:
+        return true;
+      case AdmissionQueue::Outcome::kGone:
+        metrics_.count_request(499);
+        return false;
+      case AdmissionQueue::Outcome::kQueueFull:
+        e = rate_limited("more than --max-concurrent-requests (" +
+                         std::to_string(options_.max_concurrent_requests) +
+                         ") requests are running and --max-queued-requests (" +
+                         std::to_string(options_.max_queued_requests) +
+                         ") are waiting: try again later");
+        e.code = "too_many_requests";
+        break;
+      case AdmissionQueue::Outcome::kTimedOut:
+        e = server_error("the request waited --queue-timeout (" +
+                         std::to_string(options_.queue_timeout.count() / 1000.0) +
+                         " s) for a running place: try again later");
+        e.status = 503;
+        e.code = "queue_timeout";
+        break;
+      case AdmissionQueue::Outcome::kStopping:
+        e = server_error("the server is stopping");
+        e.status = 503;
+        e.code = "shutting_down";
+        break;
+    }
+    answer_error(res, e);
+    return false;
+  }
+
   void chat_completions(const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(req, res)) return;
     const auto start = Clock::now();
+    const auto lease = t_lease.lock();  // the body's bytes, taken from the head
     ChatCompletionRequest parsed;
     std::vector<pipeline::MediaFile> media;
     models::OmniRequest request;
+    // A full queue refuses before the body is parsed.
+    if (admission_.full()) {
+      AdmissionQueue::Slot none;
+      admit(none, res);
+      return;
+    }
     try {
       parsed = parse_chat_completion(req.body, options_.limits);
+      const uint64_t bytes = parsed_bytes(parsed, req.body.size());
+      if (lease == nullptr || !lease->grow(bytes)) throw ApiException(budget_refusal(bytes));
       check_model_and_speaker(parsed);
       request = to_pipeline(parsed, media);
     } catch (const ApiException& e) {
-      send_error(res, e.error());
-      metrics_.count_request(e.error().status);
+      answer_error(res, e.error());
       return;
     }
-    auto slot = std::make_shared<Slot>();
-    if (!take_slot(*slot)) {
-      ApiError e;
-      e.status = 429;
-      e.type = "rate_limit_error";
-      e.code = "too_many_requests";
-      e.message = "more than --max-concurrent-requests (" +
-                  std::to_string(options_.max_concurrent_requests) +
-                  ") requests are running: try again later";
-      send_error(res, e);
-      metrics_.count_request(429);
-      return;
-    }
+    auto slot = std::make_shared<AdmissionQueue::Slot>();
+    if (!admit(*slot, res)) return;
     if (parsed.stream) {
       stream(parsed, std::move(request), std::move(media), start, slot, res);
     } else {
-      answer(parsed, request, media, start, res);
+      answer(parsed, request, media, start, *lease, res);
     }
   }
 
   void answer(const ChatCompletionRequest& parsed, const models::OmniRequest& request,
               const std::vector<pipeline::MediaFile>& media, Clock::time_point start,
-              httplib::Response& res) {
+              InflightBudget::Lease& lease, httplib::Response& res) {
     try {
       pipeline::PipelineCallbacks callbacks;
       // A client that gave up: stop the stages and free the slot (the pipeline polls this).
@@ -371,6 +484,11 @@ class ChatServer::Impl {
       std::optional<AudioOutput> audio;
       if (request.audio_output && result.omni.waveform.defined()) {
         const auto samples = result.omni.waveform.to(at::kFloat).contiguous();
+        // The WAV, its base64 and the JSON that quotes it, held until the answer is sent.
+        const uint64_t wav = 44 + 2 * static_cast<uint64_t>(samples.numel());
+        if (!lease.grow(wav + 2 * (wav / 3 * 4 + 4))) {
+          throw ApiException(budget_refusal(lease.bytes() + wav));
+        }
         AudioOutput a;
         a.id = random_id("audio-");
         a.wav_base64 = base64_encode(
@@ -390,30 +508,26 @@ class ChatServer::Impl {
           "application/json");
       metrics_.count_done(result, ms_since(start));
       metrics_.count_request(result.omni.finish_reason == "cancelled" ? 499 : 200);
+    } catch (const ApiException& e) {
+      answer_error(res, e.error());
     } catch (const pipeline::StageError& e) {
-      const ApiError a = stage_error(e);
-      send_error(res, a);
-      metrics_.count_request(a.status);
+      answer_error(res, stage_error(e));
     } catch (const std::exception& e) {
-      ApiError a;
-      a.status = 500;
-      a.type = "server_error";
-      a.message = published(e.what());
-      send_error(res, a);
-      metrics_.count_request(500);
+      answer_error(res, server_error(published(e.what())));
     }
   }
 
   void stream(const ChatCompletionRequest& parsed, models::OmniRequest request,
               std::vector<pipeline::MediaFile> media, Clock::time_point start,
-              const std::shared_ptr<Slot>& slot, httplib::Response& res) {
+              const std::shared_ptr<AdmissionQueue::Slot>& slot, httplib::Response& res) {
     const std::string id = random_id("chatcmpl-");
     const int64_t created = unix_now();
     const std::string model = options_.model_name;
-    auto queue =
-        std::make_shared<SseQueue>([id, model, created](const std::string& text, bool first) {
+    auto queue = std::make_shared<SseQueue>(
+        [id, model, created](const std::string& text, bool first) {
           return sse_event(chunk_json(id, model, created, "text", text, first, std::nullopt));
-        });
+        },
+        kMaxUnsentStreamBytes);
     const bool include_usage = parsed.include_usage;
     request.waveform = false;  // the answer is the streamed chunks
     // The pipeline runs on a thread of its own; the HTTP thread writes what it produces.
@@ -441,28 +555,29 @@ class ChatServer::Impl {
         return !queue->gone();
       };
       int status = 200;
+      std::string tail;  // the events after the pipeline is done
       try {
         const auto result =
             pipeline_.generate(request, callbacks, Clock::time_point::max(), &media);
-        queue->push(sse_event(chunk_json(id, model, created, "text", "", first,
-                                         finish_reason(result.omni.finish_reason))));
-        if (include_usage) {
-          queue->push(sse_event(usage_chunk_json(id, model, created, usage_of(result))));
-        }
+        tail = sse_event(chunk_json(id, model, created, "text", "", first,
+                                    finish_reason(result.omni.finish_reason)));
+        if (include_usage)
+          tail += sse_event(usage_chunk_json(id, model, created, usage_of(result)));
         metrics_.count_done(result, ms_since(start));
         if (queue->gone()) status = 499;
       } catch (const pipeline::StageError& e) {
         const auto a = stage_error(e);
         status = a.status;
-        queue->push(sse_event(a.json()));
+        tail = sse_event(a.json());
       } catch (const std::exception& e) {
-        ApiError a;
-        a.status = status = 500;
-        a.type = "server_error";
-        a.message = published(e.what());
-        queue->push(sse_event(a.json()));
+        ApiError a = server_error(published(e.what()));
+        status = a.status;
+        tail = sse_event(a.json());
       }
-      queue->push(sse_done());
+      // The place goes back before the last events leave: a client that sends its next
+      // request as soon as it reads [DONE] finds it free.
+      slot->release();
+      queue->push(tail + sse_done());
       metrics_.count_request(status);
       queue->finish();
     });
@@ -482,8 +597,8 @@ class ChatServer::Impl {
         [queue, worker, slot](bool) {
           // The response is over (sent, or the client left): wait for the pipeline to stop.
           queue->client_left();
-          slot->release();
           if (worker->joinable()) worker->join();
+          slot->release();
         });
   }
 
@@ -501,14 +616,52 @@ class ChatServer::Impl {
     return u;
   }
 
+  std::string admission_metrics() const {
+    std::ostringstream out;
+    const auto gauge = [&](const char* name, const char* help, uint64_t value) {
+      out << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n"
+          << name << " " << value << "\n";
+    };
+    const auto counter = [&](const char* name, const char* help, uint64_t value) {
+      out << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n"
+          << name << " " << value << "\n";
+    };
+    gauge("omni_requests_running", "Chat requests running now.",
+          static_cast<uint64_t>(admission_.running()));
+    gauge("omni_requests_queued", "Chat requests waiting for a running place.",
+          static_cast<uint64_t>(admission_.queued()));
+    counter("omni_requests_queue_full_total", "Chat requests refused with 429: the queue was full.",
+            admission_.refused_full());
+    counter("omni_requests_queue_timeout_total",
+            "Chat requests refused with 503 after waiting --queue-timeout.",
+            admission_.timed_out());
+    gauge("omni_inflight_bytes", "Bytes requests hold now (bodies, parsed JSON, media, answers).",
+          budget_.used());
+    gauge("omni_inflight_bytes_peak", "The most bytes requests held at once.", budget_.peak());
+    gauge("omni_inflight_bytes_limit", "--max-inflight-bytes.", budget_.limit());
+    counter("omni_inflight_refused_total",
+            "Requests refused because their bytes did not fit --max-inflight-bytes.",
+            budget_.refused());
+    return out.str();
+  }
+
   std::string connection_metrics() const {
     return "# HELP omni_http_connections_open HTTP connections open now.\n"
            "# TYPE omni_http_connections_open gauge\nomni_http_connections_open " +
            std::to_string(server_->open_connections()) +
-           "\n# HELP omni_http_connections_refused_total Connections refused over "
-           "--max-connections.\n# TYPE omni_http_connections_refused_total counter\n"
+           "\n# HELP omni_http_connections_refused_total Connections refused over every cap.\n"
+           "# TYPE omni_http_connections_refused_total counter\n"
            "omni_http_connections_refused_total " +
            std::to_string(server_->refused_connections()) +
+           "\n# HELP omni_http_connections_overflowed_total Connections over --max-connections "
+           "or --max-connections-per-client, answered from their head alone.\n"
+           "# TYPE omni_http_connections_overflowed_total counter\n"
+           "omni_http_connections_overflowed_total " +
+           std::to_string(server_->overflowed_connections()) +
+           "\n# HELP omni_http_connections_failed_total Connections closed on an error of the "
+           "server's own.\n# TYPE omni_http_connections_failed_total counter\n"
+           "omni_http_connections_failed_total " +
+           std::to_string(server_->failed_connections()) +
            "\n# HELP omni_http_requests_timed_out_total Connections closed because a request "
            "head or body missed its deadline.\n# TYPE omni_http_requests_timed_out_total "
            "counter\nomni_http_requests_timed_out_total " +
@@ -518,13 +671,15 @@ class ChatServer::Impl {
   pipeline::Pipeline& pipeline_;
   ServerOptions options_;
   HostPolicy hosts_;
+  AccessPolicy access_;
   ServerMetrics metrics_;  // before the video jobs and the server, which count into it
+  InflightBudget budget_;
+  AdmissionQueue admission_;
   // Before server_: destroyed after it, as its handlers use the jobs.
   std::unique_ptr<VideoApi> videos_;
   std::unique_ptr<BoundedHttpServer> server_;
   std::thread thread_;
   int port_ = -1;
-  std::atomic<int> running_{0};
   int64_t started_ = unix_now();
 };
 

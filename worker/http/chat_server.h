@@ -6,10 +6,14 @@
 //
 // Routes: POST /v1/chat/completions (JSON, or SSE with "stream": true), GET /v1/models,
 // /v1/videos (video_api.h), GET /health (200 only when every stage is healthy), GET /metrics
-// (Prometheus text; behind the key unless metrics_public). Requests are first checked by their head
-// (request_guard.h). Every error is OpenAI's error JSON; no request can take the server down.
+// (Prometheus text; behind the key unless metrics_public). Requests are first checked by their
+// head (request_guard.h: framing, key, body size, byte budget) before a byte of the body is
+// read; chat requests then wait for a running place in a bounded queue (admission_queue.h). The
+// bytes requests hold count against one budget (inflight_budget.h). Every error is OpenAI's
+// error JSON; no request can take the server down.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -31,7 +35,12 @@ struct ServerOptions {
   std::string api_key;     // empty: no key needed
   std::string model_name;  // what requests must name in "model" (and /v1/models lists)
   size_t max_request_bytes = size_t{64} << 20;
-  int max_concurrent_requests = 8;  // requests running at once; more get 429
+  int max_concurrent_requests = 8;  // chat requests running at once; more wait in the queue
+  int max_queued_requests = 32;     // chat requests waiting; more get 429
+  std::chrono::milliseconds queue_timeout{60000};  // a request waiting longer gets 503
+  // Bytes requests may hold at once (bodies, parsed JSON, media, answers); 0: a quarter of the
+  // memory available when the server starts (default_inflight_bytes).
+  uint64_t max_inflight_bytes = 0;
   // PEM files: serve HTTPS (both or neither).
   std::string tls_cert, tls_key;
   // Host names answered besides the loopback ones ("*": any); see request_guard.h.

@@ -91,27 +91,31 @@ std::string image_format(const std::string& media_type, const std::string& bytes
                            quote_value(media_type));
 }
 
-// The sample rate a WAV's fmt chunk or a FLAC's STREAMINFO declares, read before decoding (a
-// WAV declared at 1 Hz is resampled to 16000 times its size); nullopt for other formats.
-std::optional<uint64_t> audio_sample_rate(const std::string& b) {
+// What a WAV's fmt chunk or a FLAC's STREAMINFO declares, read before decoding: a WAV declared
+// at 1 Hz is resampled to 16000 times its size, one declaring 1,024 channels is decoded into
+// 1,024 buffers. Nullopt for other formats (MP3 holds at most two channels).
+struct AudioHeader {
+  uint64_t sample_rate = 0, channels = 0;
+};
+std::optional<AudioHeader> audio_header(const std::string& b) {
   const auto byte = [&](size_t i) { return static_cast<uint64_t>(static_cast<uint8_t>(b[i])); };
-  const auto le32 = [&](size_t i) {
-    return byte(i) | byte(i + 1) << 8 | byte(i + 2) << 16 | byte(i + 3) << 24;
-  };
+  const auto le16 = [&](size_t i) { return byte(i) | byte(i + 1) << 8; };
+  const auto le32 = [&](size_t i) { return le16(i) | le16(i + 2) << 16; };
   if (sniff_audio(b) == "wav") {
     for (size_t pos = 12; pos + 8 <= b.size();) {
       const uint64_t size = le32(pos + 4);
       if (b.compare(pos, 4, "fmt ") == 0) {
         if (pos + 16 > b.size()) return std::nullopt;
-        return le32(pos + 12);
+        return AudioHeader{le32(pos + 12), le16(pos + 10)};
       }
       pos += 8 + size + (size & 1);
     }
     return std::nullopt;
   }
-  // "fLaC", a metadata block header, then STREAMINFO: the rate is 20 bits at its byte 10.
+  // "fLaC", a metadata block header, then STREAMINFO: the rate is 20 bits at its byte 10, the
+  // channels less one the next 3 bits.
   if (sniff_audio(b) == "flac" && b.size() >= 21 && (byte(4) & 0x7F) == 0) {
-    return byte(18) << 12 | byte(19) << 4 | byte(20) >> 4;
+    return AudioHeader{byte(18) << 12 | byte(19) << 4 | byte(20) >> 4, ((byte(20) >> 1) & 7) + 1};
   }
   return std::nullopt;
 }
@@ -186,7 +190,7 @@ MediaInput MediaReader::audio_url(const json& part, const std::string& part_path
   DataUrl url = read_url(*object, path);
   MediaInput m{"audio", part_path, "", std::move(url.data)};
   m.format = audio_format(url.media_type, m.data, join_path(path, "url"));
-  check_sample_rate(m.data, join_path(path, "url"));
+  check_audio_header(m.data, join_path(path, "url"));
   return m;
 }
 
@@ -218,18 +222,26 @@ MediaInput MediaReader::input_audio(const json& part, const std::string& part_pa
   }
   m.data = std::move(*bytes);
   count(m.data, data_path);
-  check_sample_rate(m.data, data_path);
+  check_audio_header(m.data, data_path);
   return m;
 }
 
-void MediaReader::check_sample_rate(const std::string& data, const std::string& param) const {
-  const auto rate = audio_sample_rate(data);
-  if (rate && (*rate < limits_.min_audio_sample_rate || *rate > limits_.max_audio_sample_rate)) {
+void MediaReader::check_audio_header(const std::string& data, const std::string& param) const {
+  const auto header = audio_header(data);
+  if (!header) return;
+  const uint64_t rate = header->sample_rate;
+  if (rate < limits_.min_audio_sample_rate || rate > limits_.max_audio_sample_rate) {
     fail(param,
-         param + ": the audio's header declares " + std::to_string(*rate) + " Hz, outside the " +
+         param + ": the audio's header declares " + std::to_string(rate) + " Hz, outside the " +
              std::to_string(limits_.min_audio_sample_rate) + "-" +
              std::to_string(limits_.max_audio_sample_rate) + " Hz this server reads",
          "unsupported_sample_rate");
+  }
+  if (header->channels == 0 || header->channels > limits_.max_audio_channels) {
+    fail(param,
+         param + ": the audio's header declares " + std::to_string(header->channels) +
+             " channels; this server reads 1 to " + std::to_string(limits_.max_audio_channels),
+         "unsupported_channels");
   }
 }
 

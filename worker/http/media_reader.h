@@ -17,6 +17,8 @@ namespace omni::http::detail {
 class MediaReader {
  public:
   explicit MediaReader(const ParseLimits& limits) : limits_(limits) {}
+  // Pixels of the images read so far, from their headers.
+  uint64_t image_pixels() const { return pixels_; }
 
   // {"type": "image_url", "image_url": {"url": <data: URL>}}.
   MediaInput image_url(const nlohmann::json& part, const std::string& part_path);
@@ -26,7 +28,7 @@ class MediaReader {
   MediaInput input_audio(const nlohmann::json& part, const std::string& part_path);
 
  private:
-  void check_sample_rate(const std::string& data, const std::string& param) const;
+  void check_audio_header(const std::string& data, const std::string& param) const;
   DataUrl read_url(const nlohmann::json& object, const std::string& path);
   void count(const std::string& data, const std::string& param);
 

@@ -152,6 +152,7 @@ void read_messages(const json& root, const ParseLimits& limits, ChatCompletionRe
     }
     turns.push_back(std::move(turn));
   }
+  out.image_pixels = media.image_pixels();
   if (turns.empty()) fail("messages", "'messages' must contain a user message", "missing_field");
   if (turns.back().role != "user") {
     invalid_value(index_path("messages", messages->size() - 1),
@@ -334,7 +335,15 @@ std::string text_of(const std::vector<ContentPart>& parts) {
 }
 
 ChatCompletionRequest parse_chat_completion(std::string_view body, const ParseLimits& limits) {
-  const json root = parse_body(body, limits.max_depth);
+  size_t values = 0;
+  detail::BodyLimits body_limits;
+  body_limits.max_depth = limits.max_depth;
+  body_limits.max_values = limits.max_json_values;
+  body_limits.text_keys = {"content", "text"};
+  body_limits.max_text_bytes = limits.max_text_bytes;
+  body_limits.text_param = "messages";
+  body_limits.text_why = limits.text_limit_why;
+  const json root = parse_body(body, body_limits, &values);
   if (!root.is_object()) wrong_type("", "a JSON object", root);
   check_keys(root, "",
              {// used
@@ -347,6 +356,7 @@ ChatCompletionRequest parse_chat_completion(std::string_view body, const ParseLi
               // accepted and ignored
               "user", "metadata", "store", "service_tier", "parallel_tool_calls"});
   ChatCompletionRequest out;
+  out.json_values = values;
   const json* model = field(root, "model");
   if (model == nullptr) fail("model", "'model' is required", "missing_field");
   out.model = get_string(*model, "model");

@@ -62,6 +62,9 @@ struct ChatCompletionRequest {
   std::vector<std::string> stop;  // up to 4 non-empty strings
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // What parsing saw, for the server's byte budget: JSON values made, image pixels declared.
+  size_t json_values = 0;
+  uint64_t image_pixels = 0;
 };
 
 struct ParseLimits {
@@ -74,17 +77,26 @@ struct ParseLimits {
   // Pixels of all images of a request, read from their PNG / JPEG headers before decoding (a
   // 12000x12000 PNG of 410 KB decodes to 432 MB).
   uint64_t max_image_pixels = uint64_t{1} << 25;
-  // Sample rates an audio part's header may declare (WAV, FLAC; the stage checks the others
-  // before resampling).
+  // Sample rates and channels an audio part's header may declare (WAV, FLAC; the stage checks
+  // the others before decoding).
   uint64_t min_audio_sample_rate = 8000;
   uint64_t max_audio_sample_rate = 192000;
+  uint64_t max_audio_channels = 8;
+  // JSON values (keys count) the body may make while it is parsed (a bounded DOM: see
+  // request_json.h). A request of 256 messages with a few parts each makes a few thousand.
+  size_t max_json_values = 65536;
+  // The bytes of text ("content" and "text" strings) a request may hold together, from the
+  // model's context (StageInfo::max_prompt_bytes); 0: no limit. `text_limit_why` says what
+  // sets it, for the error.
+  size_t max_text_bytes = 0;
+  std::string text_limit_why = "the model's context";
 };
 
 // Parses and validates a POST /v1/chat/completions body. Throws ApiException (and nothing else)
 // on any problem, with `param` set to the field's JSON path
 // ("messages[1].content[0].image_url.url") and one of these codes:
 // - 400 invalid_json: not JSON (the message gives the parser's byte position), or nested deeper
-//   than limits.max_depth;
+//   than limits.max_depth; 413 request_too_large: more than limits.max_json_values values;
 // - 400 invalid_type: a field of the wrong JSON type (the message says which type is expected),
 //   the body not an object;
 // - 400 missing_field: no model, no messages, no user message, a message without role or
@@ -109,7 +121,12 @@ struct ParseLimits {
 // - 400 invalid_base64: a payload that is not strict base64 (see base64_decode);
 // - 413 request_too_large: more than limits.max_messages messages, limits.max_media_items
 //   media parts, limits.max_media_bytes of decoded media or limits.max_image_pixels of image
-//   pixels (from the image headers, before any image is decoded).
+//   pixels (from the image headers, before any image is decoded);
+// - 400 unsupported_sample_rate / unsupported_channels: an audio header (WAV, FLAC) declaring a
+//   rate or a channel count outside the limits;
+// - 400 context_length_exceeded: more than limits.max_text_bytes of text, found by a byte scan
+//   before the body is parsed.
+// Values quoted in messages and field names in `param` are cut after 64 bytes.
 ChatCompletionRequest parse_chat_completion(std::string_view body, const ParseLimits& limits = {});
 
 // --- responses, as vLLM-Omni returns them -------------------------------------------------------

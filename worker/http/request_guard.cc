@@ -22,6 +22,15 @@ std::string host_name(const std::string& host_header) {
   return h;
 }
 
+// A Content-Length value: decimal digits that fit 63 bits.
+std::optional<uint64_t> content_length(const std::string& value) {
+  const std::string v = trim_blanks(value);
+  if (v.empty() || v.size() > 18 || v.find_first_not_of("0123456789") != std::string::npos) {
+    return std::nullopt;
+  }
+  return std::stoull(v);
+}
+
 bool is_loopback(const std::string& host) {
   const std::string h = ascii_lower(host);
   return h == "localhost" || h == "::1" || h == "[::1]" || h.rfind("127.", 0) == 0;
@@ -53,6 +62,14 @@ HostPolicy host_policy(const std::string& listen_host, bool has_api_key,
   return policy;
 }
 
+RequestHead request_head_of(const HttpHead& head) {
+  RequestHead out;
+  out.method = head.method;
+  out.path = head.path();
+  out.header_values = [&head](const std::string& name) { return head.values(name); };
+  return out;
+}
+
 std::optional<ApiError> refuse_request_head(const RequestHead& head, const HostPolicy& hosts) {
   const auto lengths = head.header_values("Content-Length");
   const auto transfer = head.header_values("Transfer-Encoding");
@@ -64,11 +81,19 @@ std::optional<ApiError> refuse_request_head(const RequestHead& head, const HostP
     if (trim_blanks(length) != trim_blanks(lengths.front())) {
       return refusal(400, "invalid_framing", "the request has Content-Lengths that differ");
     }
+    if (!content_length(length)) {
+      return refusal(400, "invalid_framing", "the request's Content-Length is not a number");
+    }
   }
   if (!transfer.empty()) {
     // The body limit counts bytes as announced: a chunked body announces none.
     return refusal(411, "length_required",
                    "chunked request bodies are not accepted: send the body with Content-Length");
+  }
+  if (lengths.empty() &&
+      (head.method == "POST" || head.method == "PUT" || head.method == "PATCH")) {
+    return refusal(411, "length_required",
+                   "a " + head.method + " request needs a Content-Length header (0 for no body)");
   }
   for (const auto& encoding : head.header_values("Content-Encoding")) {
     const std::string e = ascii_lower(trim_blanks(encoding));
@@ -108,6 +133,54 @@ std::optional<ApiError> refuse_request_head(const RequestHead& head, const HostP
                      "this server does not answer to the Host name in the request: add it with "
                      "--allowed-hosts");
     }
+  }
+  return std::nullopt;
+}
+
+bool is_public_route(const RequestHead& head, const AccessPolicy& access) {
+  const bool get = head.method == "GET" || head.method == "HEAD";
+  return head.method == "OPTIONS" || (get && (head.path == "/health" || head.path == "/")) ||
+         (get && head.path == "/metrics" && access.metrics_public);
+}
+
+bool takes_body(const RequestHead& head) {
+  return head.method == "POST" && (head.path == "/v1/chat/completions" ||
+                                   head.path == "/v1/videos" || head.path == "/v1/videos/sync");
+}
+
+bool key_matches(const std::string& authorization, const std::string& api_key) {
+  const std::string expected = "Bearer " + api_key;
+  if (authorization.size() != expected.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    diff |= static_cast<unsigned char>(authorization[i] ^ expected[i]);
+  }
+  return diff == 0;
+}
+
+std::optional<ApiError> refuse_request_access(const RequestHead& head, const AccessPolicy& access) {
+  if (!access.api_key.empty() && !is_public_route(head, access)) {
+    const auto values = head.header_values("Authorization");
+    if (values.size() != 1 || !key_matches(values.front(), access.api_key)) {
+      ApiError e = unauthorized(values.empty() ? "no API key: send 'Authorization: Bearer <key>'"
+                                               : "the API key is wrong");
+      return e;
+    }
+  }
+  const auto lengths = head.header_values("Content-Length");
+  const uint64_t length = lengths.empty() ? 0 : content_length(lengths.front()).value_or(0);
+  // Other routes may carry an empty JSON object or so; never a body worth buffering.
+  constexpr uint64_t kSmallBody = 4096;
+  if (!takes_body(head) && length > kSmallBody) {
+    return refusal(413, "request_too_large",
+                   head.method + " " + (head.path.size() <= 64 ? head.path : "this route") +
+                       " takes no request body (Content-Length " + std::to_string(length) + ")");
+  }
+  if (length > access.max_body_bytes) {
+    return refusal(413, "request_too_large",
+                   "the request body (Content-Length " + std::to_string(length) +
+                       ") is larger than --max-request-bytes (" +
+                       std::to_string(access.max_body_bytes) + " bytes)");
   }
   return std::nullopt;
 }

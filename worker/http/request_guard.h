@@ -1,15 +1,19 @@
 // What `serve` refuses from a request's head alone, before it reads a byte of the body: the
-// framings whose size the body limit cannot bound (chunked, compressed), ambiguous framing,
-// bodies that are not JSON (a web page's form or text/plain post), and, on a server a web page
-// could reach through DNS rebinding (no key, loopback), Host names it does not answer to.
+// framings whose size the body limit cannot bound (chunked, compressed, none), ambiguous
+// framing, bodies that are not JSON (a web page's form or text/plain post), and, on a server a
+// web page could reach through DNS rebinding (no key, loopback), Host names it does not answer
+// to; then a missing or wrong API key and a body over the limit, so that no byte of the body of
+// a request without the key is ever read.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "worker/http/api_error.h"
+#include "worker/http/http_head.h"
 
 namespace omni::http {
 
@@ -33,16 +37,43 @@ struct RequestHead {
   std::string path = "";
 };
 
+// The same view of a head read off the socket.
+RequestHead request_head_of(const HttpHead& head);
+
 // The error to answer with, or nullopt to go on and read the body:
 // - 400 invalid_framing: Content-Length and Transfer-Encoding together, or Content-Lengths
-//   that differ;
-// - 411 length_required: a body without Content-Length (chunked);
+//   that differ or are not a number;
+// - 411 length_required: a body without Content-Length (chunked), or a POST, PUT or PATCH
+//   without one (its body would be read until the client closes);
 // - 415 unsupported_content_encoding: a Content-Encoding other than identity;
 // - 415 unsupported_media_type: a POST whose Content-Type is not application/json, save
 //   multipart/form-data to POST /v1/videos[/sync] with an Authorization header (OpenAI's SDK
 //   sends video requests so; a cross-site HTML form cannot set that header);
 // - 403 host_not_allowed: a Host the policy does not list.
 std::optional<ApiError> refuse_request_head(const RequestHead& head, const HostPolicy& hosts);
+
+// Who may send what: the key and the body limit, decided from the head.
+struct AccessPolicy {
+  std::string api_key;          // empty: no key needed
+  bool metrics_public = false;  // GET /metrics without the key
+  uint64_t max_body_bytes = 0;  // a larger Content-Length is refused
+};
+
+// Routes anyone may call: GET (and HEAD) /health and / (the playground), OPTIONS (CORS
+// preflights), and GET /metrics when the policy makes it public.
+bool is_public_route(const RequestHead& head, const AccessPolicy& access);
+// Routes that take a request body (POST /v1/chat/completions, /v1/videos, /v1/videos/sync).
+bool takes_body(const RequestHead& head);
+// Whether an Authorization header carries `api_key` ("Bearer <key>"), compared in time that
+// does not depend on where they differ.
+bool key_matches(const std::string& authorization, const std::string& api_key);
+
+// After refuse_request_head: the error to answer with, or nullopt:
+// - 401 invalid_api_key: a route that is not public without the key (any route, unknown ones
+//   too: a body is never read for a client without the key);
+// - 413 request_too_large: a Content-Length over max_body_bytes, or over 4 KiB on a route that
+//   takes no body.
+std::optional<ApiError> refuse_request_access(const RequestHead& head, const AccessPolicy& access);
 
 // Whether a browser page from `origin` ("https://app.example:8443") may read this server's
 // answers (CORS): only the origins in `allowed_origins` ("*": any), compared without case.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -21,6 +22,12 @@ std::string quote_value(std::string_view value) {
   constexpr size_t kMax = 64;
   if (value.size() <= kMax) return "'" + std::string(value) + "'";
   return "'" + std::string(value.substr(0, kMax)) + "...'";
+}
+
+std::string format_number(double x) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", x);
+  return text;
 }
 
 const char* type_of(const json& v) {
@@ -63,7 +70,10 @@ const char* type_of(const json& v) {
 // --- JSON access --------------------------------------------------------------------------
 
 std::string join_path(const std::string& parent, const std::string& key) {
-  return parent.empty() ? key : parent + "." + key;
+  // A key comes from the request: an unknown one of a megabyte must not be echoed whole.
+  constexpr size_t kMaxKey = 64;
+  const std::string shown = key.size() <= kMaxKey ? key : key.substr(0, kMaxKey) + "...";
+  return parent.empty() ? shown : parent + "." + shown;
 }
 std::string index_path(const std::string& parent, size_t i) {
   return parent + "[" + std::to_string(i) + "]";
@@ -146,34 +156,102 @@ uint64_t get_seed(const json& v, const std::string& param) {
 
 namespace {
 
-// nlohmann's parser and destructor keep heap stacks, but copying or dumping a value recurses,
-// and building a DOM 100000 levels deep is wasted work anyway: bodies nested deeper than any
-// request can be are refused first, by a byte scan that tracks strings exactly as JSON does (so
-// it agrees with the parser on every prefix the parser accepts).
-void check_depth(std::string_view body, size_t max_depth) {
-  size_t depth = 0;
-  bool in_string = false;
+// The decoded UTF-8 length of the JSON string literal body[begin, end) (between its quotes).
+size_t decoded_length(std::string_view body, size_t begin, size_t end) {
+  const auto hex = [&](size_t at) {
+    unsigned v = 0;
+    for (size_t k = at; k < at + 4 && k < end; ++k) {
+      const char c = body[k];
+      v = v * 16 + static_cast<unsigned>(c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
+    }
+    return v;
+  };
+  size_t n = 0;
+  for (size_t i = begin; i < end; ++i) {
+    if (body[i] != '\\') {
+      ++n;
+    } else if (i + 1 < end && body[i + 1] == 'u') {
+      const unsigned cp = hex(i + 2);
+      if (cp >= 0xD800 && cp <= 0xDBFF) {
+        n += 4;   // a surrogate pair: one 4-byte character
+        i += 11;  // this escape and the next
+      } else {
+        n += cp < 0x80 ? 1 : cp < 0x800 ? 2 : 3;
+        i += 5;
+      }
+    } else {
+      ++n;
+      ++i;
+    }
+  }
+  return n;
+}
+
+// Before the parser: nlohmann's parser and destructor keep heap stacks, but copying or dumping a
+// value recurses, and building a DOM 100000 levels deep is wasted work anyway; and a text field
+// of 48 MB costs three copies once parsed. So a byte scan that tracks strings exactly as JSON
+// does (it agrees with the parser on every prefix the parser accepts) refuses bodies nested
+// deeper than any request can be, and sums the text under the text keys.
+// Returns an upper bound of the values (keys included) the parser would make: every value but
+// the first of a container follows a comma, every member's value a colon, so two per container
+// plus the commas and colons bound them (a parser callback that counted instead makes nlohmann
+// 3.11 quadratic in the elements of an array).
+size_t scan_body(std::string_view body, const BodyLimits& limits) {
+  struct Frame {
+    bool object = false;
+    bool expect_key = false;  // object: the next string is a key
+    bool text_value = false;  // object: the last key is a text key
+  };
+  std::vector<Frame> frames;
+  size_t text = 0, values = 1;
+  const auto count = [&] {
+    if (++values > limits.max_values) {
+      throw ApiException(request_too_large("the request body holds more than " +
+                                           std::to_string(limits.max_values) +
+                                           " JSON values (keys included)"));
+    }
+  };
   for (size_t i = 0; i < body.size(); ++i) {
     const char c = body[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
+    if (c == '"') {
+      const size_t begin = i + 1;
+      for (++i; i < body.size() && body[i] != '"'; ++i) {
+        if (body[i] == '\\') ++i;
       }
-    } else if (c == '"') {
-      in_string = true;
+      if (frames.empty() || i >= body.size()) continue;  // the parser refuses it
+      Frame& top = frames.back();
+      if (top.object && top.expect_key) {
+        const std::string_view key = body.substr(begin, i - begin);
+        top.text_value = std::find(limits.text_keys.begin(), limits.text_keys.end(), key) !=
+                         limits.text_keys.end();
+        top.expect_key = false;
+      } else if (top.object && top.text_value && limits.max_text_bytes > 0) {
+        text += decoded_length(body, begin, i);
+        if (text > limits.max_text_bytes) {
+          fail(limits.text_param,
+               "the request's text is longer than " + limits.text_why + " can hold (" +
+                   std::to_string(limits.max_text_bytes) + " bytes of text at most)",
+               "context_length_exceeded");
+        }
+      }
     } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) {
+      if (frames.size() >= limits.max_depth) {
         fail("",
-             "the request body nests JSON more than " + std::to_string(max_depth) +
+             "the request body nests JSON more than " + std::to_string(limits.max_depth) +
                  " levels deep (at byte " + std::to_string(i) + ")",
              "invalid_json");
       }
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
+      frames.push_back({c == '{', c == '{', false});
+      count();
+      count();
+    } else if (c == ']' || c == '}') {
+      if (!frames.empty()) frames.pop_back();
+    } else if (c == ',' || c == ':') {
+      count();
+      if (c == ',' && !frames.empty() && frames.back().object) frames.back().expect_key = true;
     }
   }
+  return values;
 }
 
 // nlohmann's messages start with "[json.exception.parse_error.101] ": the part after it is for
@@ -189,10 +267,12 @@ std::string without_exception_id(const char* what) {
 
 }  // namespace
 
-json parse_body(std::string_view body, size_t max_depth) {
-  check_depth(body, max_depth);
+json parse_body(std::string_view body, const BodyLimits& limits, size_t* values) {
+  const size_t most = scan_body(body, limits);
   try {
-    return json::parse(body.data(), body.data() + body.size());
+    json parsed = json::parse(body.data(), body.data() + body.size());
+    if (values != nullptr) *values = most;
+    return parsed;
   } catch (const json::parse_error& e) {
     fail("",
          "the request body is not valid JSON (byte " + std::to_string(e.byte) +

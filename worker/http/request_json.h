@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "worker/http/api_error.h"
 
@@ -23,6 +24,8 @@ namespace omni::http::detail {
 [[noreturn]] void unsupported(const std::string& param, const std::string& why);
 // A value from the request, quoted for a message and cut when long.
 std::string quote_value(std::string_view value);
+// A bound for a message: 100, 0.5, 1e+30.
+std::string format_number(double x);
 // "a string", "an integer", ...
 const char* type_of(const nlohmann::json& v);
 
@@ -40,8 +43,29 @@ double get_number(const nlohmann::json& v, const std::string& param);
 int64_t get_int(const nlohmann::json& v, const std::string& param);
 uint64_t get_seed(const nlohmann::json& v, const std::string& param);
 
-// The body as JSON, refused (400 invalid_json / invalid_value) when it is not JSON or nests
-// deeper than `max_depth`.
-nlohmann::json parse_body(std::string_view body, size_t max_depth);
+// What a body may hold, checked before and while it is parsed.
+struct BodyLimits {
+  size_t max_depth = 32;
+  // Values the parser may make (keys count), bounded from above by the byte scan before the
+  // parser runs: a body of "{}," repeated costs ~30 bytes of memory per byte as a DOM.
+  size_t max_values = 65536;
+  // String values under these keys (in any object) are text; their bytes together (as decoded
+  // UTF-8) may not pass max_text_bytes (0: no limit). Checked by the byte scan, before the
+  // parser copies a megabyte string twice.
+  std::vector<std::string> text_keys;
+  size_t max_text_bytes = 0;
+  std::string text_param;  // the field the error names ("messages")
+  std::string text_why;    // what sets the limit ("the model's context of 4096 tokens")
+};
+
+// The body as JSON. Refused with 400 invalid_json when it is not JSON or nests deeper than
+// max_depth, 413 request_too_large past max_values, 400 context_length_exceeded past
+// max_text_bytes. `values` gets the scan's bound of the values it made.
+nlohmann::json parse_body(std::string_view body, const BodyLimits& limits,
+                          size_t* values = nullptr);
+
+// What one parsed JSON value costs in memory beside its string bytes (nlohmann's 16-byte value,
+// the node or slot that holds it, the allocator's overhead): a budget's estimate.
+constexpr size_t kJsonValueBytes = 64;
 
 }  // namespace omni::http::detail

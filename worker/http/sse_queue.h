@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -18,7 +20,10 @@ class SseQueue {
  public:
   // Makes the SSE event of a text delta; `first`: the answer's first chunk.
   using TextEvent = std::function<std::string(const std::string& text, bool first)>;
-  explicit SseQueue(TextEvent text_event) : text_event_(std::move(text_event)) {}
+  // A client that leaves more than `max_unsent_bytes` unread is dropped (client_left()): the
+  // queue never holds more for it.
+  explicit SseQueue(TextEvent text_event, size_t max_unsent_bytes = SIZE_MAX)
+      : text_event_(std::move(text_event)), max_unsent_bytes_(max_unsent_bytes) {}
 
   void push(std::string event);                         // a finished SSE event
   void push_text(const std::string& text, bool first);  // a text delta
@@ -40,7 +45,12 @@ class SseQueue {
     bool is_text = false;
     bool first = false;
   };
+  // Under mutex_: drops the client when `more` bytes would pass the bound.
+  bool room_for(size_t more);
+
   TextEvent text_event_;
+  const size_t max_unsent_bytes_;
+  size_t unsent_bytes_ = 0;
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<Entry> entries_;

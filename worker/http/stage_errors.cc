@@ -19,7 +19,9 @@ std::string random_id(const char* prefix) {
 
 std::string published(const std::string& internal) {
   const std::string id = random_id("err-");
-  log_warning("error ", id, ": ", internal);
+  // A client can cause these in a loop (a request a stage refuses): lines at a bounded rate.
+  static RateLimitedLog log(LogLevel::kWarning);
+  log.write("error " + id + ": " + internal);
   return public_error_message(internal) + " (error id " + id + ")";
 }
 

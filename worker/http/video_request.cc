@@ -20,6 +20,14 @@ constexpr int64_t kMaxSide = 4096;
 constexpr int64_t kMaxFrames = 1025;
 constexpr int64_t kMaxSteps = 1000;
 constexpr double kMaxSeconds = 600;
+// Guidance and shift beyond these make no video anyone asked for (diffusers' defaults are 1-12).
+constexpr double kMaxGuidance = 100;
+constexpr double kMaxFlowShift = 100;
+// A prompt is cut to 512 tokens by the text encoder: longer text only costs memory while the job
+// is stored.
+constexpr size_t kMaxPromptBytes = 64 << 10;
+// A video request has about a dozen fields.
+constexpr size_t kMaxJsonValues = 1024;
 
 int64_t int_in(const Json& v, const std::string& param, int64_t lo, int64_t hi) {
   const int64_t n = detail::get_int(v, param);
@@ -30,10 +38,22 @@ int64_t int_in(const Json& v, const std::string& param, int64_t lo, int64_t hi) 
   return n;
 }
 
-double finite(const Json& v, const std::string& param) {
+double number_in(const Json& v, const std::string& param, double lo, double hi) {
   const double d = detail::get_number(v, param);
-  if (!std::isfinite(d)) detail::invalid_value(param, "must be a finite number");
+  if (!(d >= lo && d <= hi)) {
+    detail::invalid_value(
+        param, "must be from " + detail::format_number(lo) + " to " + detail::format_number(hi));
+  }
   return d;
+}
+
+const std::string& text_field(const Json& v, const std::string& param) {
+  const std::string& s = detail::get_string(v, param);
+  if (s.size() > kMaxPromptBytes) {
+    detail::invalid_value(param, "is " + std::to_string(s.size()) + " bytes, at most " +
+                                     std::to_string(kMaxPromptBytes) + " are accepted");
+  }
+  return s;
 }
 
 // "832x480" -> width 832, height 480.
@@ -91,7 +111,14 @@ int64_t frames_for_seconds(double seconds, int64_t fps) {
 }
 
 VideoRequest parse_video_request(std::string_view body, int64_t fps) {
-  const Json root = detail::parse_body(body, 8);
+  detail::BodyLimits limits;
+  limits.max_depth = 8;
+  limits.max_values = kMaxJsonValues;
+  limits.text_keys = {"prompt", "negative_prompt"};
+  limits.max_text_bytes = 2 * kMaxPromptBytes;
+  limits.text_param = "prompt";
+  limits.text_why = "a video prompt";
+  const Json root = detail::parse_body(body, limits);
   if (!root.is_object()) detail::wrong_type("", "a JSON object", root);
   detail::check_keys(
       root, "",
@@ -100,13 +127,13 @@ VideoRequest parse_video_request(std::string_view body, int64_t fps) {
   VideoRequest r;
   const Json* prompt = field(root, "prompt");
   if (prompt == nullptr) detail::fail("prompt", "'prompt' is required", "missing_field");
-  r.prompt = detail::get_string(*prompt, "prompt");
+  r.prompt = text_field(*prompt, "prompt");
   if (r.prompt.empty()) detail::invalid_value("prompt", "must not be empty");
   if (const Json* v = field(root, "model")) r.model = detail::get_string(*v, "model");
   if (const Json* v = field(root, "size")) parse_size(detail::get_string(*v, "size"), r);
   auto& d = r.diffusion;
   if (const Json* v = field(root, "negative_prompt")) {
-    d.negative_prompt = detail::get_string(*v, "negative_prompt");
+    d.negative_prompt = text_field(*v, "negative_prompt");
   }
   if (const Json* v = field(root, "num_frames")) {
     d.num_frames = int_in(*v, "num_frames", 1, kMaxFrames);
@@ -123,18 +150,16 @@ VideoRequest parse_video_request(std::string_view body, int64_t fps) {
     d.num_inference_steps = int_in(*v, "num_inference_steps", 1, kMaxSteps);
   }
   if (const Json* v = field(root, "guidance_scale")) {
-    d.guidance_scale = finite(*v, "guidance_scale");
+    d.guidance_scale = number_in(*v, "guidance_scale", 0, kMaxGuidance);
   }
   if (const Json* v = field(root, "guidance_scale_2")) {
-    d.guidance_scale_2 = finite(*v, "guidance_scale_2");
+    d.guidance_scale_2 = number_in(*v, "guidance_scale_2", 0, kMaxGuidance);
   }
   if (const Json* v = field(root, "boundary_ratio")) {
-    const double b = finite(*v, "boundary_ratio");
-    if (b < 0 || b > 1) detail::invalid_value("boundary_ratio", "must be from 0 to 1");
-    d.boundary_ratio = b;
+    d.boundary_ratio = number_in(*v, "boundary_ratio", 0, 1);
   }
   if (const Json* v = field(root, "flow_shift")) {
-    const double s = finite(*v, "flow_shift");
+    const double s = number_in(*v, "flow_shift", 0, kMaxFlowShift);
     if (s <= 0) detail::invalid_value("flow_shift", "must be above 0");
     d.flow_shift = s;
   }

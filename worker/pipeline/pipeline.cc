@@ -156,6 +156,14 @@ std::vector<std::string> Pipeline::speakers() { return speaker_info().speakers; 
 
 std::string Pipeline::default_speaker() { return speaker_info().default_speaker; }
 
+std::pair<uint64_t, int64_t> Pipeline::prompt_limit() {
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    const StageInfo info = info_of(i);
+    if (info.max_prompt_bytes > 0) return {info.max_prompt_bytes, info.context_tokens};
+  }
+  return {0, 0};
+}
+
 PipelineResult Pipeline::generate(const models::OmniRequest& request,
                                   const PipelineCallbacks& callbacks, Clock::time_point deadline,
                                   const std::vector<MediaFile>* media) {

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model_runner/runner/omni_request.h"
@@ -96,6 +97,9 @@ class Pipeline {
   // The speakers and default of the stage that has them (its info), empty without one.
   std::vector<std::string> speakers();
   std::string default_speaker();
+  // The prompt limit of the first stage that reports one (StageInfo::max_prompt_bytes and
+  // context_tokens); zeros when none does.
+  std::pair<uint64_t, int64_t> prompt_limit();
   const std::vector<PipelineStage>& stages() const { return stages_; }
   // Stages that share a device take grants from `ledger` while they compute; on a device whose
   // stages do not fit its budget together, a stage starts once its upstream has finished (the

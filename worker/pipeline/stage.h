@@ -87,6 +87,11 @@ struct StageInfo {
   std::string default_speaker;        // talker
   int64_t num_code_groups = 0;        // talker
   int64_t sample_rate = 0;            // code2wav
+  // A stage that reads the prompt's text: its context in tokens, and the most bytes of text
+  // that could fit it (context x the tokenizer's longest token): more is refused before it is
+  // tokenized. 0: no limit known.
+  int64_t context_tokens = 0;
+  uint64_t max_prompt_bytes = 0;
 };
 
 // Why a stage failed; the orchestrator turns it into the request's error.

@@ -97,6 +97,14 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
     StageInfo i;
     i.model_stage = "thinker";
     i.speech = capture_layer_ >= 0;
+    // The prompt must stay below the context (token_sequence.h); the text that could fit it is
+    // what a server lets through before tokenizing.
+    const int64_t context = runner_->model().config().text.max_position_embeddings;
+    if (context > 0) {
+      i.context_tokens = context;
+      i.max_prompt_bytes = static_cast<uint64_t>(
+          runner_->tokenizer().max_text_bytes(static_cast<size_t>(context - 1)).value_or(0));
+    }
     return with_bytes(std::move(i));
   }
 

@@ -515,7 +515,9 @@ std::string info_to_json(const pipeline::StageInfo& info) {
                         {"speakers", info.speakers},
                         {"default_speaker", info.default_speaker},
                         {"num_code_groups", info.num_code_groups},
-                        {"sample_rate", info.sample_rate}}
+                        {"sample_rate", info.sample_rate},
+                        {"context_tokens", info.context_tokens},
+                        {"max_prompt_bytes", info.max_prompt_bytes}}
       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
@@ -536,6 +538,8 @@ pipeline::StageInfo info_from_json(const std::string& json) {
     info.default_speaker = j.value("default_speaker", std::string());
     info.num_code_groups = j.value("num_code_groups", int64_t{0});
     info.sample_rate = j.value("sample_rate", int64_t{0});
+    info.context_tokens = j.value("context_tokens", int64_t{0});
+    info.max_prompt_bytes = j.value("max_prompt_bytes", uint64_t{0});
   } catch (const nlohmann::json::exception& e) {
     throw StageError(StageError::Code::kInternal, "",
                      std::string("the worker's info has a field of the wrong type: ") + e.what());

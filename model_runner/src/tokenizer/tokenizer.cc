@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -283,6 +284,12 @@ class Tokenizer::Impl {
   size_t vocab_size() const { return vocab_size_; }
   const std::string& source() const { return source_; }
 
+  std::optional<size_t> max_text_bytes(size_t max_tokens) const {
+    if (!text_bytes_per_token_) return std::nullopt;
+    const size_t per = *text_bytes_per_token_;
+    return max_tokens > SIZE_MAX / per ? SIZE_MAX : max_tokens * per;
+  }
+
  private:
   // Whether `bytes` can make at most `tokens` tokens of at most `per_token` bytes each.
   static bool may_fit(size_t bytes, size_t tokens, size_t per_token) {
@@ -352,6 +359,10 @@ class Tokenizer::Impl {
 };
 
 Tokenizer::Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+
+std::optional<size_t> Tokenizer::max_text_bytes(size_t max_tokens) const {
+  return impl_->max_text_bytes(max_tokens);
+}
 
 Tokenizer Tokenizer::load(const std::string& path_or_dir) {
   std::error_code ec;

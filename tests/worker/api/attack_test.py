@@ -15,103 +15,27 @@ import gzip
 import json
 import os
 import re
-import select
-import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
 import zlib
 
+from serving import (Failed, Server as ServeProcess, auth, bounded_memory, check, check_latencies,
+                     close, connect, exchange, expect_status, head_bytes, probe_health,
+                     server_closed)
+
 VLLM_OMNI, FIXTURE = sys.argv[1], sys.argv[2]
 KEY = "k1"
 LIMIT = 100000  # --max-request-bytes
-MAX_GROWTH_KB = 50 * 1000
+# The slow and silent clients' address: the server caps each address's connections, and the
+# /health probes come from 127.0.0.1.
+ATTACKER = "127.0.0.2"
 SMALL = {"model": "tiny", "modalities": ["text"], "messages": [{"role": "user", "content": "hi"}],
          "max_tokens": 2}
 LONG = {"model": "tiny", "modalities": ["text", "audio"],
         "messages": [{"role": "user", "content": "tell me a long story"}], "max_tokens": 2048,
         "max_audio_frames": 4096}
-
-
-class Failed(Exception):
-    pass
-
-
-def check(cond, msg):
-    if not cond:
-        raise Failed(msg)
-
-
-# -- raw HTTP
-
-
-def head_bytes(port, method, path, headers):
-    lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}"]
-    lines += [f"{name}: {value}" for name, value in headers]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
-
-
-def send_pieces(sock, pieces):
-    # The server may answer and close before reading the body: a broken pipe here is expected.
-    try:
-        for piece in pieces:
-            sock.sendall(piece)
-    except OSError:
-        pass
-
-
-def read_response(sock):
-    """Status, headers (lower-case names) and body of the one response on `sock`."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        check(chunk, f"the server closed the connection without an answer (read {data[:200]!r})")
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
-    length = int(headers.get("content-length", -1))
-    while length < 0 or len(body) < length:
-        try:
-            chunk = sock.recv(65536)
-        except ConnectionResetError:  # the head was read: a reset after it is the server's close
-            break
-        if not chunk:
-            break
-        body += chunk
-    return int(lines[0].split()[1]), headers, body
-
-
-def close(sock):
-    # shutdown first: it wakes a sender thread blocked on this socket, close() would not.
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    sock.close()
-
-
-def exchange(port, method, path, headers=(), body=b"", timeout=60):
-    """One request on a fresh connection; `body` is bytes or an iterable of pieces, sent on a
-    thread so that a server answering before it has read them all is fine."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    sender = None
-    try:
-        sock.sendall(head_bytes(port, method, path, [*headers, ("Connection", "close")]))
-        pieces = [body] if isinstance(body, bytes) else body
-        sender = threading.Thread(target=send_pieces, args=(sock, pieces), daemon=True)
-        sender.start()
-        return read_response(sock)
-    finally:
-        close(sock)
-        if sender:
-            sender.join(timeout)
-
-
-def auth(key):
-    return [("Authorization", f"Bearer {key}")] if key else []
 
 
 def post_chat(port, request, key=None, timeout=120):
@@ -120,106 +44,15 @@ def post_chat(port, request, key=None, timeout=120):
     return exchange(port, "POST", "/v1/chat/completions", headers + auth(key), body, timeout)
 
 
-def health_status(port, timeout=10):
-    return exchange(port, "GET", "/health", timeout=timeout)[0]
+def warm(srv):
+    status, _, body = post_chat(srv.port, SMALL, srv.key)
+    check(status == 200, f"warm-up: the small request got {status}: {body[:300]!r}")
 
 
-# -- the server and its memory
-
-
-def status_kb(pid, field):
-    with open(f"/proc/{pid}/status") as f:
-        return int(re.search(rf"^{field}:\s+(\d+)", f.read(), re.M).group(1))
-
-
-class RssPeak:
-    """The highest VmRSS of `pid` inside a `with`: the kernel's VmHWM reset on entry, or VmRSS
-    sampled every 5 ms where /proc/PID/clear_refs may not be written."""
-
-    def __init__(self, pid):
-        self.pid, self.peak_kb, self._stop, self._sampler = pid, 0, threading.Event(), None
-
-    def __enter__(self):
-        try:
-            with open(f"/proc/{self.pid}/clear_refs", "w") as f:
-                f.write("5")  # 5: reset the peak resident size to the current one
-        except OSError:
-            self._sampler = threading.Thread(target=self._sample, daemon=True)
-            self._sampler.start()
-        return self
-
-    def _sample(self):
-        while not self._stop.wait(0.005):
-            self.peak_kb = max(self.peak_kb, status_kb(self.pid, "VmRSS"))
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self._sampler:
-            self._sampler.join()
-        else:
-            self.peak_kb = status_kb(self.pid, "VmHWM")
-
-
-class Server:
-    """vllm-omni serve with the test's limits, warmed up, its resident size measured."""
-
-    def __init__(self, key, flags):
-        self.key, self.flags = key, flags
-        cmd = [VLLM_OMNI, "--model", FIXTURE, "--port", "0", "--served-model-name", "tiny",
-               "--max-request-bytes", str(LIMIT), *(["--api-key", key] if key else []), *flags]
-        # Two malloc arenas: with one per thread the resident size would depend on which
-        # threads served what, hiding or faking growth.
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "MALLOC_ARENA_MAX": "2"})
-        self.port = self._wait_listening()
-        check(health_status(self.port) == 200, "warm-up: /health did not answer 200")
-        status, _, body = post_chat(self.port, SMALL, key)
-        check(status == 200, f"warm-up: the small request got {status}: {body[:300]!r}")
-        self.baseline_kb = status_kb(self.proc.pid, "VmRSS")
-
-    def _wait_listening(self):
-        deadline, lines = time.time() + 120, []
-        while time.time() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            lines.append(line)
-            m = re.search(r"listening on http://[^:]+:(\d+)", line)
-            if m:
-                # Keep draining stderr so the server never blocks on a full pipe.
-                threading.Thread(target=lambda: [None for _ in self.proc.stderr],
-                                 daemon=True).start()
-                return int(m.group(1))
-        self.stop()
-        raise Failed("the server did not start: " + "".join(lines).strip())
-
-    def growth_kb(self, peak_kb):
-        return peak_kb - self.baseline_kb
-
-    def check_alive(self):
-        check(self.proc.poll() is None, f"the server died (exit status {self.proc.returncode})")
-        check(health_status(self.port) == 200, "the server stopped answering /health with 200")
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # requests still running (no cancel): not our check
-            self.proc.kill()
-            self.proc.wait()
-
-
-def expect_status(got, want, body):
-    check(got == want, f"expected {want}, got {got}: {body[:300]!r}")
-
-
-def bounded_memory(srv, attack):
-    """Runs `attack()` and checks the server's peak resident size stayed near its baseline."""
-    with RssPeak(srv.proc.pid) as rss:
-        status = attack()
-    grown = srv.growth_kb(rss.peak_kb)
-    check(grown < MAX_GROWTH_KB, f"the resident size grew by {grown / 1000:.1f} MB (limit 50)")
-    return f"{status}, peak RSS +{grown / 1000:.1f} MB"
+def Server(key, flags):
+    srv = ServeProcess(VLLM_OMNI, FIXTURE, key, ["--max-request-bytes", str(LIMIT), *flags], warm)
+    srv.flags = tuple(flags)  # the attack's own, to tell when the next one needs another server
+    return srv
 
 
 # -- the attacks: each returns a short detail for the progress line
@@ -273,20 +106,9 @@ def cross_site_post(srv):
 
 def drip_once(port):
     """A request head that never ends: the request line, Host, and nothing more yet."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock = connect(port, 5, ATTACKER)
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
     return sock
-
-
-def server_closed(sock):
-    # Readable means the server closed it, or answered (408) and will close it.
-    if not select.select([sock], [], [], 0)[0]:
-        return False
-    try:
-        sock.recv(4096)
-    except OSError:
-        pass
-    return True
 
 
 def drip(port, stop, closes, index):
@@ -313,28 +135,13 @@ def drip(port, stop, closes, index):
         close(sock)
 
 
-def probe_health(port, window_s):
-    """GET /health every 0.5 s, each on a fresh connection, for `window_s`: the latencies (None:
-    no 200)."""
-    latencies, end = [], time.time() + window_s
-    while time.time() < end:
-        start = time.time()
-        try:
-            ok = health_status(port, timeout=3) == 200
-        except OSError:
-            ok = False
-        latencies.append(time.time() - start if ok else None)
-        time.sleep(max(0.0, 0.5 - (time.time() - start)))
-    return latencies
-
-
 def slow_headers(srv):
     stop, closes = threading.Event(), [0] * 32
     drippers = [threading.Thread(target=drip, args=(srv.port, stop, closes, i), daemon=True)
                 for i in range(32)]
     for t in drippers:
         t.start()
-    silent = [socket.create_connection(("127.0.0.1", srv.port), timeout=5) for _ in range(50)]
+    silent = [connect(srv.port, 5, ATTACKER) for _ in range(50)]
     try:
         latencies = probe_health(srv.port, 30)
     finally:
@@ -343,10 +150,7 @@ def slow_headers(srv):
             t.join(10)
         for s in silent:
             close(s)
-    failed = sum(lat is None for lat in latencies)
-    worst = max((lat for lat in latencies if lat is not None), default=float("inf"))
-    check(not failed, f"{failed} of {len(latencies)} /health probes got no 200 within 3 s")
-    check(worst < 1.0, f"the slowest /health probe took {worst:.2f} s (limit 1.0)")
+    worst = check_latencies(latencies)
     never = sum(c == 0 for c in closes)
     check(not never, f"{never} of 32 dripping connections were never closed: no head deadline")
     return f"{len(latencies)} probes, worst /health {worst:.3f} s, {sum(closes)} drips cut"
@@ -409,7 +213,7 @@ def requests_running(srv):
 def send_without_reading(port, request, key):
     body = json.dumps(request).encode()
     headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock = connect(port, 10)
     sock.sendall(head_bytes(port, "POST", "/v1/chat/completions", headers + auth(key)) + body)
     return sock
 

@@ -112,7 +112,9 @@ def main():
             model="tiny", messages=messages, modalities=["text", "audio"], temperature=0,
             seed=42, max_tokens=12, extra_body={"max_audio_frames": 12})
 
-    proc, port = start_server("--max-concurrent-requests", "2", "--max-request-bytes", "4000000")
+    # No queue: a third request at once is refused (admission_test.py covers the queue).
+    proc, port = start_server("--max-concurrent-requests", "2", "--max-queued-requests", "0",
+                              "--max-request-bytes", "4000000")
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY)
         assert [m.id for m in client.models.list().data] == ["tiny"]
@@ -243,7 +245,7 @@ def main():
         expect_error(port, body(), 401, key="wrong")
         expect_error(port, json.dumps({**ok, "pad": "x" * 5000000}).encode(), 413)
 
-        # -- more than --max-concurrent-requests running: 429
+        # -- more than --max-concurrent-requests running and no queue: 429
         slow = client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "Tell a long story."}],
             modalities=["text", "audio"], max_tokens=2048, stream=True,

@@ -147,6 +147,11 @@ def video_server():
     shutil.rmtree(tmp)
 
 
+def mp4s(folder):
+    # The folder also holds the file naming its owner (for a later server's clean-up).
+    return [f for f in os.listdir(folder) if f.endswith(".mp4")]
+
+
 def check_video_api(port, folder):
     models = ok_json(port, "GET", "/v1/models")
     assert models["data"][0]["video"] is True, models
@@ -170,7 +175,7 @@ def check_video_api(port, folder):
     assert status == 200 and headers["Content-Type"] == "video/mp4", (status, headers)
     s = probe(mp4)
     assert (s["codec_name"], s["width"], s["height"], s["nb_frames"]) == ("h264", 16, 16, "9"), s
-    assert len(os.listdir(folder)) == 1, os.listdir(folder)
+    assert len(mp4s(folder)) == 1, os.listdir(folder)
 
     # `seconds` (OpenAI's string) becomes the largest 4k+1 frames <= seconds * fps + 1.
     w = wait_done(port, ok_json(port, "POST", "/v1/videos",
@@ -191,10 +196,12 @@ def check_video_api(port, folder):
     assert seen == sorted(seen), seen
     assert any(0 < p < 100 for p in seen), seen
 
-    # The list: newest first.
+    # The list: newest first, without the prompts (GET /v1/videos/{id} has them).
     listed = ok_json(port, "GET", "/v1/videos")
     ids = [x["id"] for x in listed["data"]]
     assert listed["object"] == "list" and ids[:3] == [v2["id"], w["id"], v["id"]], ids
+    assert all("prompt" not in x for x in listed["data"]), listed
+    assert ok_json(port, "GET", f"/v1/videos/{v['id']}")["prompt"] == TINY["prompt"]
 
     # DELETE: the job and its file go.
     for vid in (w["id"], v2["id"]):
@@ -203,7 +210,7 @@ def check_video_api(port, folder):
     expect_error(port, "GET", f"/v1/videos/{w['id']}", None, 404, "video_id", "video_not_found")
     expect_error(port, "GET", f"/v1/videos/{w['id']}/content", None, 404)
     expect_error(port, "DELETE", f"/v1/videos/{w['id']}", None, 404)
-    assert len(os.listdir(folder)) == 1, os.listdir(folder)
+    assert len(mp4s(folder)) == 1, os.listdir(folder)
 
     # A running job: no content yet (409); deleted, it stops, and the next job runs at once.
     # Its 512x512 steps are slow next to a 16x16 job: the time its first ~16 steps took (with its
@@ -283,9 +290,16 @@ def check_video_api(port, folder):
     assert "16" in sync_bad["message"], sync_bad
     assert [x["id"] for x in ok_json(port, "GET", "/v1/videos")["data"]] == [v["id"]]
 
-    # At most --max-video-jobs (4) stored: the fifth gets 429.
+    # At most --max-video-jobs (4) queued or running: the fifth gets 429 with Retry-After; the
+    # finished job stored (v) does not count.
+    slow_job = ok_json(port, "POST", "/v1/videos", dict(TINY, size="512x512",
+                                                        num_inference_steps=1000))["id"]
     made = [ok_json(port, "POST", "/v1/videos", TINY)["id"] for _ in range(3)]
-    expect_error(port, "POST", "/v1/videos", TINY, 429)
+    err = expect_error(port, "POST", "/v1/videos", TINY, 429)
+    assert "queued or running" in err["message"], err
+    status, headers, _ = call(port, "POST", "/v1/videos", TINY)
+    assert status == 429 and int(headers["Retry-After"]) >= 1, (status, headers)
+    ok_json(port, "DELETE", f"/v1/videos/{slow_job}")
     for vid in made:
         wait_done(port, vid)
         ok_json(port, "DELETE", f"/v1/videos/{vid}")

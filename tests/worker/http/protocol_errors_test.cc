@@ -455,6 +455,12 @@ TEST(PublicErrorMessage, DropsLocationsConditionsAndTempFolders) {
   EXPECT_EQ(public_error_message("audio file '/tmp/omni-media-Ab12Cd/input-0.wav' has 0 frames "
                                  "[audio_file.cc:80]"),
             "audio file 'input-0.wav' has 0 frames");
+  // The MP4 encoder's and the video jobs' folders too (a failed video job's error).
+  EXPECT_EQ(public_error_message("cannot write '/tmp/omni-mp4-x1Y2z3/video.mp4': no frames"),
+            "cannot write 'video.mp4': no frames");
+  EXPECT_EQ(public_error_message("cannot open /var/tmp/omni-videos-AbCdEf/video_1.mp4"),
+            "cannot open video_1.mp4");
+  EXPECT_EQ(public_error_message("omni-mp4-short/x"), "omni-mp4-short/x");
   // Nothing else changes: user text in brackets, other paths.
   EXPECT_EQ(public_error_message("unknown token [x] in '/data/model'"),
             "unknown token [x] in '/data/model'");
@@ -510,6 +516,83 @@ TEST(ParseChatCompletionErrors, AudioSampleRatesOutsideTheRangeAreRefusedFromThe
   const ApiError e = testing::parse_error_of(body, ParseLimits{});
   EXPECT_EQ(e.code, "unsupported_sample_rate");
   EXPECT_NE(e.message.find("declares 1 Hz"), std::string::npos) << e.message;
+}
+
+TEST(ParseChatCompletionErrors, AudioOfTooManyChannelsIsRefusedFromItsHeader) {
+  json body = testing::minimal_request();
+  std::string wav = testing::wav_file();
+  ASSERT_EQ(wav.compare(12, 4, "fmt "), 0);
+  wav[22] = '\x00';  // fmt's channel count (little-endian 16 bits at byte 22): 1024
+  wav[23] = '\x04';
+  body["messages"] =
+      user_parts({part("input_audio", {{"data", base64_encode(wav)}, {"format", "wav"}})});
+  const ApiError e = testing::parse_error_of(body, ParseLimits{});
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.code, "unsupported_channels");
+  EXPECT_NE(e.message.find("1024 channels"), std::string::npos) << e.message;
+  wav[22] = '\x08';  // 8: the limit
+  wav[23] = '\x00';
+  body["messages"] =
+      user_parts({part("input_audio", {{"data", base64_encode(wav)}, {"format", "wav"}})});
+  EXPECT_NO_THROW(parse_chat_completion(body.dump(), ParseLimits{}));
+}
+
+TEST(ParseChatCompletionErrors, TextOverTheContextIsRefusedBeforeItIsParsed) {
+  ParseLimits limits;
+  limits.max_text_bytes = 100;
+  limits.text_limit_why = "the model's context of 10 tokens";
+  json body = testing::minimal_request();
+  body["messages"] = json::array({{{"role", "system"}, {"content", std::string(60, 'a')}},
+                                  {{"role", "user"}, {"content", std::string(40, 'b')}}});
+  EXPECT_NO_THROW(parse_chat_completion(body.dump(), limits));  // 100 bytes: the limit
+  body["messages"][1]["content"] = user_parts({part("text", std::string(41, 'b'))})[0]["content"];
+  const ApiError e = testing::parse_error_of(body, limits);
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.code, "context_length_exceeded");
+  EXPECT_EQ(e.param, "messages");
+  EXPECT_NE(e.message.find("the model's context of 10 tokens"), std::string::npos) << e.message;
+  // Counted as the decoded text: 50 escaped two-byte characters are 100 bytes, not 300.
+  std::string escaped;
+  for (int i = 0; i < 50; ++i) escaped += "\\u00e9";
+  const std::string raw =
+      R"({"model": "m", "messages": [{"role": "user", "content": ")" + escaped + R"("}]})";
+  EXPECT_NO_THROW(parse_chat_completion(raw, limits));
+  EXPECT_EQ(testing::parse_error(raw.substr(0, raw.size() - 4) + R"(\u00e9"}]})", limits).code,
+            "context_length_exceeded");
+  // A surrogate pair is one four-byte character.
+  std::string pairs;
+  for (int i = 0; i < 25; ++i) pairs += "\\ud83d\\ude00";
+  EXPECT_NO_THROW(parse_chat_completion(
+      R"({"model": "m", "messages": [{"role": "user", "content": ")" + pairs + R"("}]})", limits));
+  // Media and other strings are not text.
+  body = testing::minimal_request();
+  body["user"] = std::string(500, 'u');
+  EXPECT_NO_THROW(parse_chat_completion(body.dump(), limits));
+}
+
+TEST(ParseChatCompletionErrors, JsonValuesAreBoundedWhileParsing) {
+  ParseLimits limits;
+  limits.max_json_values = 100;
+  std::string many = R"({"model": "m", "messages": [)";
+  for (int i = 0; i < 200; ++i) many += "{},";
+  many += "{}]}";
+  const ApiError e = testing::parse_error(many, limits);
+  EXPECT_EQ(e.status, 413);
+  EXPECT_EQ(e.code, "request_too_large");
+  EXPECT_NE(e.message.find("100 JSON values"), std::string::npos) << e.message;
+  // Containers, keys and values of the minimal request: ten, bounded from above.
+  const size_t made = parse_chat_completion(testing::minimal_request().dump(), limits).json_values;
+  EXPECT_GE(made, 6u);
+  EXPECT_LE(made, 16u);
+}
+
+TEST(ParseChatCompletionErrors, LongFieldNamesAreNotEchoedWhole) {
+  json body = testing::minimal_request();
+  body[std::string(1 << 20, 'k')] = 1;
+  const ApiError e = testing::parse_error_of(body);
+  EXPECT_EQ(e.code, "unknown_field");
+  EXPECT_LT(e.json().size(), 1000u);
+  EXPECT_EQ(e.param, std::string(64, 'k') + "...");
 }
 
 }  // namespace

@@ -163,5 +163,100 @@ TEST(RequestGuard, VideoFormsPassOnlyWithAnAuthorizationHeader) {
   EXPECT_EQ(status_of(h), 415);
 }
 
+// A body without a length would be read until the client closes: refused from the head.
+TEST(RequestGuard, BodiesWithoutALengthAreRefused) {
+  for (const char* method : {"POST", "PUT", "PATCH"}) {
+    SCOPED_TRACE(method);
+    const auto h = head(method, {{"Content-Type", "application/json"}});
+    EXPECT_EQ(status_of(h), 411);
+    EXPECT_EQ(code_of(h), "length_required");
+  }
+  // Without a length these have no body (RFC 9112 6.3).
+  EXPECT_EQ(status_of(head("GET", {})), 0);
+  EXPECT_EQ(status_of(head("DELETE", {})), 0);
+  EXPECT_EQ(code_of(head("POST", {{"Content-Type", "application/json"}, {"Content-Length", "x"}})),
+            "invalid_framing");
+}
+
+RequestHead at(std::string method, std::string path,
+               std::vector<std::pair<std::string, std::string>> headers) {
+  RequestHead h = head(std::move(method), std::move(headers));
+  h.path = std::move(path);
+  return h;
+}
+
+int access_status(const RequestHead& h, const AccessPolicy& access) {
+  const auto e = refuse_request_access(h, access);
+  return e ? e->status : 0;
+}
+
+TEST(RequestGuard, TheKeyIsDecidedFromTheHeadOnEveryRouteButThePublicOnes) {
+  AccessPolicy access;
+  access.api_key = "k";
+  access.max_body_bytes = 1000;
+  const std::pair<std::string, std::string> key = {"Authorization", "Bearer k"};
+  for (const char* path : {"/v1/chat/completions", "/v1/videos", "/v1/models", "/nowhere"}) {
+    SCOPED_TRACE(path);
+    EXPECT_EQ(access_status(at("POST", path, {{"Content-Length", "10"}}), access), 401);
+    EXPECT_EQ(
+        access_status(at("POST", path, {{"Content-Length", "10"}, {"Authorization", "k"}}), access),
+        401);
+    EXPECT_EQ(
+        access_status(at("POST", path, {{"Content-Length", "10"}, {"Authorization", "Bearer j"}}),
+                      access),
+        401);
+  }
+  EXPECT_EQ(
+      access_status(at("POST", "/v1/chat/completions", {{"Content-Length", "10"}, key}), access),
+      0);
+  EXPECT_EQ(refuse_request_access(at("GET", "/v1/models", {}), access)->code, "invalid_api_key");
+  // Two Authorization headers: not a key.
+  EXPECT_EQ(access_status(at("GET", "/v1/models", {key, key}), access), 401);
+  for (const char* path : {"/health", "/"}) {
+    EXPECT_EQ(access_status(at("GET", path, {}), access), 0);
+  }
+  EXPECT_EQ(access_status(at("OPTIONS", "/v1/chat/completions", {}), access), 0);
+  EXPECT_EQ(access_status(at("GET", "/metrics", {}), access), 401);
+  access.metrics_public = true;
+  EXPECT_EQ(access_status(at("GET", "/metrics", {}), access), 0);
+  EXPECT_EQ(access_status(at("POST", "/metrics", {{"Content-Length", "0"}}), access), 401);
+  // No key set: every route is open.
+  EXPECT_EQ(access_status(at("GET", "/v1/models", {}), AccessPolicy{"", false, 1000}), 0);
+}
+
+TEST(RequestGuard, BodiesOverTheLimitOrOnRoutesWithoutOneAreRefusedFromTheHead) {
+  AccessPolicy access;
+  access.max_body_bytes = 1000;
+  EXPECT_EQ(access_status(at("POST", "/v1/chat/completions", {{"Content-Length", "1000"}}), access),
+            0);
+  const auto big = at("POST", "/v1/chat/completions", {{"Content-Length", "1001"}});
+  EXPECT_EQ(access_status(big, access), 413);
+  EXPECT_EQ(refuse_request_access(big, access)->code, "request_too_large");
+  EXPECT_EQ(access_status(at("POST", "/v1/videos/sync", {{"Content-Length", "900"}}), access), 0);
+  // Routes that take no body take no more than a small one, whatever the body limit.
+  access.max_body_bytes = 1 << 20;
+  EXPECT_EQ(access_status(at("DELETE", "/v1/videos/x", {{"Content-Length", "4096"}}), access), 0);
+  EXPECT_EQ(access_status(at("DELETE", "/v1/videos/x", {{"Content-Length", "4097"}}), access), 413);
+  EXPECT_EQ(access_status(at("GET", "/", {{"Content-Length", "5000"}}), access), 413);
+}
+
+TEST(RequestGuard, KeysCompareWhole) {
+  EXPECT_TRUE(key_matches("Bearer secret", "secret"));
+  EXPECT_FALSE(key_matches("Bearer secre", "secret"));
+  EXPECT_FALSE(key_matches("Bearer secrets", "secret"));
+  EXPECT_FALSE(key_matches("bearer secret", "secret"));
+  EXPECT_FALSE(key_matches("", "secret"));
+}
+
+TEST(RequestGuard, AParsedHeadReadsLikeAnyOther) {
+  const auto parsed = parse_http_head(
+      "POST /v1/chat/completions?x=1 HTTP/1.1\r\nContent-Type: text/plain\r\n"
+      "Content-Length: 2\r\n\r\n");
+  ASSERT_TRUE(parsed);
+  const RequestHead h = request_head_of(*parsed);
+  EXPECT_EQ(h.path, "/v1/chat/completions");
+  EXPECT_EQ(status_of(h), 415);
+}
+
 }  // namespace
 }  // namespace omni::http

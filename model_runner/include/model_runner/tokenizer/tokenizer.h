@@ -83,6 +83,10 @@ class Tokenizer {
   // Thread-safe.
   std::vector<int32_t> encode(const std::string& text, bool allow_special = true,
                               std::optional<size_t> max_tokens = std::nullopt) const;
+  // The most bytes of text that could encode to at most `max_tokens` tokens (the bound a
+  // limited encode() refuses by at once), or nullopt where no such bound holds. A server checks
+  // an untrusted text against it before parsing its request.
+  std::optional<size_t> max_text_bytes(size_t max_tokens) const;
   // encode() wrapped in the post-processor's single-sequence template: Hugging Face's
   // `tokenizer(text).input_ids` (add_special_tokens=True), e.g. T5's ids then </s>. Throws when
   // the post_processor is not TemplateProcessing, ByteLevel or absent. Thread-safe.
