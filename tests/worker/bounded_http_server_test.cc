@@ -2,8 +2,9 @@
 // fault inside the loop closes that connection only (a 500 when nothing was sent, one log line)
 // and the server serves the next; bodies are exactly their Content-Length; Range reaches only
 // the routes that serve it; a client's connections are capped and the surplus answered from its
-// head on the overflow lane; a refused body is drained so its client reads the answer; the
-// Keep-Alive header states the real limits. Also in the ThreadSanitizer build.
+// head on the overflow lane; a full pool makes room for a client that holds fewer by closing
+// an idle connection of the one that holds the most; a refused body is drained so its client reads
+// the answer; the Keep-Alive header states the real limits. Also in the ThreadSanitizer build.
 #include "worker/http/bounded_http_server.h"
 
 #include <arpa/inet.h>
@@ -25,12 +26,16 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// The test's server: /ok answers "ok", /echo the body, /file 100 bytes (ranges served);
-// a head for /boom makes the connection loop throw.
+// The test's server: /ok answers "ok", /slow the same after 1.5 s, /echo the body, /file 100
+// bytes (ranges served); a head for /boom makes the connection loop throw.
 class TestServer : public BoundedHttpServer {
  public:
   explicit TestServer(ConnectionLimits limits) : BoundedHttpServer(limits) {
     Get("/ok", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("ok", "text/plain");
+    });
+    Get("/slow", [](const httplib::Request&, httplib::Response& res) {
+      std::this_thread::sleep_for(milliseconds(1500));
       res.set_content("ok", "text/plain");
     });
     Post("/echo", [](const httplib::Request& req, httplib::Response& res) {
@@ -247,6 +252,63 @@ TEST(BoundedHttpServer, AClientOverItsShareIsAnsweredFromItsHeadOthersAreServed)
   EXPECT_EQ(other.rfind("HTTP/1.1 200 ", 0), 0u) << other;
   EXPECT_GE(server.overflowed_connections(), 2u);
   for (const int fd : held) ::close(fd);
+}
+
+// Silent connections from one address fill the pool: a client of another address still gets
+// its answer, in place of the attacker's oldest idle connection. A client that holds as many as
+// the others does not evict, and a running request is never the one closed.
+TEST(BoundedHttpServer, AFullPoolMakesRoomForAClientThatHoldsFewer) {
+  ConnectionLimits limits;
+  limits.max_connections = 4;
+  TestServer server{limits};
+  const int port = server.start();
+  const auto wait_open = [&](int n) {
+    while (server.open_connections() != n) std::this_thread::sleep_for(milliseconds(1));
+  };
+  std::vector<int> silent;
+  for (int i = 0; i < 4; ++i) silent.push_back(connect_from(port, "127.0.0.2"));
+  wait_open(4);
+  const std::string ok = "GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  const std::string served = roundtrip(port, ok, "127.0.0.3");
+  EXPECT_EQ(served.rfind("HTTP/1.1 200 ", 0), 0u) << served;
+  EXPECT_EQ(server.evicted_connections(), 1u);
+  // The oldest of the silent ones was closed, without an answer.
+  EXPECT_EQ(read_until_close(silent[0], milliseconds(2000)), "");
+  pollfd p{silent[0], POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 0), 1) << "the oldest silent connection is still open";
+  for (size_t i = 1; i < silent.size(); ++i) {
+    pollfd q{silent[i], POLLIN, 0};
+    EXPECT_EQ(::poll(&q, 1, 0), 0) << "silent connection " << i << " was closed too";
+  }
+  for (const int fd : silent) ::close(fd);
+  wait_open(0);
+
+  // Two and two: neither holds more than the other's next connection would, so nobody is closed.
+  std::vector<int> held = {connect_from(port, "127.0.0.2"), connect_from(port, "127.0.0.2"),
+                           connect_from(port, "127.0.0.3"), connect_from(port, "127.0.0.3")};
+  wait_open(4);
+  const std::string busy = roundtrip(port, ok, "127.0.0.3");
+  EXPECT_EQ(busy.rfind("HTTP/1.1 503 ", 0), 0u) << busy;
+  EXPECT_EQ(server.evicted_connections(), 1u);
+  for (const int fd : held) ::close(fd);
+  wait_open(0);
+
+  // Four running requests: none is idle, so none is closed for a newcomer.
+  std::vector<std::thread> running;
+  std::vector<std::string> answers(4);
+  for (size_t i = 0; i < answers.size(); ++i) {
+    running.emplace_back([&, i] {
+      answers[i] = roundtrip(port, "GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                             "127.0.0.2");
+    });
+  }
+  wait_open(4);
+  std::this_thread::sleep_for(milliseconds(200));  // their heads have been read
+  const std::string refused = roundtrip(port, ok, "127.0.0.3");
+  EXPECT_EQ(refused.rfind("HTTP/1.1 503 ", 0), 0u) << refused;
+  for (auto& t : running) t.join();
+  for (const auto& a : answers) EXPECT_EQ(a.rfind("HTTP/1.1 200 ", 0), 0u) << a;
+  EXPECT_EQ(server.evicted_connections(), 1u);
 }
 
 TEST(BoundedHttpServer, ARefusedBodyIsDrainedSoItsClientReadsTheAnswer) {

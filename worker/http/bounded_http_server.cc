@@ -357,6 +357,19 @@ struct BoundedHttpServer::ConnectionState {
   std::condition_variable done;
 };
 
+struct BoundedHttpServer::Slot {
+  Slot(int s, std::string c) : sock(s), client(std::move(c)) {}
+  const int sock;
+  const std::string client;
+  bool busy = false;     // a request head has been read and the request not yet answered
+  bool evicted = false;  // shut down by make_room()
+};
+
+namespace {
+// Evicted connections whose threads have not ended yet: the pool exceeds its cap by at most this.
+constexpr int kMaxEvicting = 32;
+}  // namespace
+
 // httplib hands each accepted socket to a task queue; this one runs the hand-off on the
 // accepting thread, where admit() gives the socket a thread of its own (bounded by the caps),
 // the overflow lane or a 503, so no client waits for a thread another client holds.
@@ -457,7 +470,8 @@ void BoundedHttpServer::refuse(socket_t sock) {
 
 bool BoundedHttpServer::process_and_close_socket(socket_t sock) {
   if (!t_accepting) {  // not through ConnectionThreads: httplib's own callers
-    serve(sock, "");
+    serve(sock, "", nullptr);
+    ::close(sock);
     return true;
   }
   admit(sock);
@@ -468,18 +482,22 @@ void BoundedHttpServer::admit(socket_t sock) {
   std::string client;
   int port = 0;
   address_of(sock, true, client, port);
-  bool admitted = false;
+  std::shared_ptr<Slot> slot;
   {
     std::lock_guard<std::mutex> lock(state_->mutex);
     const auto it = clients_.find(client);
     const int mine = it == clients_.end() ? 0 : it->second;
-    if (open_.load() < limits_.max_connections && mine < limits_.max_connections_per_client) {
-      ++open_;
-      ++clients_[client];
-      admitted = true;
+    if (mine < limits_.max_connections_per_client) {
+      if (open_.load() - evicting_ >= limits_.max_connections) make_room(mine);
+      if (open_.load() - evicting_ < limits_.max_connections) {
+        ++open_;
+        ++clients_[client];
+        slot = std::make_shared<Slot>(sock, client);
+        slots_.push_back(slot);
+      }
     }
   }
-  if (!admitted) {
+  if (!slot) {
     if (lane_ && lane_->offer(sock, client)) {
       ++overflowed_;
     } else {
@@ -487,19 +505,50 @@ void BoundedHttpServer::admit(socket_t sock) {
     }
     return;
   }
-  std::thread([this, state = state_, sock, client] {
+  std::thread([this, state = state_, slot] {
     // A TLS write to a closed socket raises SIGPIPE on this thread: keep it pending here
     // rather than let it end the process.
     sigset_t pipe;
     sigemptyset(&pipe);
     sigaddset(&pipe, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
-    serve(sock, client);
+    serve(slot->sock, slot->client, slot.get());
     std::lock_guard<std::mutex> lock(state->mutex);
-    if (--clients_[client] == 0) clients_.erase(client);
+    // The slot goes before its socket closes: make_room() never shuts down a reused number.
+    slots_.remove(slot);
+    if (slot->evicted) --evicting_;
+    ::close(slot->sock);
+    if (--clients_[slot->client] == 0) clients_.erase(slot->client);
     --open_;
     state->done.notify_all();
   }).detach();
+}
+
+void BoundedHttpServer::make_room(int mine) {
+  if (evicting_ >= kMaxEvicting) return;
+  Slot* victim = nullptr;
+  int most = mine + 1;
+  for (const auto& s : slots_) {
+    if (s->busy || s->evicted) continue;
+    const int held = clients_[s->client];
+    if (held > most) {
+      most = held;
+      victim = s.get();
+    }
+  }
+  if (victim == nullptr) return;
+  victim->evicted = true;
+  ++evicting_;
+  ++evicted_;
+  ::shutdown(victim->sock, SHUT_RDWR);
+}
+
+bool BoundedHttpServer::set_busy(Slot* slot, bool busy) {
+  if (slot == nullptr) return true;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (slot->evicted) return false;
+  slot->busy = busy;
+  return true;
 }
 
 void BoundedHttpServer::end_request() {
@@ -521,7 +570,7 @@ void BoundedHttpServer::failed(Connection& connection, const std::string& client
   }
 }
 
-void BoundedHttpServer::serve(socket_t sock, const std::string& client) {
+void BoundedHttpServer::serve(socket_t sock, const std::string& client, Slot* slot) {
   const int flags = fcntl(sock, F_GETFL, 0);
   fcntl(sock, F_SETFL, flags | O_NONBLOCK);
   const int one = 1;
@@ -536,6 +585,7 @@ void BoundedHttpServer::serve(socket_t sock, const std::string& client) {
   bool open = !tls_ || (ssl && connection.handshake());
   bool linger = false;
   for (int n = 0; open && n < limits_.max_requests_per_connection; ++n) {
+    if (!set_busy(slot, false)) break;
     if (!connection.wait_for_request(n == 0 ? limits_.head_timeout : limits_.idle_timeout)) break;
     open = false;
     try {
@@ -551,7 +601,7 @@ void BoundedHttpServer::serve(socket_t sock, const std::string& client) {
             plain_response(400, "the request head is not valid HTTP/1.1", "invalid_request"));
         linger = true;
       }
-      if (read != Connection::Head::kReady) break;
+      if (read != Connection::Head::kReady || !set_busy(slot, true)) break;
       on_request_head(connection.head());
       t_socket = sock;
       t_client = &client;
@@ -580,7 +630,6 @@ void BoundedHttpServer::serve(socket_t sock, const std::string& client) {
     SSL_shutdown(ssl.get());  // one try: a close_notify if the socket takes it now
   }
   ::shutdown(sock, SHUT_RDWR);
-  ::close(sock);
 }
 
 bool BoundedHttpServer::widen_listen_backlog(int port) {

@@ -1,6 +1,8 @@
 // cpp-httplib's server with every connection bounded. A thread per connection, so a slow client
-// holds only its own thread; caps on connections in all and per client address, the surplus on
-// the overflow lane (overflow_lane.h); a deadline for the whole request head and one for the
+// holds only its own thread; caps on connections in all and per client address; when the pool
+// is full, a newcomer takes the place of the oldest idle connection of the client that holds the
+// most (so clients of many addresses cannot lock others out); the surplus on the overflow lane
+// (overflow_lane.h); a deadline for the whole request head and one for the
 // body (not per read, so a client dripping a byte at a time cannot hold on); a cap on the head's
 // size and on idle keep-alive time. TLS is done here too (OpenSSL), under the same deadlines.
 //
@@ -19,6 +21,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <string>
@@ -72,6 +75,8 @@ class BoundedHttpServer : public httplib::Server {
   uint64_t refused_connections() const { return refused_.load(); }
   // Connections handed to the overflow lane.
   uint64_t overflowed_connections() const { return overflowed_.load(); }
+  // Idle connections closed to make room for a client that held fewer.
+  uint64_t evicted_connections() const { return evicted_.load(); }
   uint64_t timed_out_requests() const { return timed_out_.load(); }
   // Connections that ended on an exception in the connection loop.
   uint64_t failed_connections() const { return failed_.load(); }
@@ -85,10 +90,20 @@ class BoundedHttpServer : public httplib::Server {
   class Connection;
   class ConnectionThreads;
   struct ConnectionState;
+  struct Slot;  // an admitted connection: its socket, client, and whether a request is running
   bool process_and_close_socket(socket_t sock) override;
   // On the accepting thread: a thread for `sock`, the overflow lane, or a 503.
   void admit(socket_t sock);
-  void serve(socket_t sock, const std::string& client);
+  // With state_'s mutex held, the pool full: shuts down the oldest idle connection (waiting for
+  // or reading a request head) of the client with the most connections, when that client holds
+  // more than `mine` + 1. Its thread ends within a wait slice.
+  void make_room(int mine);
+  // Marks `slot` (null: not admitted through admit()) as running a request or not; false when
+  // it was evicted, and the connection must end.
+  bool set_busy(Slot* slot, bool busy);
+  // Serves requests on `sock` until it closes; shuts the socket down but leaves closing it to
+  // the caller (an evictor may still hold its number until the slot is gone).
+  void serve(socket_t sock, const std::string& client, Slot* slot);
   void refuse(socket_t sock);
   static void end_request();
   // The loop's exception: counted, logged at a bounded rate, a 500 when nothing was sent.
@@ -99,10 +114,12 @@ class BoundedHttpServer : public httplib::Server {
   std::function<bool(const HttpHead&)> keeps_range_;
   std::unique_ptr<OverflowLane> lane_;
 
-  std::shared_ptr<ConnectionState> state_;  // its mutex guards clients_
+  std::shared_ptr<ConnectionState> state_;  // its mutex guards clients_, slots_, evicting_
   std::map<std::string, int> clients_;      // open connections by client address
+  std::list<std::shared_ptr<Slot>> slots_;  // oldest first
+  int evicting_ = 0;                        // shut down, their threads not ended yet
   std::atomic<int> open_{0};
-  std::atomic<uint64_t> refused_{0}, overflowed_{0}, timed_out_{0}, failed_{0};
+  std::atomic<uint64_t> refused_{0}, overflowed_{0}, evicted_{0}, timed_out_{0}, failed_{0};
 };
 
 }  // namespace omni::http

@@ -658,6 +658,10 @@ class ChatServer::Impl {
            "# TYPE omni_http_connections_overflowed_total counter\n"
            "omni_http_connections_overflowed_total " +
            std::to_string(server_->overflowed_connections()) +
+           "\n# HELP omni_http_connections_evicted_total Idle connections closed to make room "
+           "for a client that held fewer.\n# TYPE omni_http_connections_evicted_total counter\n"
+           "omni_http_connections_evicted_total " +
+           std::to_string(server_->evicted_connections()) +
            "\n# HELP omni_http_connections_failed_total Connections closed on an error of the "
            "server's own.\n# TYPE omni_http_connections_failed_total counter\n"
            "omni_http_connections_failed_total " +

@@ -7,7 +7,7 @@ refused with a clear 4xx or 503.
 
 No key: bodies without a length (411), thousands of byte ranges (ignored), 64 uploads held open
 (401 from the head, the body never read), hundreds of silent connections from one address (its
-share of the connections) and from many (the overflow lane still answers /health).
+share of the connections) and from many (/health still answers; a good client evicts an idle one).
 With the key: 32 MiB of "{}," (413 while parsing), 48 MiB of text (400 before tokenizing), text
 within the byte bound but over the context (400 from the tokenizer), a WAV of 1,024 channels,
 megabyte field names and speakers (answers of a few hundred bytes), 64 uploads against
@@ -221,12 +221,21 @@ def silent_one_address(srv):
 
 
 def silent_many_addresses(srv):
-    """Silent connections from 6 addresses fill the whole pool: /health still answers."""
+    """Silent connections from 6 addresses, reopened when closed, fill the whole pool: /health
+    still answers, and a well-behaved client takes the place of an idle attacker's connection."""
     def attack():
         sources = [f"127.0.0.{10 + i}" for i in range(6)]
         refused = hold_silent(srv.port, sources, 60, 10)
-        return f"{refused} connections over the caps refused or closed"
-    return under_attack(srv, attack)
+        status, _, metrics = get(srv.port, "/metrics")
+        expect_status(status, 200, metrics)
+        counters = dict(re.findall(rb"^(omni_http_connections_\w+) (\d+)$", metrics, re.M))
+        evicted = int(counters.get(b"omni_http_connections_evicted_total", b"0"))
+        overflowed = int(counters.get(b"omni_http_connections_overflowed_total", b"0"))
+        check(evicted > 0, f"no idle connection was evicted for the good client: {counters}")
+        check(overflowed > 0, f"no connection went to the overflow lane: {counters}")
+        return (f"{refused} connections over the caps refused or closed, {evicted} evicted, "
+                f"{overflowed} on the lane")
+    return under_attack(srv, attack, good=chat_ok)
 
 
 # -- with the key
