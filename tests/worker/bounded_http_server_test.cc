@@ -134,7 +134,7 @@ std::string read_until_close(int fd, milliseconds wait = milliseconds(5000)) {
 std::string roundtrip(int port, const std::string& request, const char* source = nullptr) {
   const int fd = connect_from(port, source);
   send_all(fd, request);
-  const std::string out = read_until_close(fd);
+  std::string out = read_until_close(fd);
   ::close(fd);
   return out;
 }

@@ -490,9 +490,11 @@ TEST_F(ServeFuzz, LengthlessBodiesRangesAndCostlyJsonShapes) {
   for (const std::string& path :
        {std::string("/"), std::string("/health"), std::string("/v1/videos/x/content")}) {
     SCOPED_TRACE(path);
-    const std::string got =
-        raw_http("GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nRange: " + ranges +
-                 "\r\nConnection: close\r\n\r\n");
+    std::string head = "GET " + path;
+    head += " HTTP/1.1\r\nHost: 127.0.0.1\r\nRange: ";
+    head += ranges;
+    head += "\r\nConnection: close\r\n\r\n";
+    const std::string got = raw_http(head);
     EXPECT_EQ(got.rfind("HTTP/1.1 ", 0), 0u) << got.substr(0, 300);
     EXPECT_EQ(got.find("HTTP/1.1 206 "), std::string::npos) << got.substr(0, 300);
     EXPECT_EQ(got.find("multipart/byteranges"), std::string::npos);
@@ -522,7 +524,7 @@ TEST_F(ServeFuzz, LengthlessBodiesRangesAndCostlyJsonShapes) {
     EXPECT_GE(r->status, 400) << body.substr(0, 100);
     EXPECT_LT(r->status, 500) << r->body.substr(0, 300);
     EXPECT_LT(r->body.size(), 2000u) << r->body.substr(0, 300);
-    ASSERT_NO_THROW(Json::parse(r->body)) << r->body;
+    ASSERT_TRUE(Json::accept(r->body)) << r->body;
   }
   const auto after = post(request("hi"));
   ASSERT_TRUE(after);

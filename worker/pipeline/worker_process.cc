@@ -421,7 +421,12 @@ std::string WorkerProcess::start_impl(const std::atomic<bool>* cancel) {
   for (auto& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
   std::vector<std::string> env_entries;
-  for (const auto& [key, value] : spec_.env) env_entries.push_back(key + "=" + value);
+  for (const auto& [key, value] : spec_.env) {
+    std::string entry = key;
+    entry += '=';
+    entry += value;
+    env_entries.push_back(std::move(entry));
+  }
   for (char** entry = environ; *entry != nullptr; ++entry) {
     const std::string_view inherited(*entry);
     const bool replaced = std::any_of(spec_.env.begin(), spec_.env.end(), [&](const auto& kv) {
