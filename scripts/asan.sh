@@ -3,7 +3,8 @@
 # UndefinedBehaviorSanitizer and run: a use-after-free, an overflow, a leak or undefined
 # behaviour there fails its test. That is the engine (weight store, transfer engines, backends,
 # expert cache, disk tier, hooks), the model runner's parsers and loaders (safetensors,
-# tokenizer, text stream, WAV, video frames (MP4 / PNG / NPY), sampler, loading, expert offload,
+# tokenizer, text stream, WAV, video frames (MP4 / PNG / NPY), sampler, KV cache and block pool,
+# loading, expert offload,
 # the disk tier on a model, code2wav's hand-tiled few-channel conv), the OpenAI protocol parser,
 # the gRPC wire, the worker-process supervisor and the in-process pipeline.
 # Left out, to keep CI's whole run under 60 minutes on 2 cores (with every suite under ASan it
@@ -23,6 +24,7 @@ OMNI_BUILD_TARGETS="cpu_offload_tests model_runner_weights_test model_runner_tok
 model_runner_text_stream_test model_runner_wav_writer_test model_runner_frames_writer_test \
 model_runner_sampler_test model_runner_load_memory_test model_runner_expert_offload_test \
 model_runner_disk_tier_test model_runner_few_channel_conv_test model_runner_decode_attention_test \
+model_runner_kv_cache_test \
 http_tests rpc_tests pipeline_tests \
 worker_pipeline_local_test" \
   CMAKE_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-asan -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \

@@ -21,6 +21,7 @@
 
 #include "cpu_offload/transfer_engine.h"
 #include "model_runner/generation/token_sequence.h"
+#include "model_runner/kv/kv_block_pool.h"
 #include "model_runner/runner/code2wav_batcher.h"
 #include "model_runner/runner/speech_runners.h"
 #include "model_runner/runner/thinker_runner.h"
@@ -69,48 +70,62 @@ double margin(const at::Tensor& logits) {
   return (top[0] - top[1]).item<double>();
 }
 
-TEST(Qwen3OmniBatch, BatchedDecodeGivesEachRowItsAloneLogitsAndTokens) {
-  ThinkerRunnerOptions options;
-  options.model_dir = kDir;
-  auto runner = ThinkerRunner::load(options, offload::make_cpu_sim_engine({}));
-  auto& thinker = runner->model();
-  at::NoGradGuard no_grad;
-  auto scope = runner->offload().forward_scope();
-  const auto inputs = prompts(*runner);
-  const int64_t steps = 12;
-
-  // Alone: each prompt prefilled and decoded by itself.
-  std::vector<std::vector<at::Tensor>> alone_logits(inputs.size());
-  std::vector<std::vector<int64_t>> alone_tokens(inputs.size());
+// Each prompt prefilled and decoded by itself: its logits per step and its tokens.
+struct Alone {
+  std::vector<std::vector<at::Tensor>> logits;
+  std::vector<std::vector<int64_t>> tokens;
   double smallest_margin = 1e9;
-  for (size_t i = 0; i < inputs.size(); ++i) {
+};
+
+Alone decode_alone(qwen3_omni::Thinker& thinker,
+                   const std::vector<qwen3_omni::ThinkerInputs>& inputs, int64_t steps) {
+  Alone alone;
+  alone.logits.resize(inputs.size());
+  for (const auto& input : inputs) {
     auto state = thinker.new_state();
-    TokenSequence seq(greedy(steps), inputs[i].input_ids);
-    at::Tensor logits = thinker.prefill(inputs[i], state)[0];
+    TokenSequence seq(greedy(steps), input.input_ids);
+    at::Tensor logits = thinker.prefill(input, state)[0];
+    auto& mine = alone.logits[alone.tokens.size()];
     while (true) {
-      alone_logits[i].push_back(logits);
-      smallest_margin = std::min(smallest_margin, margin(logits));
+      mine.push_back(logits);
+      alone.smallest_margin = std::min(alone.smallest_margin, margin(logits));
       const int64_t token = seq.sample(logits);
       if (seq.finished()) break;
       logits = thinker.decode(token, state);
     }
-    alone_tokens[i] = seq.tokens();
+    alone.tokens.push_back(seq.tokens());
   }
+  return alone;
+}
 
-  // Together: rows join at different steps (prefilled one after the other as an engine admits
-  // them) and decode in one batch.
+// The same prompts decoded together: rows join at different steps (prefilled one after the
+// other as an engine admits them) and decode in one batch; with `pool`, their KV caches take
+// its blocks.
+struct Together {
+  std::vector<std::vector<int64_t>> tokens;
+  double worst = 0;  // the largest logit difference from alone
+  int64_t largest_batch = 0;
+  size_t most_runs = 0;       // of any row's KV cache
+  int64_t reallocations = 0;  // of all rows' KV caches
+  int64_t blocks_at_end = 0;  // the rows' blocks of the pool, before the rows end
+  int64_t blocks_needed = 0;  // blocks the rows' lengths take
+};
+
+Together decode_together(qwen3_omni::Thinker& thinker,
+                         const std::vector<qwen3_omni::ThinkerInputs>& inputs, int64_t steps,
+                         const Alone& alone, const std::shared_ptr<KvBlockPool>& pool = nullptr) {
+  Together out;
   std::vector<qwen3_omni::ThinkerState> states;
   std::vector<TokenSequence> seqs;
   states.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     states.push_back(thinker.new_state());
+    if (pool) states.back().cache.use_pool(pool);
     seqs.emplace_back(greedy(steps), inputs[i].input_ids);
   }
   std::vector<at::Tensor> next(inputs.size());
   std::vector<size_t> step(inputs.size(), 0);
-  double worst = 0;
   size_t admitted = 0;
-  int64_t largest_batch = 0;
   while (true) {
     if (admitted < inputs.size()) {  // one new row per step
       next[admitted] = thinker.prefill(inputs[admitted], states[admitted])[0];
@@ -121,7 +136,8 @@ TEST(Qwen3OmniBatch, BatchedDecodeGivesEachRowItsAloneLogitsAndTokens) {
     std::vector<size_t> which;
     for (size_t i = 0; i < admitted; ++i) {
       if (seqs[i].finished()) continue;
-      worst = std::max(worst, (next[i] - alone_logits[i][step[i]]).abs().max().item<double>());
+      out.worst =
+          std::max(out.worst, (next[i] - alone.logits[i][step[i]]).abs().max().item<double>());
       ++step[i];
       const int64_t token = seqs[i].sample(next[i]);
       if (seqs[i].finished()) continue;
@@ -131,21 +147,83 @@ TEST(Qwen3OmniBatch, BatchedDecodeGivesEachRowItsAloneLogitsAndTokens) {
     }
     if (rows.empty() && admitted == inputs.size()) break;
     if (rows.empty()) continue;
-    largest_batch = std::max<int64_t>(largest_batch, static_cast<int64_t>(rows.size()));
+    out.largest_batch = std::max<int64_t>(out.largest_batch, static_cast<int64_t>(rows.size()));
     const auto logits = thinker.decode_batch(tokens, rows);
-    ASSERT_EQ(logits.size(0), static_cast<int64_t>(rows.size()));
+    EXPECT_EQ(logits.size(0), static_cast<int64_t>(rows.size()));
     for (size_t r = 0; r < which.size(); ++r) next[which[r]] = logits[static_cast<int64_t>(r)];
   }
-  EXPECT_EQ(largest_batch, static_cast<int64_t>(inputs.size()));
   for (size_t i = 0; i < inputs.size(); ++i) {
-    EXPECT_EQ(seqs[i].tokens(), alone_tokens[i]) << "prompt " << i;
+    out.tokens.push_back(seqs[i].tokens());
+    out.most_runs = std::max(out.most_runs, states[i].cache.runs().size());
+    out.reallocations += states[i].cache.reallocations();
+    if (pool) out.blocks_needed += states[i].cache.blocks_for(states[i].cache.length());
   }
-  RecordProperty("max_abs_logit_diff", std::to_string(worst));
-  RecordProperty("smallest_greedy_margin", std::to_string(smallest_margin));
-  std::cout << "batched vs alone: max abs logit diff " << worst << ", smallest greedy margin "
-            << smallest_margin << "\n";
-  EXPECT_LE(worst, 1e-5);
-  EXPECT_GT(smallest_margin, 1e-5);  // so that equal tokens are not luck
+  if (pool) out.blocks_at_end = pool->blocks_in_use();
+  return out;
+}
+
+TEST(Qwen3OmniBatch, BatchedDecodeGivesEachRowItsAloneLogitsAndTokens) {
+  ThinkerRunnerOptions options;
+  options.model_dir = kDir;
+  auto runner = ThinkerRunner::load(options, offload::make_cpu_sim_engine({}));
+  auto& thinker = runner->model();
+  at::NoGradGuard no_grad;
+  auto scope = runner->offload().forward_scope();
+  const auto inputs = prompts(*runner);
+  const int64_t steps = 12;
+  const Alone alone = decode_alone(thinker, inputs, steps);
+  const Together together = decode_together(thinker, inputs, steps, alone);
+  EXPECT_EQ(together.largest_batch, static_cast<int64_t>(inputs.size()));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    EXPECT_EQ(together.tokens[i], alone.tokens[i]) << "prompt " << i;
+  }
+  RecordProperty("max_abs_logit_diff", std::to_string(together.worst));
+  RecordProperty("smallest_greedy_margin", std::to_string(alone.smallest_margin));
+  std::cout << "batched vs alone: max abs logit diff " << together.worst
+            << ", smallest greedy margin " << alone.smallest_margin << "\n";
+  EXPECT_LE(together.worst, 1e-5);
+  EXPECT_GT(alone.smallest_margin, 1e-5);  // so that equal tokens are not luck
+}
+
+// The same batch with every KV cache in one block pool of exactly the blocks the rows end with:
+// the rows' blocks interleave, so some row's history lies in runs that are not adjacent, which
+// attention reads where they lie. Logits within 1e-5 of alone, the same tokens, no cache
+// reallocated.
+TEST(Qwen3OmniBatch, RowsWhoseKvBlocksAreNotAdjacentGiveTheirAloneTokens) {
+  ThinkerRunnerOptions options;
+  options.model_dir = kDir;
+  auto runner = ThinkerRunner::load(options, offload::make_cpu_sim_engine({}));
+  auto& thinker = runner->model();
+  at::NoGradGuard no_grad;
+  auto scope = runner->offload().forward_scope();
+  const auto inputs = prompts(*runner);
+  const int64_t steps = 12, block = 4;
+  const Alone alone = decode_alone(thinker, inputs, steps);
+  const auto& text = thinker.config().text;
+  KvPoolShape shape;
+  shape.num_layers = text.num_hidden_layers;
+  shape.kv_heads = text.num_key_value_heads;
+  shape.head_dim = text.head_dim;
+  shape.block_size = block;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    // The cache holds the prompt and every token but the last (never fed back).
+    const auto length =
+        static_cast<int64_t>(inputs[i].input_ids.size() + alone.tokens[i].size()) - 1;
+    shape.num_blocks += (length + block - 1) / block;
+  }
+  auto pool = std::make_shared<KvBlockPool>(shape);
+  const Together together = decode_together(thinker, inputs, steps, alone, pool);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    EXPECT_EQ(together.tokens[i], alone.tokens[i]) << "prompt " << i;
+  }
+  std::cout << "pooled batch vs alone: max abs logit diff " << together.worst << ", most runs "
+            << together.most_runs << "\n";
+  EXPECT_LE(together.worst, 1e-5);
+  EXPECT_GT(together.most_runs, 1u) << "the test needs a row whose blocks are not adjacent";
+  EXPECT_EQ(together.reallocations, 0);
+  EXPECT_EQ(together.blocks_at_end, shape.num_blocks);
+  EXPECT_EQ(together.blocks_needed, shape.num_blocks);
+  EXPECT_EQ(pool->blocks_in_use(), 0);  // the rows ended and gave their blocks back
 }
 
 // The talker fed the reference's three prefills (text, audio, image prompts: different lengths),

@@ -10,10 +10,12 @@
 #include <utility>
 #include <vector>
 
+#include "model_runner/kv/kv_cache.h"
+
 namespace omni::models::qwen3_omni {
 
 // A row's (or a batch's) cached keys and values: [n, kv_heads, len, d] views (a KvCache's).
-using KeysValues = std::pair<at::Tensor, at::Tensor>;
+using models::KeysValues;
 
 // The most heads * len * d a row may take: up to there the ops' fixed costs dominate and one
 // pass is faster; beyond it BLAS and a vectorized exp win (a 2-core EPYC: 1.5 against 6.9 us

@@ -19,46 +19,6 @@ namespace omni::models::qwen3_omni {
 
 using offload::HookArgs;
 
-// ---------------------------------------------------------------------------- KV cache
-
-std::pair<at::Tensor, at::Tensor> KvCache::append(int64_t layer, const at::Tensor& k,
-                                                  const at::Tensor& v) {
-  OMNI_CHECK(layer >= 0 && layer < num_layers(), "KV cache has no layer ", layer);
-  const int64_t add = k.size(2);
-  at::Tensor& keys = keys_[layer];
-  at::Tensor& values = values_[layer];
-  const int64_t needed = length_ + add;
-  if (!keys.defined() || keys.size(2) < needed) {
-    const int64_t capacity =
-        block_size_ > 0 ? blocks_for(needed) * block_size_
-                        : std::max<int64_t>(needed, keys.defined() ? 2 * keys.size(2) : 64);
-    auto grown_k = at::empty({k.size(0), k.size(1), capacity, k.size(3)}, k.options());
-    auto grown_v = at::empty({v.size(0), v.size(1), capacity, v.size(3)}, v.options());
-    if (keys.defined() && length_ > 0) {
-      grown_k.narrow(2, 0, length_).copy_(keys.narrow(2, 0, length_));
-      grown_v.narrow(2, 0, length_).copy_(values.narrow(2, 0, length_));
-    }
-    keys = grown_k;
-    values = grown_v;
-  }
-  keys.narrow(2, length_, add).copy_(k);
-  values.narrow(2, length_, add).copy_(v);
-  auto result = std::make_pair(keys.narrow(2, 0, needed), values.narrow(2, 0, needed));
-  if (layer == num_layers() - 1) length_ = needed;
-  return result;
-}
-
-int64_t KvCache::blocks_for(int64_t tokens) const {
-  OMNI_CHECK(block_size_ > 0, "KvCache::blocks_for needs a block size");
-  return (tokens + block_size_ - 1) / block_size_;
-}
-
-void KvCache::clear() {
-  for (auto& t : keys_) t = at::Tensor();
-  for (auto& t : values_) t = at::Tensor();
-  length_ = 0;
-}
-
 // ---------------------------------------------------------------------------- rotary
 
 std::pair<at::Tensor, at::Tensor> mrope_cos_sin(const TextConfig& cfg,
@@ -154,24 +114,27 @@ at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, co
   if (caches.size() <= 1) {
     KvCache* cache = caches.empty() ? nullptr : caches[0];
     const int64_t past = cache ? cache->length() : 0;
-    if (cache) std::tie(k, v) = cache->append(layer, k, v);
-    out = attend(q, k, v, past, blocked);
+    out = attend(q, cache ? cache->append(layer, k, v) : std::vector<KeysValues>{{k, v}}, past,
+                 blocked);
   } else {
     // Each row has a history of its own length: attention row by row, over the row's cache in
     // place (a padded batch would copy every history each step), as the row computes it alone.
     std::vector<int64_t> pasts;
-    std::vector<KeysValues> kv;
+    std::vector<std::vector<KeysValues>> rows_kv;
+    std::vector<KeysValues> kv;  // each row's one run, where every row has one
     for (int64_t i = 0; i < b; ++i) {
       pasts.push_back(caches[i]->length());
-      kv.push_back(caches[i]->append(layer, k.narrow(0, i, 1), v.narrow(0, i, 1)));
+      rows_kv.push_back(caches[i]->append(layer, k.narrow(0, i, 1), v.narrow(0, i, 1)));
+      if (rows_kv.back().size() == 1) kv.push_back(rows_kv.back()[0]);
     }
-    if (!blocked && decode_attention_applies(q, kv)) {
+    if (!blocked && static_cast<int64_t>(kv.size()) == b && decode_attention_applies(q, kv)) {
       out = decode_attention(q, kv, scaling_);  // every row in one call, as each would alone
     } else {
       std::vector<at::Tensor> rows;
       rows.reserve(caches.size());
       for (int64_t i = 0; i < b; ++i) {
-        rows.push_back(attend(q.narrow(0, i, 1), kv[i].first, kv[i].second, pasts[i], blocked));
+        rows.push_back(attend(q.narrow(0, i, 1), rows_kv[static_cast<size_t>(i)],
+                              pasts[static_cast<size_t>(i)], blocked));
       }
       out = at::cat(rows, 0);
     }
@@ -179,26 +142,26 @@ at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, co
   return o_proj_->forward(out);
 }
 
-at::Tensor TextAttention::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t past,
-                                 const at::Tensor* blocked) {
+at::Tensor TextAttention::attend(const at::Tensor& q, const std::vector<KeysValues>& runs,
+                                 int64_t past, const at::Tensor* blocked) {
   const int64_t b = q.size(0), l = q.size(2);
   // A decode step on the CPU, where the ops' fixed costs dominate: one pass (decode_attention.h).
-  if (l == 1 && !blocked && decode_attention_applies(q, {{k, v}})) {
-    return decode_attention(q, {{k, v}}, scaling_);
+  if (runs.size() == 1 && l == 1 && !blocked && decode_attention_applies(q, runs)) {
+    return decode_attention(q, runs, scaling_);
   }
   const int64_t n_rep = heads_ / kv_heads_;
   // A decode step (one query, no mask): the n_rep query heads of a KV head are the rows of one
   // product with its history, read in place rather than repeated n_rep times.
   const bool grouped = l == 1 && n_rep > 1 && !blocked;
-  at::Tensor scores;
-  if (grouped) {
-    // [b, kv_heads, n_rep, past + 1]
-    scores = at::matmul(q.reshape({b, kv_heads_, n_rep, head_dim_}), k.transpose(2, 3));
-  } else {
-    k = repeat_kv(k, n_rep);
-    v = repeat_kv(v, n_rep);
-    scores = at::matmul(q, k.transpose(2, 3));  // [b, heads, l, past + l]
+  // [b, kv_heads, n_rep, past + 1] grouped, else [b, heads, l, past + l]; a run's columns each.
+  std::vector<at::Tensor> parts;
+  const auto query = grouped ? q.reshape({b, kv_heads_, n_rep, head_dim_}) : q;
+  for (const auto& run : runs) {
+    const auto& keys = run.first;
+    parts.push_back(at::matmul(query, (grouped ? keys : repeat_kv(keys, n_rep)).transpose(2, 3)));
   }
+  at::Tensor scores = parts.size() == 1 ? parts[0] : at::cat(parts, -1);
+  parts.clear();
   // The same product as `* scaling`: a double scalar is rounded to float32 for float32 scores.
   if (scores.scalar_type() == at::kFloat) {
     scores.mul_(scaling_f32_);
@@ -215,7 +178,17 @@ at::Tensor TextAttention::attend(const at::Tensor& q, at::Tensor k, at::Tensor v
     scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
   }
   auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-  auto out = at::matmul(probs, v);
+  // Each run's values weighted by its columns of the probabilities, summed over the runs: the
+  // blocks are read where they lie, never gathered into one history.
+  at::Tensor out;
+  int64_t column = 0;
+  for (const auto& run : runs) {
+    const int64_t len = run.second.size(2);
+    const auto weights = runs.size() == 1 ? probs : probs.narrow(-1, column, len);
+    auto part = at::matmul(weights, grouped ? run.second : repeat_kv(run.second, n_rep));
+    out = out.defined() ? out.add_(part) : part;
+    column += len;
+  }
   if (grouped) out = out.view({b, heads_, 1, head_dim_});
   return out.transpose(1, 2).reshape({b, l, heads_ * head_dim_});
 }

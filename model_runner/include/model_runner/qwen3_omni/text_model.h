@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cpu_offload/hooks.h"
+#include "model_runner/kv/kv_cache.h"
 #include "model_runner/layers.h"
 #include "model_runner/qwen3_omni/config.h"
 
@@ -19,33 +20,10 @@ namespace omni::models::qwen3_omni {
 
 struct MoeRouting;  // moe_routing.h
 
-// Keys and values of every layer for one sequence, grown in place: appending a step writes
-// into spare capacity instead of re-concatenating the whole history. Capacity doubles when
-// full, or with a block size grows in whole blocks: the serving engine counts a sequence's
-// blocks against its KV budget, and the cache then holds at most one block it does not use.
-class KvCache {
- public:
-  explicit KvCache(int64_t num_layers) : keys_(num_layers), values_(num_layers) {}
-  int64_t length() const { return length_; }
-  // Tokens per block (0: double instead); set before the first append.
-  void set_block_size(int64_t tokens) { block_size_ = tokens; }
-  // Blocks that `tokens` cached tokens take (the block size must be set).
-  int64_t blocks_for(int64_t tokens) const;
-  // Appends `k`, `v` [1, kv_heads, L, head_dim] to `layer` and returns views of everything
-  // cached for it so far. The last layer of a step advances length().
-  std::pair<at::Tensor, at::Tensor> append(int64_t layer, const at::Tensor& k, const at::Tensor& v);
-  void clear();
-  int64_t num_layers() const { return static_cast<int64_t>(keys_.size()); }
-
- private:
-  std::vector<at::Tensor> keys_, values_;  // [1, kv_heads, capacity, head_dim]
-  int64_t length_ = 0;
-  int64_t block_size_ = 0;
-};
-
-// One KV cache per row of a batch: row i of the hidden states continues caches[i]'s sequence.
-// One cache alone holds every row (rows of one length); empty: no cache.
-using KvBatch = std::vector<KvCache*>;
+// The decoder's KV cache is the family-neutral one (model_runner/kv/kv_cache.h).
+using models::KeysValues;
+using models::KvBatch;
+using models::KvCache;
 
 // cos / sin [L, head_dim] for position ids [3, L] (temporal, height, width), with the
 // frequencies interleaved as Qwen3-Omni does: index i takes its angle from T, except
@@ -73,9 +51,11 @@ class TextAttention : public torch::nn::Module {
                      const KvBatch& caches, int64_t layer, const at::Tensor* blocked = nullptr);
 
  private:
-  // Attention of q [b, heads, L, d] over k, v [b, kv_heads, past + L, d] (the cache's views
-  // with this step's keys appended) -> [b, L, heads * d].
-  at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t past,
+  // Attention of q [b, heads, L, d] over the keys and values [b, kv_heads, len, d] of `runs`,
+  // which together hold positions 0 .. past + L - 1 in order (the cache's views with this
+  // step's keys appended; one run unless a pooled cache's blocks are not adjacent)
+  // -> [b, L, heads * d].
+  at::Tensor attend(const at::Tensor& q, const std::vector<KeysValues>& runs, int64_t past,
                     const at::Tensor* blocked);
   int64_t heads_, kv_heads_, head_dim_;
   // 1 / sqrt(head_dim) as a float32 scalar: float32 scores scale without converting a double.
