@@ -11,6 +11,7 @@
 #include "cpu_offload/logging.h"
 #include "cpu_offload/stats_report.h"
 #include "model_runner/generation/token_sequence.h"
+#include "model_runner/kv/kv_block_pool.h"
 #include "model_runner/qwen3_omni/config.h"
 #include "model_runner/runner/speech_runners.h"
 #include "model_runner/runner/thinker_runner.h"
@@ -47,6 +48,7 @@ struct ThinkerSequence : EngineSequence {
   size_t rows_sent = 0;       // hand-off rows already in packets
   int64_t kv_blocks = 0;      // reserved in the stage's KV budget
   bool done = false;          // the finished packet is out
+  bool preempted = false;     // its KV blocks went back to the pool; ready() recomputes them
   Clock::time_point start{};  // admission
   double prefill_ms = 0;
 };
@@ -88,10 +90,34 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
                ": kv_cache_memory_bytes (", o.kv_cache_memory_bytes,
                ") is less than one KV block (", kv_.bytes_per_block, " bytes at block_size ",
                kv_.block_size, ")");
+    // The KV pool is allocated now, once: sequences take its blocks as they grow and nothing
+    // is reallocated or copied after this (without a budget, each cache grows on its own).
+    if (kv_.total_blocks > 0) {
+      models::KvPoolShape shape;
+      shape.num_layers = text.num_hidden_layers;
+      shape.kv_heads = text.num_key_value_heads;
+      shape.head_dim = text.head_dim;
+      shape.block_size = kv_.block_size;
+      shape.num_blocks = kv_.total_blocks;
+      shape.dtype = runner_->dtype();
+      shape.device = runner_->model().device();
+      kv_pool_ = std::make_shared<models::KvBlockPool>(shape);
+    }
     EngineModel& model = *this;
     loop_ = std::make_unique<EngineLoop>(name_, model, o.limits);
   }
   ~ThinkerStage() override { loop_.reset(); }  // before the model it steps
+
+  // Leaving the device, the KV pool goes too (no request holds blocks then); the next request's
+  // first block brings it back.
+  uint64_t set_device_released(bool release) override {
+    uint64_t freed = LocalStageBase::set_device_released(release);
+    if (release && kv_pool_) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      freed += kv_pool_->release_memory();
+    }
+    return freed;
+  }
 
   StageInfo info() override {
     StageInfo i;
@@ -143,11 +169,15 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
   }
   uint64_t device_bytes() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    return backend().stats().current_device_bytes + expert_device_bytes() + kv_used_bytes();
+    // A pool is on the device whole from the start (until the stage leaves the device); caches
+    // of their own only as they grow.
+    const uint64_t kv =
+        kv_pool_ ? (kv_pool_->has_memory() ? kv_pool_->total_bytes() : 0) : kv_used_bytes();
+    return backend().stats().current_device_bytes + expert_device_bytes() + kv;
   }
   // The offload backend's figures (as of the last moment no step ran), and "engine": the
   // batching loop's, live (running, waiting, steps, batch sizes, queue time) with its KV blocks
-  // (used: allocated now; reserved: the admitted requests' worst case, what admission counts).
+  // (used: held now; reserved: the admitted requests' worst case, prompt plus max_new_tokens).
   std::string stats_json() override {
     Json all = Json::parse(LocalStageBase::stats_json());
     const auto e = loop_->stats();
@@ -157,6 +187,11 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
                           {"kv_blocks_total", kv_.total_blocks},
                           {"kv_blocks_reserved", kv_reserved_.load()},
                           {"kv_blocks_used", kv_used_.load()},
+                          {"kv_pool_bytes", kv_pool_ ? kv_pool_->total_bytes() : 0},
+                          {"kv_reallocations", kv_reallocations_.load()},
+                          {"kv_bytes_copied", kv_bytes_copied_.load()},
+                          {"kv_preemptions", kv_preemptions_.load()},
+                          {"kv_resumed", kv_resumed_.load()},
                           {"tokens", tokens_.load()}});
     // Offload with batches: the weight bytes copied per generated token and per forward (a
     // decode step of the batch, or one request's prompt).
@@ -187,12 +222,18 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
   }
 
  private:
-  // The KV budget in blocks: admission reserves a request's worst case (prompt plus
-  // max_new_tokens) so that a running sequence never runs out; its cache grows block by block.
+  // The KV budget in blocks. With a pool, a request is admitted by the blocks it takes now and
+  // grows block by block; one larger than the whole pool is refused.
   struct KvBudget {
     int64_t block_size = 16, bytes_per_block = 0;
     int64_t total_blocks = 0;  // 0: no limit
     int64_t reserved = 0;
+    // Of the caches already released: their growable tensors' reallocations and the history
+    // bytes those copied (none with a pool).
+    int64_t reallocations = 0;
+    uint64_t bytes_copied = 0;
+    // Sequences preempted when the pool ran dry, and resumed.
+    int64_t preemptions = 0, resumed = 0;
     int64_t used_blocks(const std::vector<ThinkerSequence*>& running) const {
       int64_t used = 0;
       for (const auto* s : running) used += s->state.cache.blocks_for(s->state.cache.length());
@@ -210,7 +251,17 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
   // Publishes the KV figures for stats_json (with mutex_ held, after each change).
   void publish_kv() {
     kv_reserved_ = kv_.reserved;
-    kv_used_ = kv_.used_blocks(running_);
+    kv_used_ = kv_pool_ ? kv_pool_->blocks_in_use() : kv_.used_blocks(running_);
+    int64_t reallocations = kv_.reallocations;
+    uint64_t copied = kv_.bytes_copied;
+    for (const auto* s : running_) {
+      reallocations += s->state.cache.reallocations();
+      copied += s->state.cache.bytes_copied();
+    }
+    kv_reallocations_ = reallocations;
+    kv_bytes_copied_ = copied;
+    kv_preemptions_ = kv_.preemptions;
+    kv_resumed_ = kv_.resumed;
   }
 
   std::shared_ptr<ThinkerSequence> make_sequence(const StageCall& call,
@@ -232,7 +283,11 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
     if (sampling.stop_token_ids.empty()) sampling.stop_token_ids = runner_->default_stop_tokens();
     sampling.max_context = runner_->model().config().text.max_position_embeddings;
     auto state = runner_->model().new_state(params->handoff ? capture_layer_ : -1);
-    state.cache.set_block_size(kv_.block_size);
+    if (kv_pool_) {
+      state.cache.use_pool(kv_pool_);
+    } else {
+      state.cache.set_block_size(kv_.block_size);
+    }
     auto seq = std::make_shared<ThinkerSequence>(std::move(params), std::move(inputs), sampling,
                                                  std::move(state), runner_->tokenizer());
     seq->deadline = call.deadline;
@@ -259,7 +314,11 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
                              std::to_string(kv_.total_blocks) +
                              ": ask for fewer tokens or raise kv_cache_memory_bytes");
       }
-      if (kv_.reserved + need > kv_.total_blocks) return false;  // waits for room
+      // Admitted by the blocks it takes now (its prompt and first token), beside the blocks the
+      // running sequences take at their next token; when the pool runs dry later, step()
+      // preempts the last admitted. Preempted sequences resume before anyone new is admitted.
+      const int64_t now = seq.state.cache.blocks_for(prompt_tokens(seq) + 1);
+      if (preempted_ > 0 || free_blocks() < now + next_token_blocks(running_)) return false;
     }
     kv_.reserved += need;
     seq.kv_blocks = need;
@@ -276,26 +335,87 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
     return true;
   }
 
-  void step(const std::vector<EngineSequence*>& batch) override {
-    std::vector<int64_t> tokens;
-    std::vector<qwen3_omni::ThinkerState*> states;
-    for (auto* base : batch) {
-      auto& seq = static_cast<ThinkerSequence&>(*base);
-      tokens.push_back(seq.tokens.tokens().back());
-      states.push_back(&seq.state);
-    }
+  // A preempted sequence sits out until the pool has the blocks for what it had cached and its
+  // next token; then its prompt and the tokens it generated are prefilled again (nothing is
+  // sampled: the next step feeds its last token as if it had never left).
+  bool ready(EngineSequence& base) override {
+    auto& seq = static_cast<ThinkerSequence&>(base);
+    if (!seq.preempted) return true;
     std::lock_guard<std::mutex> lock(mutex_);
+    const auto& generated = seq.tokens.tokens();
+    auto inputs = seq.inputs;
+    inputs.input_ids.insert(inputs.input_ids.end(), generated.begin(), generated.end() - 1);
+    const auto cached = static_cast<int64_t>(inputs.input_ids.size());
+    if (free_blocks() < seq.state.cache.blocks_for(cached + 1)) return false;
     translate_errors([&] {
       c10::InferenceMode inference;  // no autograd bookkeeping per op
       auto forward = backend().forward_scope();
-      const auto logits = runner_->model().decode_batch(tokens, states);
-      for (size_t i = 0; i < batch.size(); ++i) {
-        auto& seq = static_cast<ThinkerSequence&>(*batch[i]);
-        seq.next_logits = logits[static_cast<int64_t>(i)];
-        sample(seq);
-      }
+      // The rows a talker reads were sent already: none again.
+      const int64_t capture = seq.state.capture_layer;
+      seq.state.capture_layer = -1;
+      runner_->model().prefill(inputs, seq.state);
+      seq.state.capture_layer = capture;
     });
+    seq.preempted = false;
+    --preempted_;
+    ++kv_.resumed;
     publish_kv();
+    return true;
+  }
+
+  void step(const std::vector<EngineSequence*>& batch) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<ThinkerSequence*> rows;
+    for (auto* base : batch) rows.push_back(static_cast<ThinkerSequence*>(base));
+    if (kv_pool_) make_room(rows);
+    std::vector<int64_t> tokens;
+    std::vector<qwen3_omni::ThinkerState*> states;
+    for (auto* seq : rows) {
+      tokens.push_back(seq->tokens.tokens().back());
+      states.push_back(&seq->state);
+    }
+    if (!rows.empty()) {
+      translate_errors([&] {
+        c10::InferenceMode inference;  // no autograd bookkeeping per op
+        auto forward = backend().forward_scope();
+        const auto logits = runner_->model().decode_batch(tokens, states);
+        for (size_t i = 0; i < rows.size(); ++i) {
+          rows[i]->next_logits = logits[static_cast<int64_t>(i)];
+          sample(*rows[i]);
+        }
+      });
+    }
+    publish_kv();
+  }
+
+  // Blocks of the pool no sequence holds (with mutex_ held).
+  int64_t free_blocks() const { return kv_.total_blocks - kv_pool_->blocks_in_use(); }
+  // Blocks `rows` take for their next token: one for each whose last block is full.
+  static int64_t next_token_blocks(const std::vector<ThinkerSequence*>& rows) {
+    int64_t n = 0;
+    for (const auto* s : rows) {
+      if (s->preempted) continue;
+      n += s->state.cache.blocks_for(s->state.cache.length() + 1) - s->state.cache.blocks();
+    }
+    return n;
+  }
+  // When this step's rows need more blocks than the pool has free, the last admitted of them
+  // leave the step and give their blocks back (preempted) until the rest fit.
+  void make_room(std::vector<ThinkerSequence*>& rows) {
+    while (!rows.empty() && next_token_blocks(rows) > free_blocks()) {
+      auto victim = std::max_element(rows.begin(), rows.end(), [&](auto* a, auto* b) {
+        return admission_index(a) < admission_index(b);
+      });
+      ThinkerSequence& seq = **victim;
+      rows.erase(victim);
+      seq.state.cache.clear();
+      seq.preempted = true;
+      ++preempted_;
+      ++kv_.preemptions;
+    }
+  }
+  size_t admission_index(const ThinkerSequence* seq) const {
+    return static_cast<size_t>(std::find(running_.begin(), running_.end(), seq) - running_.begin());
   }
 
   bool finished(const EngineSequence& seq) override {
@@ -307,7 +427,11 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
     std::lock_guard<std::mutex> lock(mutex_);
     kv_.reserved -= seq.kv_blocks;
     seq.kv_blocks = 0;
+    if (seq.preempted) --preempted_;
+    seq.preempted = false;
     running_.erase(std::remove(running_.begin(), running_.end(), &seq), running_.end());
+    kv_.reallocations += seq.state.cache.reallocations();
+    kv_.bytes_copied += seq.state.cache.bytes_copied();
     seq.state.cache.clear();
     seq.state.embeds.clear();
     seq.state.hidden.clear();
@@ -378,8 +502,12 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
   std::vector<int64_t> tts_ids_;
   KvBudget kv_;                                       // under mutex_
   std::atomic<int64_t> kv_reserved_{0}, kv_used_{0};  // kv_'s figures, for stats_json
-  std::vector<ThinkerSequence*> running_;             // admitted, not yet released (under mutex_)
-  std::unique_ptr<EngineLoop> loop_;                  // last: stopped before the rest goes
+  std::atomic<int64_t> kv_reallocations_{0}, kv_preemptions_{0}, kv_resumed_{0};
+  int64_t preempted_ = 0;  // sequences preempted and not yet resumed (under mutex_)
+  std::atomic<uint64_t> kv_bytes_copied_{0};
+  std::shared_ptr<models::KvBlockPool> kv_pool_;  // with kv_cache_memory_bytes
+  std::vector<ThinkerSequence*> running_;         // admitted, not yet released (under mutex_)
+  std::unique_ptr<EngineLoop> loop_;              // last: stopped before the rest goes
 };
 
 }  // namespace
