@@ -10,14 +10,17 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_args.h"
 #include "cpu_offload/check.h"
 #include "cpu_offload/disk_probe.h"
+#include "model_runner/kv/kv_block_pool.h"
 #include "model_runner/runner/synthetic_checkpoint.h"
 #include "model_runner/runner/thinker_runner.h"
 
@@ -59,6 +62,8 @@ struct Options {
   bool no_warmup = false;
   bool no_media = false;
   std::vector<int64_t> batch_sizes;
+  int64_t batch_context = 0;  // prompt tokens per batch row (0: the text as it is)
+  int64_t kv_block_size = 0;  // batch rows' caches in a block pool (0: growable caches)
 };
 
 // A byte count with an optional unit (805306368, 768MiB, 2GiB; KB/MB/GB powers of 1000); "0" is
@@ -234,6 +239,15 @@ void add_options(CLI::App& app, Options& o) {
       ->delimiter(',')
       ->type_name("N,...")
       ->check(CLI::PositiveNumber);
+  app.add_option("--batch-context", o.batch_context,
+                 "batch rows' prompts: the text repeated to at least this many tokens, so that "
+                 "decode steps attend over a long context")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--kv-block-size", o.kv_block_size,
+                 "batch rows' KV caches in one block pool of blocks of N tokens, allocated "
+                 "before the prefills (as the serving stage does with kv_cache_memory_bytes); "
+                 "0: each cache grows on its own, by copying")
+      ->check(CLI::NonNegativeNumber);
 }
 
 // `batch` requests (the text numbered per row, so that their MoE routing differs) prefilled one
@@ -241,17 +255,43 @@ void add_options(CLI::App& app, Options& o) {
 // engine moves to the device and how fast it goes. One JSON line.
 void run_batch(const std::string& strategy, omni::models::ThinkerRunner& runner,
                omni::offload::TransferEngine& engine, omni::models::ChatRequest request,
-               int64_t batch, int64_t tokens) {
+               int64_t batch, int64_t tokens, const Options& o) {
   auto& thinker = runner.model();
   at::NoGradGuard no_grad;
   auto scope = runner.offload().forward_scope();
-  std::vector<omni::models::qwen3_omni::ThinkerState> states;
-  std::vector<int64_t> next;
-  const std::string text = request.text;
+  std::vector<omni::models::qwen3_omni::ThinkerInputs> inputs;
+  std::string text = request.text;
   for (int64_t b = 0; b < batch; ++b) {
     request.text = text + " (" + std::to_string(b + 1) + ")";
+    inputs.push_back(runner.prepare(request));
+    while (static_cast<int64_t>(inputs.back().input_ids.size()) < o.batch_context) {
+      request.text += " " + text;
+      inputs.back() = runner.prepare(request);
+    }
+  }
+  // The pool holds every row's prompt and its tokens (one warm step, then `tokens`).
+  std::shared_ptr<omni::models::KvBlockPool> pool;
+  if (o.kv_block_size > 0) {
+    const auto& cfg = thinker.config().text;
+    omni::models::KvPoolShape shape;
+    shape.num_layers = cfg.num_hidden_layers;
+    shape.kv_heads = cfg.num_key_value_heads;
+    shape.head_dim = cfg.head_dim;
+    shape.block_size = o.kv_block_size;
+    shape.dtype = runner.dtype();
+    shape.device = thinker.device();
+    for (const auto& in : inputs) {
+      const auto length = static_cast<int64_t>(in.input_ids.size()) + tokens + 2;
+      shape.num_blocks += (length + o.kv_block_size - 1) / o.kv_block_size;
+    }
+    pool = std::make_shared<omni::models::KvBlockPool>(shape);
+  }
+  std::vector<omni::models::qwen3_omni::ThinkerState> states;
+  std::vector<int64_t> next;
+  for (const auto& in : inputs) {
     states.push_back(thinker.new_state());
-    const auto logits = thinker.prefill(runner.prepare(request), states.back());
+    if (pool) states.back().cache.use_pool(pool);
+    const auto logits = thinker.prefill(in, states.back());
     next.push_back(logits.argmax(-1).item<int64_t>());
   }
   std::vector<omni::models::qwen3_omni::ThinkerState*> rows;
@@ -267,13 +307,28 @@ void run_batch(const std::string& strategy, omni::models::ThinkerRunner& runner,
   auto* experts = runner.expert_cache();
   const uint64_t h2d_before = engine.counters().bytes_h2d;
   const auto experts_before = experts ? experts->stats() : omni::offload::ExpertCacheStats{};
+  auto kv_copies = [&] {
+    std::pair<int64_t, uint64_t> sum{0, 0};
+    for (const auto& s : states) {
+      sum.first += s.cache.reallocations();
+      sum.second += s.cache.bytes_copied();
+    }
+    return sum;
+  };
+  const auto kv_before = kv_copies();
   const auto start = Clock::now();
   for (int64_t t = 0; t < tokens; ++t) step();
   engine.synchronize();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const double bytes = static_cast<double>(engine.counters().bytes_h2d - h2d_before);
   const double generated = static_cast<double>(tokens * batch);
+  const auto kv_after = kv_copies();
   std::cout << "{\"strategy\": \"" << strategy << "\", \"batch\": " << batch
+            << ", \"context\": " << inputs.front().input_ids.size()
+            << ", \"kv_block_size\": " << o.kv_block_size
+            << ", \"kv_reallocations\": " << kv_after.first - kv_before.first
+            << ", \"kv_bytes_copied_per_token\": "
+            << static_cast<double>(kv_after.second - kv_before.second) / generated
             << ", \"decode_steps\": " << tokens
             << ", \"decode_tokens_per_s\": " << generated / seconds
             << ", \"bytes_h2d_per_step\": " << bytes / tokens
@@ -521,7 +576,7 @@ int run(const Options& o) {
                       : (baseline == result.tokens ? "true" : "false"))
               << "}" << std::endl;
     for (const int64_t batch : o.batch_sizes) {
-      run_batch(strategy, *runner, *engine, request, batch, tokens);
+      run_batch(strategy, *runner, *engine, request, batch, tokens, o);
     }
   }
   return 0;
