@@ -1,7 +1,5 @@
 #include "model_runner/qwen3_omni/talker_generate.h"
 
-#include <chrono>
-
 #include "cpu_offload/check.h"
 
 namespace omni::models::qwen3_omni {
@@ -62,37 +60,6 @@ void TalkerDecode::sampled(int64_t code) {
 void TalkerDecode::finish(const char* reason) {
   run_.finish_reason = reason;
   done_ = true;
-}
-
-TalkerRun run_talker(Talker& talker, const TalkerPrompt& prompt,
-                     const std::vector<std::array<int64_t, 3>>& image_grids,
-                     SamplingParams talker_params, SamplingParams code_predictor_params,
-                     int64_t max_frames,
-                     const std::function<bool(const std::vector<int64_t>&)>& on_frame) {
-  using Clock = std::chrono::steady_clock;
-  TalkerDecode decode(talker.config(), std::move(talker_params), std::move(code_predictor_params),
-                      max_frames);
-  double callback_ms = 0;
-  const auto start = Clock::now();
-  auto state = talker.new_state();
-  decode.start(talker.prefill(prompt, image_grids, state));
-  while (!decode.done()) {
-    at::Tensor logits;
-    auto frame = talker.step(decode.code(), state, decode.code_predictor_sampler(), logits);
-    decode.stepped(std::move(frame), logits);
-    if (on_frame) {
-      const auto callback_start = Clock::now();
-      const bool go_on = on_frame(decode.run().frames.back());
-      callback_ms +=
-          std::chrono::duration<double, std::milli>(Clock::now() - callback_start).count();
-      if (!go_on) decode.cancel();
-    }
-  }
-  auto& run = decode.run();
-  run.talker_ms =
-      std::chrono::duration<double, std::milli>(Clock::now() - start).count() - callback_ms;
-  run.code_predictor_ms = state.code_predictor_ms;
-  return std::move(run);
 }
 
 HandoffIds handoff_ids(const ThinkerConfig& thinker, const TalkerConfig& tc,

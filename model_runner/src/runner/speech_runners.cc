@@ -142,20 +142,6 @@ std::string TalkerRunner::default_speaker() const {
   return std::find(names.begin(), names.end(), "ethan") != names.end() ? "ethan" : names.front();
 }
 
-qwen3_omni::TalkerRun TalkerRunner::generate(
-    const qwen3_omni::ThinkerHandoff& handoff, const std::vector<int64_t>& thinker_stop_tokens,
-    const std::vector<std::array<int64_t, 3>>& image_grids, const Request& request,
-    const std::function<bool(const std::vector<int64_t>&)>& on_frame) {
-  c10::InferenceMode inference;              // no autograd bookkeeping per op
-  auto forward = backend_->forward_scope();  // the whole run: one request at a time
-  const std::string name = request.speaker.empty() ? default_speaker() : request.speaker;
-  const int64_t speaker = qwen3_omni::speaker_codec_id(cfg_, name);
-  const auto hids = qwen3_omni::handoff_ids(thinker_cfg_, cfg_, ids_, speaker, thinker_stop_tokens);
-  const auto prompt = qwen3_omni::build_talker_prompt(handoff, hids);
-  return qwen3_omni::run_talker(*talker_, prompt, image_grids, request.talker,
-                                request.code_predictor, request.max_frames, on_frame);
-}
-
 void TalkerRunner::StreamingHandoff::append_rows(const at::Tensor& embeds,
                                                  const at::Tensor& hidden) {
   OMNI_CHECK(embeds.dim() == 2 && hidden.sizes() == embeds.sizes(),

@@ -5,7 +5,6 @@
 
 #include <array>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,16 +18,14 @@ namespace omni::models::qwen3_omni {
 struct TalkerRun {
   std::vector<std::vector<int64_t>> frames;  // each num_code_groups codes, group 0 first
   std::string finish_reason;                 // stop (codec EOS) | length | cancelled
-  double talker_ms = 0;                      // prefill + every step (callbacks excluded)
-  double code_predictor_ms = 0;              // of talker_ms
+  double code_predictor_ms = 0;              // the code predictor's share of the steps
 };
 
-// One request's decode around the talker's steps, whoever runs them (run_talker alone, the
-// talker stage's engine loop in a batch): group 0 sampled from the talker's logits (suppressed
-// special ids, codec EOS stops, the generated codes as repetition context), the frames kept,
-// the cap applied. `talker_params`: the request's talker sampling (suppressed ids, stop token
-// and cap are set here); `code_predictor_params` follow the talker's greedy flag (the reference
-// since transformers 5.15).
+// One request's decode around the talker's steps (the talker stage's engine loop runs them, in
+// a batch): group 0 sampled from the talker's logits (suppressed special ids, codec EOS stops,
+// the generated codes as repetition context), the frames kept, the cap applied. `talker_params`:
+// the request's talker sampling (suppressed ids, stop token and cap are set here);
+// `code_predictor_params` follow the talker's greedy flag (the reference since transformers 5.15).
 class TalkerDecode {
  public:
   // Throws on a max_frames the talker's context cannot hold.
@@ -64,14 +61,6 @@ class TalkerDecode {
   TalkerRun run_;
   bool done_ = false;
 };
-
-// The whole loop for a complete hand-off (`prompt` holds every text row): prefill, then steps
-// until EOS or the cap. `on_frame` sees each frame as it is made; false cancels.
-TalkerRun run_talker(Talker& talker, const TalkerPrompt& prompt,
-                     const std::vector<std::array<int64_t, 3>>& image_grids,
-                     SamplingParams talker_params, SamplingParams code_predictor_params,
-                     int64_t max_frames,
-                     const std::function<bool(const std::vector<int64_t>&)>& on_frame);
 
 // The hand-off's ids for `speaker` (a codec id) from the checkpoint's configs.
 HandoffIds handoff_ids(const ThinkerConfig& thinker, const TalkerConfig& talker,

@@ -50,19 +50,9 @@ class TalkerRunner {
     SamplingParams talker, code_predictor;
     int64_t max_frames = 4096;
   };
-  // Builds the talker's prompt from the thinker's complete hand-off and generates frames.
-  // `thinker_stop_tokens`: the stop tokens the thinker ran with. Throws on an unknown speaker
-  // (listing the known ones) and on a malformed hand-off.
-  qwen3_omni::TalkerRun generate(const qwen3_omni::ThinkerHandoff& handoff,
-                                 const std::vector<int64_t>& thinker_stop_tokens,
-                                 const std::vector<std::array<int64_t, 3>>& image_grids,
-                                 const Request& request,
-                                 const std::function<bool(const std::vector<int64_t>&)>& on_frame);
-
   // The thinker's answer as it streams in: the talker starts as soon as its prefill is known
   // (the prompt, the first generated token's row and a second token) and reads each step's text
   // row when the thinker has produced it, instead of waiting for the whole answer (Session).
-  // The frames are exactly generate()'s for the same hand-off.
   struct StreamingHandoff {
     qwen3_omni::ThinkerHandoff handoff;  // grows: use append_rows for embeds / hidden
     std::vector<int64_t> thinker_stop_tokens;

@@ -42,10 +42,11 @@ class ThinkerRunner {
 
   // The chat-template prompt with audio / image placeholders expanded, plus the inputs.
   qwen3_omni::ThinkerInputs prepare(const ChatRequest& request) const;
-  // The thinker's decode loop (the only one): generates from `inputs`; `on_token` sees each
-  // token as it is sampled, when `state` holds the rows of the forward that gave its logits.
-  // Stop tokens default to the checkpoint's <|im_end|> / eos when params.stop_token_ids is
-  // empty. `state`: the caller's, to read the hidden rows a talker needs
+  // One request decoded alone, for tests, thinker-bench and parity checks (a served request
+  // decodes in the thinker stage's engine loop, batched): generates from `inputs`; `on_token`
+  // sees each token as it is sampled, when `state` holds the rows of the forward that gave its
+  // logits. Stop tokens default to the checkpoint's <|im_end|> / eos when
+  // params.stop_token_ids is empty. `state`: the caller's, to read the hidden rows a talker needs
   // (model().new_state(capture_layer)); null: a fresh one.
   GenerationResult generate(const qwen3_omni::ThinkerInputs& inputs, SamplingParams params,
                             const OnTokenFn& on_token = nullptr,
