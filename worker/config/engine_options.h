@@ -32,7 +32,7 @@ struct EngineOption {
   std::function<nlohmann::json(const StageEngineArgs&)> get;  // the field as the YAML writes it
 };
 
-// Every engine_args key, in the order --help and the README list them.
+// Every engine_args key, in the order --help lists them.
 const std::vector<EngineOption>& engine_options();
 const EngineOption* find_engine_option(const std::string& key);
 
