@@ -246,7 +246,7 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--kv-block-size", o.kv_block_size,
                  "batch rows' KV caches in one block pool of blocks of N tokens, allocated "
                  "before the prefills (as the serving stage does with kv_cache_memory_bytes); "
-                 "0: each cache grows on its own, by copying")
+                 "0: each cache grows on its own by blocks of 16 tokens, copying its history")
       ->check(CLI::NonNegativeNumber);
 }
 
@@ -290,7 +290,12 @@ void run_batch(const std::string& strategy, omni::models::ThinkerRunner& runner,
   std::vector<int64_t> next;
   for (const auto& in : inputs) {
     states.push_back(thinker.new_state());
-    if (pool) states.back().cache.use_pool(pool);
+    if (pool) {
+      states.back().cache.use_pool(pool);
+    } else {
+      // As the serving stage's caches grew without a pool: block by block, of 16 tokens.
+      states.back().cache.set_block_size(16);
+    }
     const auto logits = thinker.prefill(in, states.back());
     next.push_back(logits.argmax(-1).item<int64_t>());
   }
