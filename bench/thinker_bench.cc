@@ -272,14 +272,8 @@ void run_batch(const std::string& strategy, omni::models::ThinkerRunner& runner,
   // The pool holds every row's prompt and its tokens (one warm step, then `tokens`).
   std::shared_ptr<omni::models::KvBlockPool> pool;
   if (o.kv_block_size > 0) {
-    const auto& cfg = thinker.config().text;
-    omni::models::KvPoolShape shape;
-    shape.num_layers = cfg.num_hidden_layers;
-    shape.kv_heads = cfg.num_key_value_heads;
-    shape.head_dim = cfg.head_dim;
-    shape.block_size = o.kv_block_size;
-    shape.dtype = runner.dtype();
-    shape.device = thinker.device();
+    auto shape = omni::models::qwen3_omni::kv_pool_shape(thinker.config().text, runner.dtype(),
+                                                         thinker.device(), o.kv_block_size, 0);
     for (const auto& in : inputs) {
       const auto length = static_cast<int64_t>(in.input_ids.size()) + tokens + 2;
       shape.num_blocks += (length + o.kv_block_size - 1) / o.kv_block_size;

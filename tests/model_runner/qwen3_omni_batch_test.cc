@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "cpu_offload/offload_backend.h"
 #include "cpu_offload/transfer_engine.h"
 #include "model_runner/generation/token_sequence.h"
 #include "model_runner/kv/kv_block_pool.h"
@@ -162,17 +163,35 @@ Together decode_together(qwen3_omni::Thinker& thinker,
   return out;
 }
 
-TEST(Qwen3OmniBatch, BatchedDecodeGivesEachRowItsAloneLogitsAndTokens) {
-  ThinkerRunnerOptions options;
-  options.model_dir = kDir;
-  auto runner = ThinkerRunner::load(options, offload::make_cpu_sim_engine({}));
-  auto& thinker = runner->model();
+// The tiny thinker with its prompts, each decoded `steps` tokens alone; no autograd, and the
+// weights held in place, for the test's whole life.
+struct TinyThinker {
+  explicit TinyThinker(int64_t decode_steps)
+      : runner(ThinkerRunner::load(options(), offload::make_cpu_sim_engine({}))),
+        scope(runner->offload().forward_scope()),
+        inputs(prompts(*runner)),
+        steps(decode_steps),
+        alone(decode_alone(runner->model(), inputs, steps)) {}
+  static ThinkerRunnerOptions options() {
+    ThinkerRunnerOptions o;
+    o.model_dir = kDir;
+    return o;
+  }
+  qwen3_omni::Thinker& thinker() { return runner->model(); }
+
   at::NoGradGuard no_grad;
-  auto scope = runner->offload().forward_scope();
-  const auto inputs = prompts(*runner);
-  const int64_t steps = 12;
-  const Alone alone = decode_alone(thinker, inputs, steps);
-  const Together together = decode_together(thinker, inputs, steps, alone);
+  std::unique_ptr<ThinkerRunner> runner;
+  offload::OffloadBackend::ForwardScope scope;
+  std::vector<qwen3_omni::ThinkerInputs> inputs;
+  int64_t steps;
+  Alone alone;
+};
+
+TEST(Qwen3OmniBatch, BatchedDecodeGivesEachRowItsAloneLogitsAndTokens) {
+  TinyThinker tiny(12);
+  const auto& inputs = tiny.inputs;
+  const Alone& alone = tiny.alone;
+  const Together together = decode_together(tiny.thinker(), inputs, tiny.steps, alone);
   EXPECT_EQ(together.largest_batch, static_cast<int64_t>(inputs.size()));
   for (size_t i = 0; i < inputs.size(); ++i) {
     EXPECT_EQ(together.tokens[i], alone.tokens[i]) << "prompt " << i;
@@ -190,29 +209,21 @@ TEST(Qwen3OmniBatch, BatchedDecodeGivesEachRowItsAloneLogitsAndTokens) {
 // attention reads where they lie. Logits within 1e-5 of alone, the same tokens, no cache
 // reallocated.
 TEST(Qwen3OmniBatch, RowsWhoseKvBlocksAreNotAdjacentGiveTheirAloneTokens) {
-  ThinkerRunnerOptions options;
-  options.model_dir = kDir;
-  auto runner = ThinkerRunner::load(options, offload::make_cpu_sim_engine({}));
-  auto& thinker = runner->model();
-  at::NoGradGuard no_grad;
-  auto scope = runner->offload().forward_scope();
-  const auto inputs = prompts(*runner);
-  const int64_t steps = 12, block = 4;
-  const Alone alone = decode_alone(thinker, inputs, steps);
-  const auto& text = thinker.config().text;
-  KvPoolShape shape;
-  shape.num_layers = text.num_hidden_layers;
-  shape.kv_heads = text.num_key_value_heads;
-  shape.head_dim = text.head_dim;
-  shape.block_size = block;
+  TinyThinker tiny(12);
+  const auto& inputs = tiny.inputs;
+  const Alone& alone = tiny.alone;
+  const int64_t block = 4;
+  int64_t blocks = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     // The cache holds the prompt and every token but the last (never fed back).
     const auto length =
         static_cast<int64_t>(inputs[i].input_ids.size() + alone.tokens[i].size()) - 1;
-    shape.num_blocks += (length + block - 1) / block;
+    blocks += (length + block - 1) / block;
   }
+  const auto shape = qwen3_omni::kv_pool_shape(tiny.thinker().config().text, tiny.runner->dtype(),
+                                               tiny.thinker().device(), block, blocks);
   auto pool = std::make_shared<KvBlockPool>(shape);
-  const Together together = decode_together(thinker, inputs, steps, alone, pool);
+  const Together together = decode_together(tiny.thinker(), inputs, tiny.steps, alone, pool);
   for (size_t i = 0; i < inputs.size(); ++i) {
     EXPECT_EQ(together.tokens[i], alone.tokens[i]) << "prompt " << i;
   }

@@ -81,8 +81,9 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
     }
     const auto& text = runner_->model().config().text;
     kv_.block_size = std::max<int64_t>(1, o.kv_block_size);
-    kv_.bytes_per_block = text.num_hidden_layers * 2 * text.num_key_value_heads * text.head_dim *
-                          static_cast<int64_t>(c10::elementSize(runner_->dtype())) * kv_.block_size;
+    auto shape = qwen3_omni::kv_pool_shape(text, runner_->dtype(), runner_->model().device(),
+                                           kv_.block_size, 0);
+    kv_.bytes_per_block = static_cast<int64_t>(shape.block_bytes());
     kv_.total_blocks = o.kv_cache_memory_bytes == 0
                            ? 0
                            : static_cast<int64_t>(o.kv_cache_memory_bytes) / kv_.bytes_per_block;
@@ -93,14 +94,7 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
     // The KV pool is allocated now, once: sequences take its blocks as they grow and nothing
     // is reallocated or copied after this (without a budget, each cache grows on its own).
     if (kv_.total_blocks > 0) {
-      models::KvPoolShape shape;
-      shape.num_layers = text.num_hidden_layers;
-      shape.kv_heads = text.num_key_value_heads;
-      shape.head_dim = text.head_dim;
-      shape.block_size = kv_.block_size;
       shape.num_blocks = kv_.total_blocks;
-      shape.dtype = runner_->dtype();
-      shape.device = runner_->model().device();
       kv_pool_ = std::make_shared<models::KvBlockPool>(shape);
     }
     EngineModel& model = *this;

@@ -42,12 +42,6 @@ bool KvBlockPool::has_memory() const {
   return !keys_.empty();
 }
 
-uint64_t KvBlockPool::block_bytes() const {
-  return static_cast<uint64_t>(shape_.num_layers * 2 * shape_.kv_heads * shape_.head_dim *
-                               shape_.block_size) *
-         c10::elementSize(shape_.dtype);
-}
-
 int64_t KvBlockPool::blocks_in_use() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return used_;

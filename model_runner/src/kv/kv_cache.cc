@@ -62,8 +62,8 @@ int64_t KvCache::blocks() const {
     for (const KvRun& run : runs_) n += run.blocks;
     return n;
   }
-  const at::Tensor& keys = keys_.empty() ? at::Tensor() : keys_[0];
-  return keys.defined() && block_size_ > 0 ? blocks_for(keys.size(2)) : 0;
+  if (keys_.empty() || !keys_[0].defined() || block_size_ == 0) return 0;
+  return blocks_for(keys_[0].size(2));
 }
 
 std::vector<KeysValues> KvCache::append(int64_t layer, const at::Tensor& k, const at::Tensor& v) {
@@ -115,6 +115,7 @@ std::vector<KeysValues> KvCache::pooled_append(int64_t layer, const at::Tensor& 
   if (layer == 0) reserve_blocks(needed);  // every layer uses the same blocks
   const at::Tensor& keys = pool_->keys(layer);
   const at::Tensor& values = pool_->values(layer);
+  const at::Tensor new_keys = k[0], new_values = v[0];  // [kv_heads, add, head_dim]
   std::vector<KeysValues> result;
   int64_t position = 0;  // of the sequence, at the start of the run
   for (const KvRun& run : runs_) {
@@ -125,9 +126,9 @@ std::vector<KeysValues> KvCache::pooled_append(int64_t layer, const at::Tensor& 
     const int64_t from = std::max(length_, position), to = position + len;
     if (from < to) {
       keys.narrow(1, slot + from - position, to - from)
-          .copy_(k[0].narrow(1, from - length_, to - from));
+          .copy_(new_keys.narrow(1, from - length_, to - from));
       values.narrow(1, slot + from - position, to - from)
-          .copy_(v[0].narrow(1, from - length_, to - from));
+          .copy_(new_values.narrow(1, from - length_, to - from));
     }
     result.emplace_back(keys.narrow(1, slot, len).unsqueeze(0),
                         values.narrow(1, slot, len).unsqueeze(0));

@@ -19,6 +19,19 @@ namespace omni::models::qwen3_omni {
 
 using offload::HookArgs;
 
+models::KvPoolShape kv_pool_shape(const TextConfig& cfg, at::ScalarType dtype, c10::Device device,
+                                  int64_t block_size, int64_t num_blocks) {
+  models::KvPoolShape shape;
+  shape.num_layers = cfg.num_hidden_layers;
+  shape.kv_heads = cfg.num_key_value_heads;
+  shape.head_dim = cfg.head_dim;
+  shape.block_size = block_size;
+  shape.num_blocks = num_blocks;
+  shape.dtype = dtype;
+  shape.device = device;
+  return shape;
+}
+
 // ---------------------------------------------------------------------------- rotary
 
 std::pair<at::Tensor, at::Tensor> mrope_cos_sin(const TextConfig& cfg,

@@ -21,6 +21,11 @@ struct KvPoolShape {
   int64_t num_blocks = 0;
   at::ScalarType dtype = at::kFloat;
   c10::Device device = c10::kCPU;
+  // Bytes of one block over all layers, keys and values.
+  uint64_t block_bytes() const {
+    return static_cast<uint64_t>(num_layers * 2 * kv_heads * head_dim * block_size) *
+           c10::elementSize(dtype);
+  }
 };
 
 // Consecutive blocks first_block .. first_block + blocks - 1 of a pool: their tokens are adjacent
@@ -39,8 +44,7 @@ class KvBlockPool {
   const KvPoolShape& shape() const { return shape_; }
   int64_t block_size() const { return shape_.block_size; }
   int64_t num_blocks() const { return shape_.num_blocks; }
-  // Bytes of one block over all layers, keys and values.
-  uint64_t block_bytes() const;
+  uint64_t block_bytes() const { return shape_.block_bytes(); }
   uint64_t total_bytes() const { return block_bytes() * static_cast<uint64_t>(num_blocks()); }
   int64_t blocks_in_use() const;
 

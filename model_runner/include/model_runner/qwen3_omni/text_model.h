@@ -25,6 +25,10 @@ using models::KeysValues;
 using models::KvBatch;
 using models::KvCache;
 
+// The KV block pool shape of a decoder of `cfg` (its layers, KV heads and head size).
+models::KvPoolShape kv_pool_shape(const TextConfig& cfg, at::ScalarType dtype, c10::Device device,
+                                  int64_t block_size, int64_t num_blocks);
+
 // cos / sin [L, head_dim] for position ids [3, L] (temporal, height, width), with the
 // frequencies interleaved as Qwen3-Omni does: index i takes its angle from T, except
 // i = 1, 4, 7, ... (< 3 * section[1]) from H and i = 2, 5, 8, ... (< 3 * section[2]) from W.
