@@ -21,8 +21,8 @@
 #include "tiny_request.h"
 #include "worker/pipeline/local_stages.h"
 #include "worker/pipeline/pipeline.h"
-#include "worker/pipeline/stage_params.h"
 #include "worker/pipeline/stop_strings.h"
+#include "worker/qwen3_omni/stage_params.h"
 
 namespace omni::pipeline {
 namespace {

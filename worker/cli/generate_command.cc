@@ -25,8 +25,8 @@
 #include "worker/cli/generate_backend.h"
 #include "worker/cli/generate_video.h"
 #include "worker/http/chat_request.h"
-#include "worker/pipeline/diffusers_folder.h"
 #include "worker/pipeline/elapsed.h"
+#include "worker/pipeline/model_family.h"
 
 namespace omni::cli {
 namespace {
@@ -155,8 +155,12 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
   };
   try {
     check_paths(o);
-    // A diffusers folder is known before it loads; a stage config once its stages are up.
-    if (o.stage_configs_path.empty()) check_flags_apply(o, pipeline::is_diffusers_folder(o.model));
+    // A checkpoint's family is known before it loads; a stage config's once its stages are up.
+    if (o.stage_configs_path.empty()) {
+      const auto& kinds = pipeline::family_of_checkpoint(o.model).stage_kinds();
+      check_flags_apply(o, std::any_of(kinds.begin(), kinds.end(),
+                                       [](const auto& k) { return k.answers_video; }));
+    }
     models::OmniRequest request = to_request(o);
     std::vector<pipeline::MediaFile> media;
     if (!o.messages.empty()) read_messages(o.messages, request.chat, media);
@@ -184,9 +188,10 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
 
     if (request.audio_output && !backend->has_talker()) {
       if (o.modalities_given) {
-        fail("'", source, "' has no talker: it answers in text only (--modalities text)");
+        fail("'", source,
+             "' has no stage that speaks: it answers in text only (--modalities text)");
       }
-      note("'" + source + "' has no talker: answering in text only");
+      note("'" + source + "' has no stage that speaks: answering in text only");
       request.audio_output = false;
     }
     const bool write = request.audio_output && !o.output_wav.empty();

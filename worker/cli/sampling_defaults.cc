@@ -3,34 +3,15 @@
 #include <map>
 #include <vector>
 
+#include "worker/pipeline/model_family.h"
+
 namespace omni::cli {
 
 void apply_sampling_defaults(models::OmniRequest& r, const config::PipelineConfig& config,
                              const std::set<std::string>& given) {
   for (const auto& stage : config.stages) {
-    const auto& d = stage.sampling;
-    const bool talker = stage.engine.model_stage == "talker";
-    if (!talker && stage.engine.model_stage != "thinker") continue;
-    const std::string prefix = talker ? "talker." : "";
-    const auto unset = [&](const char* name) { return given.count(prefix + name) == 0; };
-    auto& p = talker ? r.sampling.talker : r.sampling.thinker;
-    if (d.temperature && unset("temperature")) p.temperature = *d.temperature;
-    if (d.top_p && unset("top_p")) p.top_p = *d.top_p;
-    if (d.top_k && unset("top_k")) p.top_k = *d.top_k;
-    if (d.repetition_penalty && unset("repetition_penalty")) {
-      p.repetition_penalty = *d.repetition_penalty;
-    }
-    if (d.max_tokens && unset("max_tokens")) {
-      (talker ? r.max_audio_frames : p.max_new_tokens) = *d.max_tokens;
-    }
-    if (d.seed && unset("seed")) {
-      p.seed = *d.seed;
-      if (talker) r.sampling.code_predictor.seed = *d.seed;
-    }
-    if (d.greedy && unset("greedy")) {
-      p.greedy = *d.greedy;
-      if (talker) r.sampling.code_predictor.greedy = *d.greedy;
-    }
+    const pipeline::ModelFamily* family = pipeline::family_of_kind(stage.engine.model_stage);
+    if (family != nullptr) family->apply_sampling_defaults(stage, given, r);
   }
 }
 

@@ -26,10 +26,10 @@
 #include "worker/config/stage_overrides.h"
 #include "worker/config/stage_yaml.h"
 #include "worker/http/chat_server.h"
-#include "worker/pipeline/diffusers_folder.h"
 #include "worker/pipeline/local_pipeline.h"
 #include "worker/pipeline/stage_launcher.h"
 #include "worker/rpc/auth.h"
+#include "worker/wan/diffusers_folder.h"
 
 namespace omni::cli {
 
@@ -242,12 +242,12 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
       lo.worker_executable = self_executable();
       lo.init_timeout =
           std::chrono::milliseconds(static_cast<int64_t>(o.stage_init_timeout_s * 1000));
-      std::string thinker_model;
-      for (const auto& s : lo.config.stages) {
-        if (s.engine.model_stage == "thinker") thinker_model = s.engine.model;
-      }
+      // Named after the checkpoint of the first stage that reads the request.
+      const auto entry = lo.config.entry_stages();
+      const std::string entry_model =
+          entry.empty() ? "" : lo.config.stage(entry.front()).engine.model;
       server.model_name =
-          o.served_model_name.empty() ? folder_name(thinker_model) : o.served_model_name;
+          o.served_model_name.empty() ? folder_name(entry_model) : o.served_model_name;
       server.sampling_defaults = yaml_sampling(lo.config);
       launcher = std::make_unique<pipeline::StageLauncher>(std::move(lo));
       auto* l = launcher.get();

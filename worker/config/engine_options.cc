@@ -93,8 +93,11 @@ EngineOption text(std::string key, Field<std::string> field) {
 std::vector<EngineOption> make_options() {
   namespace names = offload::names;
   std::vector<EngineOption> t;
-  t.push_back(
-      choice("model_stage", &StageEngineArgs::model_stage, detail::model_stage_names(), {}, ""));
+  // The kinds are read when a value is: families register theirs as the program starts.
+  t.push_back(option("model_stage", &StageEngineArgs::model_stage, Type::kValue, {}, "KIND", "",
+                     [](const std::string& k, const RawValue& v, const SetContext&) {
+                       return detail::one_of(k, v, detail::model_stage_names());
+                     }));
   t.push_back(text("model_arch", &StageEngineArgs::model_arch));
   t.push_back(option("model", &StageEngineArgs::model, Type::kValue, {}, "DIR", "",
                      [](const std::string& k, const RawValue& v, const SetContext& context) {

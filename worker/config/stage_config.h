@@ -122,6 +122,11 @@ struct PipelineConfig {
   std::vector<int64_t> entry_stages() const;       // empty engine_input_source, in file order
 };
 
+// The model_stage values a config may name: the stage kinds of the model families linked into
+// this program, added as each registers (worker/pipeline/model_family.h), in that order. A program
+// without families (a test of the schema alone) adds its own.
+void add_model_stage_name(const std::string& name);
+
 // Shared by the YAML parser and the command-line overrides (stage_overrides.cc); not an API.
 namespace detail {
 
@@ -166,7 +171,7 @@ std::string join(const std::vector<std::string>& items);  // "a, b, c"
 int64_t to_int(const std::string& key, const RawValue& value);
 std::vector<int64_t> to_int_list(const std::string& key, const RawValue& value);
 std::string to_dtype(const std::string& key, const RawValue& value);  // normalised; "" = auto
-const std::vector<std::string>& model_stage_names();
+std::vector<std::string> model_stage_names();  // add_model_stage_name's, a copy
 const std::vector<std::string>& output_type_names();
 
 // Where each stage's checked parts are, for messages: YAML positions, or the stage's location.

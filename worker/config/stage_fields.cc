@@ -4,6 +4,7 @@
 #include <cctype>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -21,11 +22,19 @@ using detail::Section;
 using detail::SetContext;
 using Kind = RawValue::Kind;
 
+// The registered kinds' names (add_model_stage_name), constructed on first use: families add
+// theirs while static objects are constructed.
+std::mutex& model_stage_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<std::string>& model_stages() {
+  static std::vector<std::string> names;
+  return names;
+}
+
 // --- key tables --------------------------------------------------------------------------------
 
-const std::vector<std::string> kModelStages = {
-    "thinker",           "talker",          "code2wav", "diffusion", "diffusion_encode",
-    "diffusion_denoise", "diffusion_decode"};
 const std::vector<std::string> kStageTypes = {"llm", "generation", "diffusion"};
 const std::vector<std::string> kOutputTypes = {"text", "audio", "image"};
 
@@ -301,8 +310,18 @@ std::string unknown_key_message(const std::string& key, const std::string& what,
   config::fail(where, message);
 }
 std::string join(const std::vector<std::string>& items) { return config::join(items); }
-const std::vector<std::string>& model_stage_names() { return kModelStages; }
+std::vector<std::string> model_stage_names() {
+  std::lock_guard<std::mutex> lock(model_stage_mutex());
+  return model_stages();
+}
 const std::vector<std::string>& output_type_names() { return kOutputTypes; }
 
 }  // namespace detail
+
+void add_model_stage_name(const std::string& name) {
+  std::lock_guard<std::mutex> lock(model_stage_mutex());
+  auto& names = model_stages();
+  if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+}
+
 }  // namespace omni::config

@@ -7,63 +7,19 @@
 #include "cpu_offload/check.h"
 #include "cpu_offload/dtype_name.h"
 #include "cpu_offload/option_names.h"
-#include "model_runner/qwen3_omni/config.h"
 #include "model_runner/runner/expert_offload.h"
-#include "model_runner/weights/hf_config.h"
-#include "worker/pipeline/diffusers_folder.h"
+#include "worker/pipeline/model_family.h"
 
 namespace omni::pipeline {
-namespace {
-
-config::StageConfig checkpoint_stage(int64_t id, const char* model_stage,
-                                     std::vector<int64_t> sources, const char* final_type,
-                                     const std::string& model, const std::string& devices,
-                                     const std::string& dtype, const std::string& where) {
-  config::StageConfig s;
-  s.stage_id = id;
-  s.runtime.devices = devices;
-  s.engine.model_stage = model_stage;
-  s.engine.model = model;
-  s.engine.dtype = dtype == "auto" ? "" : dtype;
-  s.engine_input_source = std::move(sources);
-  s.final_output = final_type != nullptr;
-  if (final_type) s.final_output_type = final_type;
-  s.location = {where, 0, 0};
-  return s;
-}
-
-}  // namespace
-
 config::PipelineConfig checkpoint_stage_config(const std::string& model_dir,
                                                const std::string& device,
                                                const std::string& dtype) {
-  const std::string devices = device == "cpu" ? "cpu" : "0";
-  if (is_diffusers_folder(model_dir)) {
-    // As vLLM-Omni: one diffusion stage, one request at a time, answering with images.
-    config::PipelineConfig c;
-    c.path = "--model " + model_dir;
-    const std::string model = std::filesystem::absolute(model_dir).lexically_normal().string();
-    auto s = checkpoint_stage(0, "diffusion", {}, "image", model, devices, dtype, c.path);
-    s.stage_type = "diffusion";
-    s.runtime.max_batch_size = 1;
-    c.stages.push_back(std::move(s));
-    config::detail::validate_pipeline(c);
-    return c;
-  }
-  const bool speech = models::qwen3_omni::has_speech_output(models::HfConfig::load(model_dir));
-  const std::string model = std::filesystem::absolute(model_dir).lexically_normal().string();
-  config::PipelineConfig c;
-  c.path = "--model " + model_dir;
-  const auto stage = [&](int64_t id, const char* name, std::vector<int64_t> sources,
-                         const char* final_type) {
-    c.stages.push_back(
-        checkpoint_stage(id, name, std::move(sources), final_type, model, devices, dtype, c.path));
-  };
-  stage(0, "thinker", {}, "text");
-  if (speech) {
-    stage(1, "talker", {0}, nullptr);
-    stage(2, "code2wav", {1}, "audio");
-  }
+  CheckpointGraphOptions o;
+  o.model_dir = std::filesystem::absolute(model_dir).lexically_normal().string();
+  o.devices = device == "cpu" ? "cpu" : "0";
+  o.dtype = dtype == "auto" ? "" : dtype;
+  o.where = "--model " + model_dir;
+  config::PipelineConfig c = family_of_checkpoint(model_dir).checkpoint_graph(o);
   config::detail::validate_pipeline(c);
   return c;
 }
@@ -142,8 +98,10 @@ std::shared_ptr<DeviceLedger> make_device_ledger(
     m.device = (s.runtime.address.empty() ? "local" : s.runtime.address) + "/" + s.runtime.devices;
     m.evictable = s.engine.offload_stage || s.engine.enable_cpu_offload;
     // What the stage holds on the device when loaded (with expert offload, less than all its
-    // weights).
-    m.bytes = m.stage->info().device_weight_bytes;
+    // weights), and its KV pool.
+    const StageInfo info = m.stage->info();
+    m.bytes = info.device_weight_bytes + info.device_kv_bytes;
+    m.kv_bytes = info.device_kv_bytes;
     const uint64_t budget = s.engine.gpu_memory_budget;
     if (budget > 0) {
       any_budget = true;

@@ -14,9 +14,8 @@
 
 namespace omni::pipeline {
 
-// The stages of the checkpoint in `model_dir`: 0 thinker (final text); with a talker, also
-// 1 talker and 2 code2wav (final audio). A diffusers folder (model_index.json) gets one stage,
-// 0 diffusion (final image). `device`: "cpu" (the simulated device) or "cuda";
+// The stages of the checkpoint in `model_dir`, as the family that claims the folder lays them out
+// (ModelFamily::checkpoint_graph). `device`: "cpu" (the simulated device) or "cuda";
 // `dtype`: auto | float32 | bfloat16 | float16.
 config::PipelineConfig checkpoint_stage_config(const std::string& model_dir,
                                                const std::string& device, const std::string& dtype);

@@ -1,5 +1,5 @@
-// What the in-process stages (thinker_stage.cc, talker_stage.cc, code2wav_stage.cc) share: their
-// base class and the helpers between steps. Not an API: make_local_stage (local_stages.h) is.
+// What the in-process stages of every family share: their base class and the helpers between
+// steps. Not an API: make_local_stage (local_stages.h) is.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -97,6 +97,8 @@ class LocalStageBase : public Stage {
   // (the expert cache's slots). Measured with mutex_ held.
   virtual uint64_t weight_bytes_kept_off_device() { return 0; }
   virtual uint64_t extra_device_bytes() { return 0; }
+  // Device bytes of a KV pool the stage allocates at its start (the device ledger's KV line).
+  virtual uint64_t kv_pool_device_bytes() { return 0; }
   // `info` plus the weight bytes: all of them, those that can leave the device, and those the
   // device ledger accounts for the stage when it is loaded (device_weight_bytes: all weights,
   // less the experts and plus the expert cache under expert offload).
@@ -113,30 +115,21 @@ class LocalStageBase : public Stage {
           stats.param_bytes > stats.resident_bytes ? stats.param_bytes - stats.resident_bytes : 0;
       device_weight_bytes_ =
           stats.param_bytes - weight_bytes_kept_off_device() + extra_device_bytes();
+      device_kv_bytes_ = kv_pool_device_bytes();
     });
     info.param_bytes = param_bytes_;
     info.offloadable_bytes = offloadable_bytes_;
     info.device_weight_bytes = device_weight_bytes_;
+    info.device_kv_bytes = device_kv_bytes_;
     return info;
   }
   std::once_flag bytes_measured_;
-  uint64_t param_bytes_ = 0, offloadable_bytes_ = 0, device_weight_bytes_ = 0;
+  uint64_t param_bytes_ = 0, offloadable_bytes_ = 0, device_weight_bytes_ = 0, device_kv_bytes_ = 0;
   std::string name_;
   std::shared_ptr<offload::TransferEngine> engine_;
   std::mutex mutex_;
   std::mutex snapshot_mutex_;
   std::string snapshot_;  // the last stats_json taken between requests
 };
-
-// The stage kinds of Qwen3-Omni.
-std::unique_ptr<Stage> make_thinker_stage(const LocalStageOptions& options);
-std::unique_ptr<Stage> make_talker_stage(const LocalStageOptions& options);
-std::unique_ptr<Stage> make_code2wav_stage(const LocalStageOptions& options);
-// A diffusers Wan folder (diffusion_stage.cc).
-std::unique_ptr<Stage> make_diffusion_stage(const LocalStageOptions& options);
-// Its encode / denoise / decode steps as three stages (diffusion_split_stages.cc).
-std::unique_ptr<Stage> make_diffusion_encode_stage(const LocalStageOptions& options);
-std::unique_ptr<Stage> make_diffusion_denoise_stage(const LocalStageOptions& options);
-std::unique_ptr<Stage> make_diffusion_decode_stage(const LocalStageOptions& options);
 
 }  // namespace omni::pipeline::local

@@ -52,7 +52,8 @@ struct MediaFile {
   std::string data;
 };
 
-// A stage's parameters for one request: its kind's own struct (worker/pipeline/stage_params.h).
+// A stage's parameters for one request: its kind's own struct (a family's, e.g.
+// worker/qwen3_omni/stage_params.h).
 // In one process the struct reaches the stage as it is; the gRPC layer sends to_json() and the
 // worker hands the stage a JsonParams, which the stage's kind parses.
 struct StageParams {
@@ -75,13 +76,23 @@ struct StageCall {
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
 
+// The call's parameters as `T`: the struct itself in one process, or `parse` of the JSON that
+// came over the wire; the kind's defaults when the call has none.
+template <typename T>
+std::shared_ptr<const T> params_as(const StageCall& call, T (*parse)(const std::string&)) {
+  if (!call.params) return std::make_shared<const T>();
+  if (auto typed = std::dynamic_pointer_cast<const T>(call.params)) return typed;
+  return std::make_shared<const T>(parse(call.params->to_json()));
+}
+
 // What the orchestrator needs of a stage's model, fixed once it is loaded. The gRPC layer
 // carries it as JSON (worker/rpc/wire.h).
 struct StageInfo {
   std::string model_stage;
   uint64_t param_bytes = 0;           // all its weights
   uint64_t offloadable_bytes = 0;     // those that can leave the device
-  uint64_t device_weight_bytes = 0;   // what the device ledger counts for it when loaded
+  uint64_t device_weight_bytes = 0;   // its weights' bytes on the device when loaded
+  uint64_t device_kv_bytes = 0;       // a KV pool it holds on the device from its start
   bool speech = false;                // thinker: its checkpoint has a talker to hand off to
   std::vector<std::string> speakers;  // talker
   std::string default_speaker;        // talker

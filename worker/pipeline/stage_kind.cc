@@ -1,5 +1,7 @@
 #include "worker/pipeline/stage_kind.h"
 
+#include "worker/pipeline/model_family.h"
+
 namespace omni::pipeline {
 
 double StageAnswer::metric(const std::string& key) const {
@@ -9,8 +11,8 @@ double StageAnswer::metric(const std::string& key) const {
 }
 
 const StageKind* find_stage_kind(const std::string& name) {
-  for (const auto* family : {&qwen3_omni_stage_kinds(), &diffusion_stage_kinds()}) {
-    for (const auto& kind : *family) {
+  for (const ModelFamily* family : model_families()) {
+    for (const auto& kind : family->stage_kinds()) {
       if (kind.name == name) return &kind;
     }
   }
@@ -19,8 +21,8 @@ const StageKind* find_stage_kind(const std::string& name) {
 
 std::string stage_kind_names() {
   std::string names;
-  for (const auto* family : {&qwen3_omni_stage_kinds(), &diffusion_stage_kinds()}) {
-    for (const auto& kind : *family) names += (names.empty() ? "" : ", ") + kind.name;
+  for (const ModelFamily* family : model_families()) {
+    for (const auto& kind : family->stage_kinds()) names += (names.empty() ? "" : ", ") + kind.name;
   }
   return names;
 }
@@ -28,8 +30,8 @@ std::string stage_kind_names() {
 const Handoff* find_handoff(const std::string& name) {
   const std::string last =
       name.substr(name.rfind('.') == std::string::npos ? 0 : name.rfind('.') + 1);
-  for (const auto* family : {&qwen3_omni_handoffs()}) {
-    for (const auto& h : *family) {
+  for (const ModelFamily* family : model_families()) {
+    for (const auto& h : family->handoffs()) {
       if (h.name == last) return &h;
     }
   }
@@ -37,8 +39,8 @@ const Handoff* find_handoff(const std::string& name) {
 }
 
 const Handoff* default_handoff(const std::string& from, const std::string& to) {
-  for (const auto* family : {&qwen3_omni_handoffs()}) {
-    for (const auto& h : *family) {
+  for (const ModelFamily* family : model_families()) {
+    for (const auto& h : family->handoffs()) {
       if (h.from == from && h.to == to) return &h;
     }
   }
@@ -47,8 +49,8 @@ const Handoff* default_handoff(const std::string& from, const std::string& to) {
 
 std::string handoff_names() {
   std::string names;
-  for (const auto* family : {&qwen3_omni_handoffs()}) {
-    for (const auto& h : *family) names += (names.empty() ? "" : ", ") + h.name;
+  for (const ModelFamily* family : model_families()) {
+    for (const auto& h : family->handoffs()) names += (names.empty() ? "" : ", ") + h.name;
   }
   return names;
 }

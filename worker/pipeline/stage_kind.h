@@ -1,7 +1,7 @@
 // What the orchestrator knows of a kind of stage (a stage config's model_stage): which kinds it
 // reads, whether a request runs it, its parameters for a request, what its packets add to the
 // answer, and how this process runs one. The orchestrator (pipeline.cc) names no kind: each model
-// family registers its own (qwen3_omni_kinds.cc: thinker, talker, code2wav).
+// family registers its own (model_family.h).
 #pragma once
 
 #include <functional>
@@ -85,10 +85,5 @@ std::string stage_kind_names();
 const Handoff* find_handoff(const std::string& name);
 const Handoff* default_handoff(const std::string& from, const std::string& to);
 std::string handoff_names();
-
-// The families' tables (one function each per model family).
-const std::vector<StageKind>& qwen3_omni_stage_kinds();
-const std::vector<Handoff>& qwen3_omni_handoffs();
-const std::vector<StageKind>& diffusion_stage_kinds();  // diffusion_kinds.cc
 
 }  // namespace omni::pipeline

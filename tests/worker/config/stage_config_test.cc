@@ -21,6 +21,16 @@ namespace fs = std::filesystem;
 
 const std::string kName = "p.yaml";
 
+// This program links no model family, so it names the stage kinds of the shipped configs itself,
+// as the Qwen3-Omni and Wan families register them in vllm-omni.
+[[maybe_unused]] const bool kKindsNamed = [] {
+  for (const char* kind : {"thinker", "talker", "code2wav", "diffusion", "diffusion_encode",
+                           "diffusion_denoise", "diffusion_decode"}) {
+    add_model_stage_name(kind);
+  }
+  return true;
+}();
+
 // The error `fn` throws ("" when it throws none).
 template <typename F>
 std::string error_of(F&& fn) {

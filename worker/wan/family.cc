@@ -1,11 +1,13 @@
-// The diffusion stage kinds: `diffusion`, an entry stage that turns the request's prompt (and
-// image) into video frames (diffusion_stage.cc), and the same as three stages,
-// diffusion_encode -> diffusion_denoise -> diffusion_decode (diffusion_split_stages.cc). Step
-// packets become on_progress calls, the frames of the last packet the result's video.
-#include "worker/pipeline/diffusion_params.h"
-#include "worker/pipeline/local_stage_base.h"
+// The Wan family (a diffusers Wan folder): its stage kinds, `diffusion`, an entry stage that
+// turns the request's prompt (and image) into video frames (diffusion_stage.cc), and the same as
+// three stages, diffusion_encode -> diffusion_denoise -> diffusion_decode
+// (diffusion_split_stages.cc). Step packets become on_progress calls, the frames of the last
+// packet the result's video.
+#include "worker/pipeline/model_family.h"
 #include "worker/pipeline/pipeline.h"
-#include "worker/pipeline/stage_kind.h"
+#include "worker/wan/diffusers_folder.h"
+#include "worker/wan/diffusion_params.h"
+#include "worker/wan/stages.h"
 
 namespace omni::pipeline {
 namespace {
@@ -88,12 +90,35 @@ StageKind diffusion_decode() {
   return k;
 }
 
-}  // namespace
+class WanFamily : public ModelFamily {
+ public:
+  std::string name() const override { return "wan"; }
 
-const std::vector<StageKind>& diffusion_stage_kinds() {
-  static const std::vector<StageKind> kinds = {diffusion(), diffusion_encode(), diffusion_denoise(),
-                                               diffusion_decode()};
-  return kinds;
-}
+  const std::vector<StageKind>& stage_kinds() const override {
+    static const std::vector<StageKind> kinds = {diffusion(), diffusion_encode(),
+                                                 diffusion_denoise(), diffusion_decode()};
+    return kinds;
+  }
+
+  bool claims_checkpoint(const std::string& model_dir) const override {
+    return is_diffusers_folder(model_dir);
+  }
+  std::string checkpoint_marker() const override { return "model_index.json"; }
+
+  // As vLLM-Omni: one diffusion stage, one request at a time, answering with images.
+  config::PipelineConfig checkpoint_graph(const CheckpointGraphOptions& o) const override {
+    config::PipelineConfig c;
+    c.path = o.where;
+    auto s = checkpoint_stage(o, 0, "diffusion", {}, "image");
+    s.stage_type = "diffusion";
+    s.runtime.max_batch_size = 1;
+    c.stages.push_back(std::move(s));
+    return c;
+  }
+};
+
+const RegisterModelFamily<WanFamily> registered;
+
+}  // namespace
 
 }  // namespace omni::pipeline

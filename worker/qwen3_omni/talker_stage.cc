@@ -13,7 +13,8 @@
 #include "model_runner/runner/speech_runners.h"
 #include "worker/pipeline/engine_loop.h"
 #include "worker/pipeline/local_stage_base.h"
-#include "worker/pipeline/stage_params.h"
+#include "worker/qwen3_omni/stage_params.h"
+#include "worker/qwen3_omni/stages.h"
 
 namespace omni::pipeline::local {
 namespace {

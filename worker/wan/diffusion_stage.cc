@@ -8,7 +8,8 @@
 
 #include <memory>
 
-#include "worker/pipeline/wan_stage_base.h"
+#include "worker/wan/stages.h"
+#include "worker/wan/wan_stage_base.h"
 
 namespace omni::pipeline::local {
 namespace {

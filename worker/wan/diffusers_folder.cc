@@ -1,4 +1,4 @@
-#include "worker/pipeline/diffusers_folder.h"
+#include "worker/wan/diffusers_folder.h"
 
 #include <filesystem>
 #include <fstream>

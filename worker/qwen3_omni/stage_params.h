@@ -1,4 +1,4 @@
-// What each kind of stage reads of a request (StageCall::params): the orchestrator cuts an
+// What each Qwen3-Omni stage kind reads of a request (StageCall::params): the family cuts an
 // OmniRequest into one of these per stage and hands it to the stage as it is; only the gRPC layer
 // turns it into JSON (not protobuf, so that a new field needs no wire change) and the worker's
 // stage reads it back (params_as). The media travel as bytes in StageCall::media.
@@ -53,14 +53,5 @@ struct Code2WavParams : StageParams {
 ThinkerParams thinker_params(const std::string& json);
 TalkerParams talker_params(const std::string& json);
 Code2WavParams code2wav_params(const std::string& json);
-
-// The call's parameters as `T`: the struct itself in one process, or `parse` of the JSON that
-// came over the wire; the kind's defaults when the call has none.
-template <typename T>
-std::shared_ptr<const T> params_as(const StageCall& call, T (*parse)(const std::string&)) {
-  if (!call.params) return std::make_shared<const T>();
-  if (auto typed = std::dynamic_pointer_cast<const T>(call.params)) return typed;
-  return std::make_shared<const T>(parse(call.params->to_json()));
-}
 
 }  // namespace omni::pipeline

@@ -1,4 +1,4 @@
-#include "worker/pipeline/diffusion_params.h"
+#include "worker/wan/diffusion_params.h"
 
 #include <nlohmann/json.hpp>
 #include <optional>

@@ -14,7 +14,8 @@
 #include <optional>
 #include <string>
 
-#include "worker/pipeline/wan_stage_base.h"
+#include "worker/wan/stages.h"
+#include "worker/wan/wan_stage_base.h"
 
 namespace omni::pipeline::local {
 namespace {

@@ -1,13 +1,13 @@
-#include "worker/pipeline/wan_stage_base.h"
+#include "worker/wan/wan_stage_base.h"
 
 #include <ATen/ATen.h>
 
 #include <cstring>
 
 #include "model_runner/preprocess/image.h"
-#include "worker/pipeline/diffusers_folder.h"
-#include "worker/pipeline/diffusion_params.h"
-#include "worker/pipeline/stage_params.h"
+#include "worker/qwen3_omni/stage_params.h"
+#include "worker/wan/diffusers_folder.h"
+#include "worker/wan/diffusion_params.h"
 
 namespace omni::pipeline::local {
 namespace {

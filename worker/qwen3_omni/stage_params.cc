@@ -1,4 +1,4 @@
-#include "worker/pipeline/stage_params.h"
+#include "worker/qwen3_omni/stage_params.h"
 
 #include <nlohmann/json.hpp>
 

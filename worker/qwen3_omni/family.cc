@@ -1,14 +1,18 @@
-// The stage kinds of Qwen3-Omni: thinker (the request in, text out, and the hidden rows a talker
-// needs), talker (the thinker's rows in, codec frames out), code2wav (frames in, audio out).
+// The Qwen3-Omni family: its stage kinds, thinker (the request in, text out, and the hidden rows
+// a talker needs), talker (the thinker's rows in, codec frames out), code2wav (frames in, audio
+// out); their hand-offs; a checkpoint folder's graph; the sampling defaults of its stages.
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <filesystem>
 
+#include "model_runner/qwen3_omni/config.h"
 #include "model_runner/qwen3_omni/talker_handoff.h"
-#include "worker/pipeline/local_stage_base.h"
+#include "model_runner/weights/hf_config.h"
+#include "worker/pipeline/model_family.h"
 #include "worker/pipeline/pipeline.h"
-#include "worker/pipeline/stage_kind.h"
-#include "worker/pipeline/stage_params.h"
+#include "worker/qwen3_omni/stage_params.h"
+#include "worker/qwen3_omni/stages.h"
 
 namespace omni::pipeline {
 namespace {
@@ -158,23 +162,86 @@ Handoff handoff(const char* from, const char* to, void (*drop)(StagePacket&)) {
   return h;
 }
 
+// A stage's default_sampling_params: the thinker's onto the thinker's sampling, the talker's
+// onto the talker's and the code predictor's (max_tokens: the frame cap). `given` names the
+// command line's: "temperature", "talker.temperature".
+void apply_stage_sampling(const config::StageConfig& stage, const std::set<std::string>& given,
+                          models::OmniRequest& r) {
+  const auto& d = stage.sampling;
+  const bool talker = stage.engine.model_stage == "talker";
+  if (!talker && stage.engine.model_stage != "thinker") return;
+  const std::string prefix = talker ? "talker." : "";
+  const auto unset = [&](const char* name) { return given.count(prefix + name) == 0; };
+  auto& p = talker ? r.sampling.talker : r.sampling.thinker;
+  if (d.temperature && unset("temperature")) p.temperature = *d.temperature;
+  if (d.top_p && unset("top_p")) p.top_p = *d.top_p;
+  if (d.top_k && unset("top_k")) p.top_k = *d.top_k;
+  if (d.repetition_penalty && unset("repetition_penalty")) {
+    p.repetition_penalty = *d.repetition_penalty;
+  }
+  if (d.max_tokens && unset("max_tokens")) {
+    (talker ? r.max_audio_frames : p.max_new_tokens) = *d.max_tokens;
+  }
+  if (d.seed && unset("seed")) {
+    p.seed = *d.seed;
+    if (talker) r.sampling.code_predictor.seed = *d.seed;
+  }
+  if (d.greedy && unset("greedy")) {
+    p.greedy = *d.greedy;
+    if (talker) r.sampling.code_predictor.greedy = *d.greedy;
+  }
+}
+
+class Qwen3OmniFamily : public ModelFamily {
+ public:
+  std::string name() const override { return "qwen3_omni"; }
+
+  const std::vector<StageKind>& stage_kinds() const override {
+    static const std::vector<StageKind> kinds = {thinker(), talker(), code2wav()};
+    return kinds;
+  }
+
+  // The talker reads the thinker's tokens, hand-off rows and prompt ids (tensors), not its
+  // text; code2wav reads the talker's codec frames. Both read the end (finished,
+  // finish_reason).
+  const std::vector<Handoff>& handoffs() const override {
+    static const std::vector<Handoff> handoffs = {
+        handoff("thinker", "talker", [](StagePacket& p) { p.text.clear(); }),
+        handoff("talker", "code2wav", [](StagePacket& p) {
+          p.tokens.clear();
+          p.tensors.clear();
+        })};
+    return handoffs;
+  }
+
+  bool claims_checkpoint(const std::string& model_dir) const override {
+    std::error_code ec;
+    return std::filesystem::is_regular_file(std::filesystem::path(model_dir) / "config.json", ec);
+  }
+  std::string checkpoint_marker() const override { return "config.json"; }
+
+  // 0 thinker (final text); with a talker in the checkpoint, also 1 talker and 2 code2wav
+  // (final audio).
+  config::PipelineConfig checkpoint_graph(const CheckpointGraphOptions& o) const override {
+    const bool speech = models::qwen3_omni::has_speech_output(models::HfConfig::load(o.model_dir));
+    config::PipelineConfig c;
+    c.path = o.where;
+    c.stages.push_back(checkpoint_stage(o, 0, "thinker", {}, "text"));
+    if (speech) {
+      c.stages.push_back(checkpoint_stage(o, 1, "talker", {0}, ""));
+      c.stages.push_back(checkpoint_stage(o, 2, "code2wav", {1}, "audio"));
+    }
+    return c;
+  }
+
+  void apply_sampling_defaults(const config::StageConfig& stage, const std::set<std::string>& given,
+                               models::OmniRequest& request) const override {
+    apply_stage_sampling(stage, given, request);
+  }
+};
+
+const RegisterModelFamily<Qwen3OmniFamily> registered;
+
 }  // namespace
-
-const std::vector<Handoff>& qwen3_omni_handoffs() {
-  // The talker reads the thinker's tokens, hand-off rows and prompt ids (tensors), not its text;
-  // code2wav reads the talker's codec frames. Both read the end (finished, finish_reason).
-  static const std::vector<Handoff> handoffs = {
-      handoff("thinker", "talker", [](StagePacket& p) { p.text.clear(); }),
-      handoff("talker", "code2wav", [](StagePacket& p) {
-        p.tokens.clear();
-        p.tensors.clear();
-      })};
-  return handoffs;
-}
-
-const std::vector<StageKind>& qwen3_omni_stage_kinds() {
-  static const std::vector<StageKind> kinds = {thinker(), talker(), code2wav()};
-  return kinds;
-}
 
 }  // namespace omni::pipeline

@@ -19,8 +19,9 @@
 #include "model_runner/weights/hf_config.h"
 #include "worker/pipeline/engine_loop.h"
 #include "worker/pipeline/local_stage_base.h"
-#include "worker/pipeline/stage_params.h"
 #include "worker/pipeline/stop_strings.h"
+#include "worker/qwen3_omni/stage_params.h"
+#include "worker/qwen3_omni/stages.h"
 
 namespace omni::pipeline::local {
 namespace {
@@ -156,10 +157,11 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
     }
     return bytes;
   }
-  // What the device ledger counts beside the weights: the expert cache's slots and, under
-  // kv_cache_memory_bytes, the whole KV pool (the most the batch's caches may hold).
-  uint64_t extra_device_bytes() override {
-    return expert_device_bytes() + static_cast<uint64_t>(kv_.total_blocks * kv_.bytes_per_block);
+  // What the device ledger counts beside the weights: the expert cache's slots, and under
+  // kv_cache_memory_bytes the whole KV pool (the most the batch's caches may hold).
+  uint64_t extra_device_bytes() override { return expert_device_bytes(); }
+  uint64_t kv_pool_device_bytes() override {
+    return static_cast<uint64_t>(kv_.total_blocks * kv_.bytes_per_block);
   }
   uint64_t device_bytes() override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -171,7 +173,8 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
   }
   // The offload backend's figures (as of the last moment no step ran), and "engine": the
   // batching loop's, live (running, waiting, steps, batch sizes, queue time) with its KV blocks
-  // (used: held now; reserved: the admitted requests' worst case, prompt plus max_new_tokens).
+  // (used: held now; reserved: what the running requests would hold at their longest, prompt
+  // plus max_new_tokens: a figure of demand, admission goes by the blocks in use).
   std::string stats_json() override {
     Json all = Json::parse(LocalStageBase::stats_json());
     const auto e = loop_->stats();
