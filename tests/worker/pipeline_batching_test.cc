@@ -16,9 +16,10 @@
 #include <vector>
 
 #include "tiny_request.h"
+#include "worker/pipeline/local_pipeline.h"
 #include "worker/pipeline/local_stages.h"
 #include "worker/pipeline/pipeline.h"
-#include "worker/pipeline/stage_params.h"
+#include "worker/qwen3_omni/stage_params.h"
 
 namespace omni::pipeline {
 namespace {
@@ -269,8 +270,8 @@ TEST(PipelineBatching, ALongBatchedDecodeInTheKvPoolNeverReallocates) {
   EXPECT_EQ(e["kv_bytes_copied"].get<uint64_t>(), 0u) << e.dump();
   EXPECT_EQ(e["kv_blocks_used"].get<int64_t>(), 0) << e.dump();
   EXPECT_EQ(thinker->device_bytes(), device_while_running);
-  EXPECT_EQ(thinker->info().device_weight_bytes,
-            weights_only + static_cast<uint64_t>(blocks) * block_bytes);
+  EXPECT_EQ(thinker->info().device_weight_bytes, weights_only);
+  EXPECT_EQ(thinker->info().device_kv_bytes, static_cast<uint64_t>(blocks) * block_bytes);
   // Leaving the device, the stage frees its pool with its weights; the next request brings both
   // back and is answered as before.
   const uint64_t pool_bytes = static_cast<uint64_t>(blocks) * block_bytes;
@@ -342,8 +343,19 @@ TEST(PipelineBatching, MoreRequestsThanTheKvBudgetHoldsWaitAndAllFinish) {
   auto thinker =
       local("thinker", 0, EngineLimits{8, 8192, 64}, static_cast<uint64_t>(total) * block_bytes);
   EXPECT_EQ(engine_stats(*thinker)["kv_blocks_total"].get<int64_t>(), total);
-  // The device ledger counts the KV pool with the weights (co-located stages share the budget).
-  EXPECT_EQ(thinker->info().device_weight_bytes,
+  // The device ledger counts the KV pool beside the weights (co-located stages share the
+  // budget), as a line of its own.
+  EXPECT_EQ(thinker->info().device_weight_bytes, weights_only);
+  EXPECT_EQ(thinker->info().device_kv_bytes, static_cast<uint64_t>(total) * block_bytes);
+  config::PipelineConfig budgeted;
+  budgeted.stages.emplace_back();
+  budgeted.stages[0].runtime.devices = "cpu";
+  budgeted.stages[0].engine.gpu_memory_budget = 1ull << 40;
+  const auto ledger = Json::parse(make_device_ledger(budgeted, {thinker})->stats_json());
+  const Json& line = ledger["local/cpu"]["stages"][thinker->name()];
+  EXPECT_EQ(line["kv_bytes"].get<uint64_t>(), static_cast<uint64_t>(total) * block_bytes);
+  EXPECT_EQ(line["weight_bytes"].get<uint64_t>(), weights_only) << line.dump();
+  EXPECT_EQ(line["bytes"].get<uint64_t>(),
             weights_only + static_cast<uint64_t>(total) * block_bytes);
   std::vector<ThinkerCall> together(texts.size());
   std::vector<std::thread> clients;

@@ -222,10 +222,12 @@ std::string offload_metrics(const std::string& stats_json) {
               "Time the stage spent running its batches (over wall time: how saturated it is).",
               {}};
   Family kv_used{"omni_kv_blocks_used", "gauge", "KV cache blocks allocated now.", {}};
-  Family kv_reserved{"omni_kv_blocks_reserved",
-                     "gauge",
-                     "KV cache blocks admission holds for the running requests' worst case.",
-                     {}};
+  Family kv_reserved{
+      "omni_kv_blocks_reserved",
+      "gauge",
+      "KV cache blocks the running requests would hold at their longest (prompt plus "
+      "max_tokens); admission counts the blocks in use, not these.",
+      {}};
   Family kv_total{
       "omni_kv_blocks_total", "gauge", "KV cache blocks the stage may hold (0: no limit).", {}};
   // Each family's sample: a field of a stage's JSON, times a scale (ms -> s).

@@ -119,9 +119,10 @@ std::string DeviceLedger::stats_json() const {
       d["constrained"] = constrained_devices_.count(e.member.device) > 0;
     }
     d["stages"][e.member.stage->name()] = {
-        {"bytes", e.member.bytes},  {"evictable", e.member.evictable},
-        {"resident", e.resident},   {"in_use", e.in_use},
-        {"evictions", e.evictions}, {"bytes_released", e.bytes_released}};
+        {"bytes", e.member.bytes},       {"weight_bytes", e.member.bytes - e.member.kv_bytes},
+        {"kv_bytes", e.member.kv_bytes}, {"evictable", e.member.evictable},
+        {"resident", e.resident},        {"in_use", e.in_use},
+        {"evictions", e.evictions},      {"bytes_released", e.bytes_released}};
   }
   return out.dump();
 }

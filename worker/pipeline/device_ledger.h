@@ -32,8 +32,9 @@ class DeviceLedger {
   struct Member {
     int64_t stage_id = 0;
     Stage* stage = nullptr;
-    std::string device;  // stages with the same key share the budget
-    uint64_t bytes = 0;  // the stage's weight bytes on the device when loaded
+    std::string device;     // stages with the same key share the budget
+    uint64_t bytes = 0;     // the stage's bytes on the device when loaded: weights and KV pool
+    uint64_t kv_bytes = 0;  // of `bytes`, its KV pool
     bool evictable = false;
   };
   // `budgets`: device key -> bytes (0 or missing: no budget there). Throws omni::Error when a
@@ -51,7 +52,7 @@ class DeviceLedger {
   void release(int64_t stage_id);
 
   // {"<device>": {"budget": n, "held": n, "evictions": n, "stages": {"<name>": {"bytes",
-  // "resident", "in_use", "evictions", "bytes_released"}}}}
+  // "weight_bytes", "kv_bytes", "resident", "in_use", "evictions", "bytes_released"}}}}
   std::string stats_json() const;
 
  private:

@@ -511,6 +511,7 @@ std::string info_to_json(const pipeline::StageInfo& info) {
                         {"param_bytes", info.param_bytes},
                         {"offloadable_bytes", info.offloadable_bytes},
                         {"device_weight_bytes", info.device_weight_bytes},
+                        {"device_kv_bytes", info.device_kv_bytes},
                         {"speech", info.speech},
                         {"speakers", info.speakers},
                         {"default_speaker", info.default_speaker},
@@ -533,6 +534,7 @@ pipeline::StageInfo info_from_json(const std::string& json) {
     info.param_bytes = j.value("param_bytes", uint64_t{0});
     info.offloadable_bytes = j.value("offloadable_bytes", uint64_t{0});
     info.device_weight_bytes = j.value("device_weight_bytes", info.param_bytes);
+    info.device_kv_bytes = j.value("device_kv_bytes", uint64_t{0});
     info.speech = j.value("speech", false);
     info.speakers = j.value("speakers", std::vector<std::string>{});
     info.default_speaker = j.value("default_speaker", std::string());
