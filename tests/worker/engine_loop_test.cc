@@ -169,6 +169,89 @@ TEST(EngineLoop, ConcurrentSubmitAndCancelReleaseEverySequenceOnce) {
   EXPECT_EQ(model.free_slots(), 6);  // every slot back
 }
 
+// A sequence with a prompt the loop runs through prefill(): its first packet comes with the
+// prompt's last piece.
+struct PromptSequence : CountingSequence {
+  PromptSequence(int64_t n, int64_t prompt) : CountingSequence(n), prompt_left(prompt) {}
+  int64_t prompt_left;
+};
+
+// CountingModel whose sequences have prompts: records each prefill() piece (sequence, tokens)
+// and how many sequences each step decoded.
+class PromptingModel : public CountingModel {
+ public:
+  using CountingModel::CountingModel;
+  int64_t prefill_remaining(const EngineSequence& seq) override {
+    return static_cast<const PromptSequence&>(seq).prompt_left;
+  }
+  void prefill(EngineSequence& base, int64_t max_tokens) override {
+    auto& seq = static_cast<PromptSequence&>(base);
+    EXPECT_GE(max_tokens, 1);
+    EXPECT_LE(max_tokens, seq.prompt_left);
+    pieces.emplace_back(&seq, max_tokens);
+    seq.prompt_left -= max_tokens;
+    if (seq.prompt_left > 0) return;
+    StagePacket p;
+    p.tokens = {seq.emitted++};
+    p.finished = seq.emitted == seq.steps;
+    seq.out.push(std::move(p));
+  }
+  void step(const std::vector<EngineSequence*>& running) override {
+    for (auto* seq : running) EXPECT_EQ(static_cast<PromptSequence*>(seq)->prompt_left, 0);
+    batches.push_back(static_cast<int64_t>(running.size()));
+    pieces.emplace_back(nullptr, 0);  // a step between the pieces
+    CountingModel::step(running);
+  }
+  std::vector<std::pair<const EngineSequence*, int64_t>> pieces;  // the loop's thread
+  std::vector<int64_t> batches;
+};
+
+// Two requests decode when a 35-token prompt arrives. With chunked prefill and 10 tokens a
+// step, the prompt runs 8 tokens a step beside the two decoding rows, which step between its
+// pieces; without, it runs whole.
+TEST(EngineLoop, ChunkedPrefillRunsALongPromptInPiecesBetweenTheDecodeSteps) {
+  for (const bool chunked : {true, false}) {
+    SCOPED_TRACE(chunked ? "chunked" : "whole");
+    PromptingModel model(8);
+    auto a = std::make_shared<PromptSequence>(int64_t{1} << 40, 1);
+    auto b = std::make_shared<PromptSequence>(int64_t{1} << 40, 1);
+    auto long_prompt = std::make_shared<PromptSequence>(3, 35);
+    {
+      EngineLimits limits{4, 10, 16};
+      limits.chunked_prefill = chunked;
+      EngineLoop loop("stage 0 (counting)", model, limits);
+      loop.submit(a);
+      loop.submit(b);
+      ASSERT_TRUE(a->out.pop() && b->out.pop());  // both decode
+      loop.submit(long_prompt);
+      EXPECT_EQ(drain(*long_prompt), (std::pair<int64_t, std::string>{3, ""}));
+      a->cancel();
+      b->cancel();
+      (void)drain(*a, 1);
+      (void)drain(*b, 1);
+      const auto s = loop.stats();
+      EXPECT_EQ(s.prefill_tokens, 37);
+    }
+    std::vector<int64_t> sizes;
+    size_t steps_between = 0;
+    bool started = false;
+    for (const auto& [seq, n] : model.pieces) {
+      if (seq == long_prompt.get()) {
+        sizes.push_back(n);
+        started = true;
+      } else if (seq == nullptr && started && sizes.size() < 5) {
+        ++steps_between;
+      }
+    }
+    if (chunked) {
+      EXPECT_EQ(sizes, (std::vector<int64_t>{8, 8, 8, 8, 3}));
+      EXPECT_GE(steps_between, 4u);  // the two decoding rows stepped after each piece
+    } else {
+      EXPECT_EQ(sizes, std::vector<int64_t>{35});
+    }
+  }
+}
+
 // Profilers and `top -H` show the loop's thread under its stage kind (15 characters at most).
 TEST(EngineLoop, TheLoopsThreadIsNamedAfterItsStage) {
   for (const auto& [stage, thread] : std::vector<std::pair<std::string, std::string>>{

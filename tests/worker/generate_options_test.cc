@@ -272,6 +272,18 @@ TEST(GenerateOptions, ModalitiesAndOffloadLists) {
   EXPECT_EQ(stage_options(generate({"--dtype", "float16"}), "talker").dtype, at::kHalf);
 }
 
+// The batching flags reach the stage's engine loop: off by default, chunked prefill on with
+// its per-step token budget.
+TEST(GenerateOptions, ChunkedPrefillFlagsReachTheEngineLoop) {
+  const auto plain = stage_options(generate({}), "thinker").limits;
+  EXPECT_FALSE(plain.chunked_prefill);
+  EXPECT_EQ(plain.max_num_batched_tokens, 8192);
+  const auto chunked = stage_options(
+      generate({"--enable-chunked-prefill", "--max-num-batched-tokens", "256"}), "thinker");
+  EXPECT_TRUE(chunked.limits.chunked_prefill);
+  EXPECT_EQ(chunked.limits.max_num_batched_tokens, 256);
+}
+
 TEST(GenerateOptions, ExpertOffloadFlags) {
   const auto off = stage_options(generate({}), "thinker").offload;
   EXPECT_FALSE(off.cpu_offload_experts);

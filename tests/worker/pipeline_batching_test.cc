@@ -185,6 +185,82 @@ ThinkerCall call_thinker(Stage& stage, const std::string& text, int64_t max_new_
   return out;
 }
 
+// Prompts run in chunks of 7 tokens (cutting through the audio and image placeholders and the
+// DeepStack rows among them) beside decoding requests: the eight requests (greedy, seeded, with
+// media, with a talker reading the hand-off rows) get the whole prefill's answers, alone and
+// together.
+TEST(PipelineBatching, ChunkedPrefillGivesTheWholePrefillsAnswers) {
+  auto whole = local("thinker", 0);
+  auto talker = local("talker", 1);
+  auto code2wav = local("code2wav", 2);
+  EngineLimits limits{8, 7, 64};
+  limits.chunked_prefill = true;
+  auto chunked = local("thinker", 0, limits);
+  Pipeline by_whole(
+      {{0, "thinker", {}, whole}, {1, "talker", {0}, talker}, {2, "code2wav", {1}, code2wav}});
+  Pipeline by_chunks(
+      {{0, "thinker", {}, chunked}, {1, "talker", {0}, talker}, {2, "code2wav", {1}, code2wav}});
+  const auto requests = eight_requests();
+  std::vector<PipelineResult> expected;
+  for (const auto& r : requests) {
+    expected.push_back(by_whole.generate(r));
+    expect_same(expected.back(), by_chunks.generate(r), expected.size() - 1);
+  }
+  const Json alone = engine_stats(*chunked);
+  EXPECT_TRUE(alone["chunked_prefill"].get<bool>());
+  // Every prompt ran in chunks of at most 7 tokens.
+  EXPECT_GE(alone["prefill_chunks"].get<int64_t>(),
+            (alone["prefill_tokens"].get<int64_t>() + 6) / 7);
+  EXPECT_GT(alone["prefill_chunks"].get<int64_t>(), 8 * 2) << alone.dump();
+
+  std::vector<PipelineResult> together(requests.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    clients.emplace_back([&, i] { together[i] = by_chunks.generate(requests[i]); });
+  }
+  for (auto& c : clients) c.join();
+  for (size_t i = 0; i < requests.size(); ++i) expect_same(expected[i], together[i], i);
+  const Json e = engine_stats(*chunked);
+  EXPECT_GE(e["max_batch"].get<int64_t>(), 2) << e.dump();
+  EXPECT_EQ(e["running"].get<int64_t>(), 0) << e.dump();
+}
+
+// In a KV pool, a prompt that runs in chunks holds the blocks of its whole prompt from its
+// admission: requests that decode beside it never take them, and every request gets the tokens
+// it gets alone.
+TEST(PipelineBatching, ChunkedPrefillInAFullKvPoolGivesTheAloneTokens) {
+  const std::vector<std::string> texts = {"The first request runs long.",
+                                          "A second one starts beside it.",
+                                          "And a third one, with a longer prompt than the others."};
+  const int64_t tokens = 96, block = 4;
+  auto probe = local("thinker", 0, EngineLimits{8, 8192, 64}, 0, block);
+  const auto block_bytes = engine_stats(*probe)["kv_block_bytes"].get<uint64_t>();
+  std::vector<ThinkerCall> alone;
+  int64_t worst = 0;
+  for (const auto& t : texts) {
+    alone.push_back(call_thinker(*probe, t, tokens));
+    worst = std::max(worst, (alone.back().prompt_tokens + tokens + block - 1) / block);
+  }
+  probe.reset();
+  EngineLimits limits{8, 5, 64};
+  limits.chunked_prefill = true;
+  auto thinker = local("thinker", 0, limits, static_cast<uint64_t>(worst + 6) * block_bytes, block);
+  std::vector<ThinkerCall> together(texts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    clients.emplace_back([&, i] { together[i] = call_thinker(*thinker, texts[i], tokens); });
+  }
+  for (auto& c : clients) c.join();
+  for (size_t i = 0; i < texts.size(); ++i) {
+    EXPECT_EQ(together[i].error, "") << i;
+    EXPECT_EQ(together[i].tokens, alone[i].tokens) << i;
+  }
+  const Json e = engine_stats(*thinker);
+  EXPECT_EQ(e["kv_resumed"].get<int64_t>(), e["kv_preemptions"].get<int64_t>()) << e.dump();
+  EXPECT_EQ(e["kv_blocks_used"].get<int64_t>(), 0) << e.dump();
+  EXPECT_EQ(e["kv_reallocations"].get<int64_t>(), 0) << e.dump();
+}
+
 TEST(PipelineBatching, RequestsJoinAndLeaveARunningBatchAndACancelFreesItsBlocks) {
   auto thinker = local("thinker", 0, EngineLimits{4, 8192, 64});
   // a runs long enough (160 tokens) that c and b, started after it, overlap it even when the

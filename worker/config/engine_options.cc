@@ -200,7 +200,12 @@ std::vector<EngineOption> make_options() {
   t.push_back(count("max_num_batched_tokens", &StageEngineArgs::max_num_batched_tokens, 1,
                     {"--max-num-batched-tokens"},
                     "continuous batching: prompt tokens a stage admits per step (the first "
-                    "prompt always goes)"));
+                    "prompt always goes); with --enable-chunked-prefill, the tokens a step runs"));
+  t.push_back(switch_option(
+      "enable_chunked_prefill", &StageEngineArgs::enable_chunked_prefill,
+      {"--enable-chunked-prefill"}, {},
+      "continuous batching: a step runs at most --max-num-batched-tokens tokens, one per decoding "
+      "request and the rest of prompts in chunks, so a long prompt does not stall the others"));
   t.push_back(count("block_size", &StageEngineArgs::block_size, 1, {"--block-size"},
                     "KV cache: tokens per block (a sequence holds at most one block it does not "
                     "use)"));

@@ -89,6 +89,8 @@ struct StageEngineArgs {
   // admitted per step, KV block size in tokens, and the KV cache's device bytes (0: no limit).
   int64_t max_num_seqs = 0;
   int64_t max_num_batched_tokens = 8192;
+  // Prompts run in chunks of what max_num_batched_tokens leaves beside the decoding rows.
+  bool enable_chunked_prefill = false;
   int64_t block_size = 16;
   uint64_t kv_cache_memory_bytes = 0;
   // vLLM-Omni keys that are read and have no effect here, with their raw text for logging: the

@@ -58,7 +58,7 @@ const std::vector<std::string> kIgnoredStageKeys = {
 const std::vector<std::string> kIgnoredEngineKeys = {
     "worker_cls", "scheduler_cls", "worker_type", "gpu_memory_utilization", "enforce_eager",
     "trust_remote_code", "engine_output_type", "distributed_executor_backend",
-    "enable_prefix_caching", "enable_chunked_prefill", "max_model_len", "hf_config_name", "tensor_parallel_size", "pipeline_parallel_size",
+    "enable_prefix_caching", "max_model_len", "hf_config_name", "tensor_parallel_size", "pipeline_parallel_size",
     "data_parallel_size", "enable_expert_parallel", "load_format", "async_scheduling",
     "quantization", "kv_cache_dtype", "swap_space", "seed", "tokenizer",
     "tokenizer_mode", "revision", "compilation_config", "limit_mm_per_prompt",

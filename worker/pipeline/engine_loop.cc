@@ -116,7 +116,8 @@ void EngineLoop::admit_waiting() {
     } else if (Clock::now() >= seq->deadline) {
       error = stage_error(StageError::Code::kDeadlineExceeded, "the request's deadline passed");
     } else {
-      const int64_t cost = model_.prompt_tokens(*seq);
+      // With chunked prefill the step's budget is spent by run_prompts, not by admission.
+      const int64_t cost = limits_.chunked_prefill ? 0 : model_.prompt_tokens(*seq);
       // The first prompt of a step always goes, however long: it cannot wait for room that
       // never comes.
       if (tokens > 0 && tokens + cost > limits_.max_num_batched_tokens) break;
@@ -192,10 +193,20 @@ void EngineLoop::run() {
     }
     const auto busy_start = Clock::now();
     admit_waiting();
+    int64_t decoding = 0;
+    for (const auto& seq : running_) {
+      if (model_.prefill_remaining(*seq) == 0 && !model_.finished(*seq)) ++decoding;
+    }
+    const bool prompts_ran = run_prompts(decoding);
     const auto batch = ready_batch();
     const bool any_finished = std::any_of(running_.begin(), running_.end(),
                                           [&](const auto& seq) { return model_.finished(*seq); });
-    if (batch.empty() && !any_finished && !running_.empty()) {
+    if (prompts_ran && batch.empty()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.busy_ms_total +=
+          std::chrono::duration<double, std::milli>(Clock::now() - busy_start).count();
+    }
+    if (batch.empty() && !any_finished && !running_.empty() && !prompts_ran) {
       sleep_until_woken();
       continue;
     }
@@ -224,15 +235,49 @@ void EngineLoop::run() {
   }
 }
 
+bool EngineLoop::run_prompts(int64_t decoding) {
+  int64_t budget = limits_.max_num_batched_tokens - decoding;
+  bool ran = false;
+  for (auto it = running_.begin(); it != running_.end();) {
+    auto& seq = **it;
+    try {
+      const int64_t remaining = model_.prefill_remaining(seq);
+      if (remaining > 0) {
+        if (limits_.chunked_prefill && budget <= 0) break;
+        const int64_t n = limits_.chunked_prefill ? std::min(remaining, budget) : remaining;
+        model_.prefill(seq, n);
+        budget -= n;
+        ran = true;
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++stats_.prefill_chunks;
+        stats_.prefill_tokens += n;
+      }
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++stats_.failed;
+        stats_.running = static_cast<int64_t>(running_.size()) - 1;
+      }
+      retire(seq, as_stage_error(std::current_exception()));
+      it = running_.erase(it);
+      continue;
+    }
+    ++it;
+  }
+  return ran;
+}
+
 std::vector<EngineSequence*> EngineLoop::ready_batch() {
-  // Sequences admit() already finished (a one-token answer) leave without a step.
+  // Sequences admit() already finished (a one-token answer) leave without a step; those with
+  // prompt left to run sit it out.
   std::vector<EngineSequence*> batch;
   std::vector<std::shared_ptr<EngineSequence>> failed;
   for (auto it = running_.begin(); it != running_.end();) {
     auto& seq = **it;
     bool ready = false;
     try {
-      ready = !model_.finished(seq) && model_.ready(seq) && !model_.finished(seq);
+      ready = !model_.finished(seq) && model_.prefill_remaining(seq) == 0 && model_.ready(seq) &&
+              !model_.finished(seq);
     } catch (...) {
       {
         std::lock_guard<std::mutex> lock(mutex_);

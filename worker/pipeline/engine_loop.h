@@ -1,9 +1,11 @@
 // A stage's scheduler (continuous batching): requests are submitted as sequences and one thread
 // owns the model. Each step it drops cancelled and expired sequences, admits waiting ones while
 // the batch and the step's prompt-token budget have room (the model may say "not yet", e.g. no
-// KV blocks: the sequence waits, nothing fails), runs one batched step over every running
-// sequence, and retires the finished. Outputs go to each sequence's own queue, which the
-// request's thread drains into its sink: a slow client never holds up the batch.
+// KV blocks: the sequence waits, nothing fails), runs the admitted sequences' prompts (whole,
+// or with chunked prefill as much as the step's token budget leaves beside the decoding rows),
+// runs one batched step over every running sequence, and retires the finished. Outputs go to each
+// sequence's own queue, which the request's thread drains into its sink: a slow client never holds
+// up the batch.
 #pragma once
 
 #include <atomic>
@@ -42,9 +44,14 @@ class EngineSequence {
 class EngineModel {
  public:
   virtual ~EngineModel() = default;
-  // Starts `seq` (runs its prompt, emits its first output) when there is room; false: it waits
-  // for a later step. Throwing fails this sequence only.
+  // Starts `seq` when there is room (runs its prompt and emits its first output, or leaves the
+  // prompt to prefill()); false: it waits for a later step. Throwing fails this sequence only.
   virtual bool admit(EngineSequence& seq) = 0;
+  // Prompt tokens an admitted `seq` has still to run through prefill() (0: it decodes).
+  virtual int64_t prefill_remaining(const EngineSequence& /*seq*/) { return 0; }
+  // Runs the next `max_tokens` (>= 1) of them; the call that ends the prompt emits the first
+  // output. Throwing fails this sequence only.
+  virtual void prefill(EngineSequence& /*seq*/, int64_t /*max_tokens*/) {}
   // Prompt tokens admit() will run for `seq`: counted against max_num_batched_tokens.
   virtual int64_t prompt_tokens(const EngineSequence& seq) = 0;
   // Whether `seq` takes part in the next step; one waiting for input (a talker's, for its
@@ -65,6 +72,9 @@ struct EngineLimits {
   int64_t max_num_seqs = 8;               // sequences running at once
   int64_t max_num_batched_tokens = 8192;  // prompt tokens admitted per step (one at least)
   int64_t max_waiting = 256;              // queued beyond it, submit() refuses
+  // Prompts run in chunks: a step runs at most max_num_batched_tokens tokens, one per decoding
+  // row and the rest of prompts, so a long prompt never stalls the decoding sequences.
+  bool chunked_prefill = false;
 };
 
 // Counters since the loop started (a snapshot).
@@ -73,7 +83,8 @@ struct EngineStats {
   int64_t steps = 0;  // batched steps run
   int64_t admitted = 0, finished = 0, cancelled = 0, failed = 0, refused = 0;
   int64_t last_batch = 0, max_batch = 0;
-  int64_t batch_rows = 0;     // sum of the steps' batch sizes
+  int64_t batch_rows = 0;                          // sum of the steps' batch sizes
+  int64_t prefill_chunks = 0, prefill_tokens = 0;  // prompt parts run through prefill()
   double queue_ms_total = 0;  // submit to admission, summed over admitted sequences
   double busy_ms_total = 0;   // time the loop spent admitting (prefills) and stepping
   double mean_batch() const { return steps > 0 ? static_cast<double>(batch_rows) / steps : 0; }
@@ -101,6 +112,10 @@ class EngineLoop {
   // Drops `seq` from the loop: release() and close its queue (with `error` if any).
   void retire(EngineSequence& seq, std::exception_ptr error);
   void admit_waiting();
+  // Runs the prompts of admitted sequences (EngineModel::prefill) in admission order: each
+  // whole, or with chunked_prefill what the step's budget leaves beside `decoding` rows. True
+  // when any ran; a failing one fails its sequence only.
+  bool run_prompts(int64_t decoding);
   // The running sequences that are not finished and are ready; fails those whose ready()
   // throws.
   std::vector<EngineSequence*> ready_batch();

@@ -73,6 +73,7 @@ LocalStageOptions local_stage_options(const config::StageConfig& s, const std::s
   o.limits.max_num_seqs =
       s.engine.max_num_seqs > 0 ? s.engine.max_num_seqs : s.runtime.max_batch_size;
   o.limits.max_num_batched_tokens = s.engine.max_num_batched_tokens;
+  o.limits.chunked_prefill = s.engine.enable_chunked_prefill;
   o.kv_block_size = s.engine.block_size;
   o.kv_cache_memory_bytes = s.engine.kv_cache_memory_bytes;
   const std::string kind = !device.empty() ? device : s.runtime.devices == "cpu" ? "cpu" : "cuda";

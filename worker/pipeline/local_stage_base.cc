@@ -38,6 +38,9 @@ Json engine_stats(const EngineLoop& loop) {
           {"batch_rows", e.batch_rows},
           {"queue_ms_total", e.queue_ms_total},
           {"busy_ms_total", e.busy_ms_total},
+          {"prefill_chunks", e.prefill_chunks},
+          {"prefill_tokens", e.prefill_tokens},
+          {"chunked_prefill", loop.limits().chunked_prefill},
           {"max_num_seqs", loop.limits().max_num_seqs}};
 }
 

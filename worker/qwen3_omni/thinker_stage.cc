@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "cpu_offload/logging.h"
@@ -45,6 +46,8 @@ struct ThinkerSequence : EngineSequence {
   qwen3_omni::ThinkerState state;
   models::TextStreamDecoder decoder;
   StopStringCutter stop;
+  // The prompt admit() prepared, while prefill() has rows of it to run.
+  std::optional<qwen3_omni::PromptChunks> prompt;
   at::Tensor next_logits;     // of the last forward, for the next sample
   size_t rows_sent = 0;       // hand-off rows already in packets
   int64_t kv_blocks = 0;      // reserved in the stage's KV budget
@@ -325,11 +328,31 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
       c10::InferenceMode inference;  // no autograd bookkeeping per op
       auto forward = backend().forward_scope();
       if (seq.tokens.finished()) return finish(seq);  // max_new_tokens 0
-      seq.next_logits = runner_->model().prefill(seq.inputs, seq.state)[0];
-      sample(seq);
+      // The encoders run now; the decoder takes the prompt in prefill(), whole or in chunks.
+      seq.prompt = runner_->model().prepare_prompt(seq.inputs, seq.state);
     });
     publish_kv();
     return true;
+  }
+
+  int64_t prefill_remaining(const EngineSequence& base) override {
+    const auto& seq = static_cast<const ThinkerSequence&>(base);
+    return seq.prompt ? seq.prompt->remaining() : 0;
+  }
+
+  void prefill(EngineSequence& base, int64_t max_tokens) override {
+    auto& seq = static_cast<ThinkerSequence&>(base);
+    std::lock_guard<std::mutex> lock(mutex_);
+    translate_errors([&] {
+      c10::InferenceMode inference;  // no autograd bookkeeping per op
+      auto forward = backend().forward_scope();
+      const auto logits = runner_->model().prefill_chunk(*seq.prompt, seq.state, max_tokens);
+      if (seq.prompt->remaining() > 0) return;
+      seq.prompt.reset();
+      seq.next_logits = logits[0];
+      sample(seq);
+    });
+    publish_kv();
   }
 
   // A preempted sequence sits out until the pool has the blocks for what it had cached and its
@@ -385,13 +408,23 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
     publish_kv();
   }
 
-  // Blocks of the pool no sequence holds (with mutex_ held).
-  int64_t free_blocks() const { return kv_.total_blocks - kv_pool_->blocks_in_use(); }
-  // Blocks `rows` take for their next token: one for each whose last block is full.
+  // Blocks of the pool no sequence holds or is promised (with mutex_ held): a sequence whose
+  // prompt still runs in chunks was admitted with the blocks of its whole prompt and first
+  // token, and takes them as its chunks run.
+  int64_t free_blocks() const {
+    int64_t promised = 0;
+    for (const auto* s : running_) {
+      if (!s->prompt) continue;
+      promised += s->state.cache.blocks_for(s->prompt->length + 1) - s->state.cache.blocks();
+    }
+    return kv_.total_blocks - kv_pool_->blocks_in_use() - promised;
+  }
+  // Blocks `rows` take for their next token: one for each whose last block is full (a prompt
+  // still running counts in free_blocks instead).
   static int64_t next_token_blocks(const std::vector<ThinkerSequence*>& rows) {
     int64_t n = 0;
     for (const auto* s : rows) {
-      if (s->preempted) continue;
+      if (s->preempted || s->prompt) continue;
       n += s->state.cache.blocks_for(s->state.cache.length() + 1) - s->state.cache.blocks();
     }
     return n;
@@ -432,6 +465,7 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
     seq.state.cache.clear();
     seq.state.embeds.clear();
     seq.state.hidden.clear();
+    seq.prompt.reset();
     publish_kv();
   }
 

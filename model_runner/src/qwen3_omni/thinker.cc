@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "cpu_offload/check.h"
 
 namespace omni::models::qwen3_omni {
@@ -52,7 +54,33 @@ at::Tensor Thinker::embed(const std::vector<int64_t>& ids) {
       .toTensor();
 }
 
+PromptChunks Thinker::prepare_prompt(const ThinkerInputs& in, ThinkerState& state) {
+  PromptChunks prompt;
+  invoke("prefill", {}, [&](offload::HookArgs&) -> c10::IValue {
+    prompt = prepare_impl(in, state);
+    return {};
+  });
+  return prompt;
+}
+
+at::Tensor Thinker::prefill_chunk(PromptChunks& prompt, ThinkerState& state, int64_t max_tokens) {
+  OMNI_CHECK(max_tokens > 0 && prompt.remaining() > 0, "prefill_chunk: ", prompt.remaining(),
+             " prompt rows left, ", max_tokens, " asked for");
+  const int64_t n = std::min(max_tokens, prompt.remaining());
+  return invoke("prefill", {},
+                [&](offload::HookArgs&) -> c10::IValue {
+                  const auto logits = chunk_impl(prompt, state, n, false);
+                  return prompt.remaining() == 0 ? logits : at::Tensor();
+                })
+      .toTensor();
+}
+
 at::Tensor Thinker::prefill_impl(const ThinkerInputs& in, ThinkerState& state, bool all_logits) {
+  PromptChunks prompt = prepare_impl(in, state);
+  return chunk_impl(prompt, state, prompt.length, all_logits);
+}
+
+PromptChunks Thinker::prepare_impl(const ThinkerInputs& in, ThinkerState& state) {
   OMNI_CHECK(state.cache.length() == 0, "prefill needs a fresh ThinkerState");
   OMNI_CHECK(!in.input_ids.empty(), "the prompt is empty");
   const int64_t n = static_cast<int64_t>(in.input_ids.size());
@@ -60,6 +88,8 @@ at::Tensor Thinker::prefill_impl(const ThinkerInputs& in, ThinkerState& state, b
     OMNI_CHECK(in.input_ids[i] >= 0 && in.input_ids[i] < cfg_.text.vocab_size, "prompt token ", i,
                " is ", in.input_ids[i], ", outside the vocabulary [0, ", cfg_.text.vocab_size, ")");
   }
+  PromptChunks prompt;
+  prompt.length = n;
   auto ids_cpu = at::tensor(in.input_ids, at::kLong);
   auto ids = ids_cpu.to(device_);
   auto embeds = model_->embed(ids);  // [L, hidden]
@@ -76,7 +106,6 @@ at::Tensor Thinker::prefill_impl(const ThinkerInputs& in, ThinkerState& state, b
                " audio tokens but no audio was given");
   }
 
-  DeepStackInput deepstack;
   auto image_pos = positions_of(cfg_.image_token_id);
   if (in.pixel_values.defined()) {
     auto vision = visual_->forward(in.pixel_values.to(device_), in.image_grids);
@@ -84,23 +113,54 @@ at::Tensor Thinker::prefill_impl(const ThinkerInputs& in, ThinkerState& state, b
                vision.embeds.size(0), " tokens, the prompt has ", image_pos.size(0),
                " image placeholder tokens");
     embeds.index_copy_(0, image_pos.to(device_), vision.embeds.to(embeds.scalar_type()));
-    deepstack.visual_mask = (ids_cpu == cfg_.image_token_id).to(device_);
-    deepstack.features = std::move(vision.deepstack);
+    prompt.deepstack.visual_mask = (ids_cpu == cfg_.image_token_id).to(device_);
+    prompt.deepstack.features = std::move(vision.deepstack);
   } else {
     OMNI_CHECK(image_pos.size(0) == 0, "the prompt has ", image_pos.size(0),
                " image tokens but no image was given");
   }
 
-  const auto rope = rope_positions(cfg_, in.input_ids, in.image_grids);
+  auto rope = rope_positions(cfg_, in.input_ids, in.image_grids);
   state.rope_delta = rope.rope_delta;
+  prompt.embeds = std::move(embeds);
+  prompt.position_ids = std::move(rope.position_ids);
+  return prompt;
+}
+
+at::Tensor Thinker::chunk_impl(PromptChunks& prompt, ThinkerState& state, int64_t n,
+                               bool all_logits) {
+  const int64_t start = prompt.done;
+  const bool whole = start == 0 && n == prompt.length;
+  const auto embeds = whole ? prompt.embeds : prompt.embeds.narrow(0, start, n);
+  const auto positions = whole ? prompt.position_ids : prompt.position_ids.narrow(1, start, n);
+  // The DeepStack rows of the chunk's image tokens: the features' rows continue where the
+  // earlier chunks' image tokens ended.
+  DeepStackInput chunk_deepstack;
+  const DeepStackInput* deepstack = nullptr;
+  if (!prompt.deepstack.features.empty()) {
+    if (whole) {
+      deepstack = &prompt.deepstack;
+    } else {
+      const auto& mask = prompt.deepstack.visual_mask;
+      const int64_t before = mask.narrow(0, 0, start).sum().item<int64_t>();
+      chunk_deepstack.visual_mask = mask.narrow(0, start, n);
+      const int64_t count = chunk_deepstack.visual_mask.sum().item<int64_t>();
+      if (count > 0) {
+        for (const auto& f : prompt.deepstack.features) {
+          chunk_deepstack.features.push_back(f.narrow(0, before, count));
+        }
+        deepstack = &chunk_deepstack;
+      }
+    }
+  }
   HiddenCapture capture{state.capture_layer, {}};
-  auto hidden = model_->forward(embeds.unsqueeze(0), rope.position_ids.to(device_), &state.cache,
-                                deepstack.features.empty() ? nullptr : &deepstack,
+  auto hidden = model_->forward(embeds.unsqueeze(0), positions.to(device_), &state.cache, deepstack,
                                 state.capture_layer >= 0 ? &capture : nullptr)[0];
   if (state.capture_layer >= 0) {
     state.embeds.push_back(embeds);
     state.hidden.push_back(capture.hidden[0]);
   }
+  prompt.done += n;
   return logits(all_logits ? hidden : hidden.narrow(0, n - 1, 1));
 }
 

@@ -44,6 +44,17 @@ struct ThinkerState {
   std::vector<at::Tensor> embeds, hidden;
 };
 
+// A prompt ready to run in chunks (chunked prefill): its input embeddings with the audio and
+// image features merged in, its M-RoPE positions and DeepStack inputs, on the compute device.
+// The first `done` rows have run into the state's cache.
+struct PromptChunks {
+  at::Tensor embeds;         // [L, hidden]
+  at::Tensor position_ids;   // [3, L] int64 (CPU)
+  DeepStackInput deepstack;  // features empty without images
+  int64_t length = 0, done = 0;
+  int64_t remaining() const { return length - done; }
+};
+
 // A HookableModule whose hooked methods (prefill, decode, embed) cover every use of its weights,
 // so that the whole thinker can be one offload component ("thinker").
 class Thinker : public offload::HookableModule {
@@ -53,6 +64,12 @@ class Thinker : public offload::HookableModule {
   // Runs the prompt into `state` (which must be fresh). Returns logits [L, vocab] for every
   // position when `all_logits`, else [1, vocab] for the last one; float32 on the CPU.
   at::Tensor prefill(const ThinkerInputs& inputs, ThinkerState& state, bool all_logits = false);
+  // The same prefill in parts: prepare_prompt runs the encoders (a fresh `state` takes the
+  // prompt's rope delta); each prefill_chunk runs the next `max_tokens` rows into the cache and
+  // returns the last row's logits [1, vocab] once the prompt is done (undefined before). Whole
+  // in one chunk, it is prefill's forward op for op.
+  PromptChunks prepare_prompt(const ThinkerInputs& inputs, ThinkerState& state);
+  at::Tensor prefill_chunk(PromptChunks& prompt, ThinkerState& state, int64_t max_tokens);
   // One generated token -> logits [vocab] for the next one (float32, CPU).
   at::Tensor decode(int64_t token, ThinkerState& state);
   // One decode step of several sequences: tokens[b] continues states[b] (each prefilled, of
@@ -80,6 +97,9 @@ class Thinker : public offload::HookableModule {
  private:
   at::Tensor logits(const at::Tensor& hidden);
   at::Tensor prefill_impl(const ThinkerInputs& inputs, ThinkerState& state, bool all_logits);
+  PromptChunks prepare_impl(const ThinkerInputs& inputs, ThinkerState& state);
+  // The next `n` rows of `prompt`: logits of every row when `all_logits`, else of the last.
+  at::Tensor chunk_impl(PromptChunks& prompt, ThinkerState& state, int64_t n, bool all_logits);
   at::Tensor decode_impl(const std::vector<int64_t>& tokens,
                          const std::vector<ThinkerState*>& states);
 
