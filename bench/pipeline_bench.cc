@@ -21,7 +21,7 @@
 #include "worker/config/stage_yaml.h"
 #include "worker/pipeline/local_stages.h"
 #include "worker/pipeline/pipeline.h"
-#include "worker/pipeline/stage_launcher.h"
+#include "worker/process/stage_launcher.h"
 
 namespace {
 

@@ -1,9 +1,9 @@
-// The continuous-batching loop (worker/pipeline/engine_loop.h) over a model that counts: many
+// The continuous-batching loop (worker/runtime/engine_loop.h) over a model that counts: many
 // clients submit and cancel at once (also under TSan), a sequence that does not fit waits for
 // room, every sequence's resources are released exactly once, the queue is bounded, a failed
 // step fails its batch but not the loop, deadlines hold in the queue, and sequences waiting for
 // input sit steps out while the loop sleeps.
-#include "worker/pipeline/engine_loop.h"
+#include "worker/runtime/engine_loop.h"
 
 #include <gtest/gtest.h>
 #include <pthread.h>

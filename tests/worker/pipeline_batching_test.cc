@@ -398,6 +398,52 @@ TEST(PipelineBatching, FillingTheKvPoolPreemptsAndResumesWithTheAloneTokens) {
   EXPECT_EQ(e["kv_blocks_used"].get<int64_t>(), 0) << e.dump();
 }
 
+// Clients submit and cancel at once while the pool runs dry (also under TSan): some requests
+// are preempted, some cancelled while running, waiting or preempted; the others get the tokens
+// they get alone, and every block goes back.
+TEST(PipelineBatching, ConcurrentSubmitCancelAndPreemptionLeaveNoBlockBehind) {
+  const std::vector<std::string> texts = {"one two three", "four five", "six", "seven eight",
+                                          "nine ten eleven twelve", "thirteen"};
+  const int64_t tokens = 64, block = 4;
+  auto probe = local("thinker", 0, EngineLimits{8, 8192, 64}, 0, block);
+  const auto block_bytes = engine_stats(*probe)["kv_block_bytes"].get<uint64_t>();
+  std::vector<ThinkerCall> alone;
+  int64_t worst = 0;
+  for (const auto& t : texts) {
+    alone.push_back(call_thinker(*probe, t, tokens));
+    worst = std::max(worst, (alone.back().prompt_tokens + tokens + block - 1) / block);
+  }
+  probe.reset();
+  EngineLimits limits{8, 16, 64};
+  limits.chunked_prefill = true;
+  auto thinker = local("thinker", 0, limits, static_cast<uint64_t>(worst + 4) * block_bytes, block);
+  std::vector<ThinkerCall> got(texts.size());
+  std::vector<CancelToken> cancels(texts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    // Every other request cancels itself after a few tokens (or while it waits).
+    const int after = i % 2 == 1 ? 3 + static_cast<int>(i) : -1;
+    clients.emplace_back([&, i, after] {
+      got[i] = call_thinker(*thinker, texts[i], tokens, cancels[i], after, &cancels[i]);
+    });
+  }
+  for (auto& c : clients) c.join();
+  for (size_t i = 0; i < texts.size(); ++i) {
+    if (i % 2 == 1) {
+      EXPECT_EQ(got[i].error, "cancelled") << i;
+    } else {
+      EXPECT_EQ(got[i].error, "") << i;
+      EXPECT_EQ(got[i].tokens, alone[i].tokens) << i;
+    }
+  }
+  const Json e = engine_stats(*thinker);
+  EXPECT_EQ(e["running"].get<int64_t>(), 0) << e.dump();
+  EXPECT_EQ(e["kv_blocks_used"].get<int64_t>(), 0) << e.dump();
+  EXPECT_EQ(e["kv_blocks_reserved"].get<int64_t>(), 0) << e.dump();
+  EXPECT_LE(e["kv_resumed"].get<int64_t>(), e["kv_preemptions"].get<int64_t>()) << e.dump();
+  EXPECT_EQ(e["cancelled"].get<int64_t>(), 3) << e.dump();
+}
+
 TEST(PipelineBatching, MoreRequestsThanTheKvBudgetHoldsWaitAndAllFinish) {
   // Room for two requests' prompt and answer at a time (blocks of 16 tokens): the others wait
   // for blocks (or are preempted and resume), none fails and each gets its alone tokens.

@@ -19,6 +19,8 @@
 
 #include "cpu_offload/check.h"
 #include "tiny_request.h"
+#include "worker/config/stage_overrides.h"
+#include "worker/pipeline/local_pipeline.h"
 #include "worker/pipeline/local_stages.h"
 #include "worker/pipeline/pipeline.h"
 #include "worker/pipeline/stop_strings.h"
@@ -465,6 +467,25 @@ TEST(PipelineLocal, PacketsCarryTheStageThatWroteThem) {
   EXPECT_FALSE(got.text.empty());
   EXPECT_EQ(talker->tokens, got.omni.tokens.size());
   EXPECT_EQ(talker->text, "");
+}
+
+// Keys a stage kind does not read, given a value other than their default, are named once at
+// its start; the keys it reads and the defaults are not. The command line sets a key on every
+// stage, so one flag can be meant for one stage and ignored by the others.
+TEST(PipelineLocal, KeysAStageDoesNotReadAreNamedAtItsStart) {
+  auto config = checkpoint_stage_config(kDir, "cpu", "auto");
+  EXPECT_EQ(ignored_engine_keys(config.stages[2]), std::vector<std::string>{});
+  config::apply_stage_flags(config,
+                            {config::engine_flag("enable_layerwise_offload", {"true"}),
+                             config::engine_flag("kv_cache_memory_bytes", {"64MiB"}),
+                             config::engine_flag("max_num_seqs", {"4"})},
+                            "");
+  ASSERT_EQ(config.stages.size(), 3u);
+  EXPECT_EQ(ignored_engine_keys(config.stages[0]), std::vector<std::string>{});
+  EXPECT_EQ(ignored_engine_keys(config.stages[1]),
+            std::vector<std::string>{"kv_cache_memory_bytes"});
+  EXPECT_EQ(ignored_engine_keys(config.stages[2]),
+            (std::vector<std::string>{"enable_layerwise_offload", "kv_cache_memory_bytes"}));
 }
 
 TEST(PipelineLocal, RejectsAGraphItCannotRun) {

@@ -44,7 +44,7 @@
 #include "stage.grpc.pb.h"
 #include "worker/config/stage_overrides.h"
 #include "worker/config/stage_yaml.h"
-#include "worker/pipeline/stage_launcher.h"
+#include "worker/process/stage_launcher.h"
 #include "worker/qwen3_omni/stage_params.h"
 #include "worker/rpc/auth.h"
 #include "worker/rpc/stage_client.h"

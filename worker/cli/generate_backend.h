@@ -7,18 +7,13 @@
 #include <memory>
 #include <stdexcept>
 
+#include "worker/cli/command_errors.h"
 #include "worker/cli/generate_command.h"
 #include "worker/cli/generate_options.h"
 #include "worker/config/stage_overrides.h"
 #include "worker/pipeline/pipeline.h"
 
 namespace omni::cli {
-
-// A mistake in what the user gave (a bad stage config): the command exits 2, as for a bad flag.
-class BadInput : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // Runs requests through `pipeline`, which stays valid while `owner` lives; `config` gives the
 // stages' default_sampling_params.

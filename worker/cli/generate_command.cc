@@ -135,16 +135,6 @@ int64_t num_samples(const at::Tensor& waveform) {
 
 }  // namespace
 
-std::string one_line(std::string message) {
-  while (!message.empty() && (message.back() == '\n' || message.back() == ' ')) {
-    message.pop_back();
-  }
-  for (char& c : message) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  return message;
-}
-
 int run_generate(const GenerateOptions& o, const CommandIo& io) {
   bool line_open = false;  // streamed text not yet ended by a newline
   const auto progress = [&](const std::string& line) {
@@ -252,29 +242,10 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
       io.out << j.dump(-1, ' ', false, Json::error_handler_t::replace) << std::endl;
     }
     return 0;
-  } catch (const BadInput& e) {
+  } catch (...) {
     if (line_open) io.out << std::endl;
-    io.err << "vllm-omni: error: " << one_line(e.what()) << std::endl;
-    return 2;
-  } catch (const c10::Error& e) {
-    if (line_open) io.out << std::endl;
-    io.err << "vllm-omni: error: " << one_line(e.what_without_backtrace()) << std::endl;
-  } catch (const omni::Error& e) {
-    if (line_open) io.out << std::endl;
-    // The reason only: where in the source it was thrown is for developers (OMNI_LOG_LEVEL=debug
-    // keeps it).
-    std::string why = e.what();
-    const auto at = why.rfind(" [");
-    if (log_level() > LogLevel::kDebug && at != std::string::npos && !why.empty() &&
-        why.back() == ']') {
-      why.resize(at);
-    }
-    io.err << "vllm-omni: error: " << one_line(why) << std::endl;
-  } catch (const std::exception& e) {
-    if (line_open) io.out << std::endl;
-    io.err << "vllm-omni: error: " << one_line(e.what()) << std::endl;
+    return report_command_error(std::current_exception(), "vllm-omni", io.err);
   }
-  return 1;
 }
 
 }  // namespace omni::cli

@@ -13,6 +13,7 @@
 #include "model_runner/runner/omni_request.h"
 #include "worker/pipeline/stage.h"
 
+#include "worker/cli/command_errors.h"
 #include "worker/cli/generate_options.h"
 
 namespace omni::cli {
@@ -54,8 +55,5 @@ class GenerateBackend {
 // Returns the exit status: 0, or 1 after a runtime error (bad model directory, unknown
 // speaker, unreadable input, ...), reported as one line "vllm-omni: error: ..." on io.err.
 int run_generate(const GenerateOptions& options, const CommandIo& io);
-
-// `message` on one line (line breaks become spaces): every error the CLI prints is one line.
-std::string one_line(std::string message);
 
 }  // namespace omni::cli

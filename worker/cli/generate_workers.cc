@@ -1,14 +1,14 @@
 #include "worker/cli/generate_backend.h"
 
 // `vllm-omni generate --stage-configs-path F`: the request goes through the stage workers of
-// the config (worker/pipeline/stage_launcher.h).
+// the config (worker/process/stage_launcher.h).
 #include <chrono>
 
 #include "worker/cli/process_control.h"
 #include "worker/config/stage_overrides.h"
 #include "worker/config/stage_yaml.h"
-#include "worker/pipeline/stage_launcher.h"
-#include "worker/pipeline/worker_process.h"
+#include "worker/process/stage_launcher.h"
+#include "worker/process/worker_process.h"
 #include "worker/rpc/auth.h"
 
 namespace omni::cli {

@@ -27,7 +27,7 @@
 #include "worker/config/stage_yaml.h"
 #include "worker/http/chat_server.h"
 #include "worker/pipeline/local_pipeline.h"
-#include "worker/pipeline/stage_launcher.h"
+#include "worker/process/stage_launcher.h"
 #include "worker/rpc/auth.h"
 #include "worker/wan/diffusers_folder.h"
 
@@ -270,15 +270,8 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
       }
       local = pipeline::make_local_pipeline(cfg, device);
     }
-  } catch (const config::ConfigError& e) {
-    err << "vllm-omni serve: error: " << one_line(e.what()) << std::endl;
-    return 2;
-  } catch (const c10::Error& e) {
-    err << "vllm-omni serve: error: " << one_line(e.what_without_backtrace()) << std::endl;
-    return 1;
-  } catch (const std::exception& e) {
-    err << "vllm-omni serve: error: " << one_line(e.what()) << std::endl;
-    return 1;
+  } catch (...) {
+    return report_command_error(std::current_exception(), "vllm-omni serve", err);
   }
   pipeline::Pipeline& pipeline = launcher ? launcher->pipeline() : *local;
   try {
@@ -290,9 +283,8 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
     const int sig = stop.wait();
     log_info("signal ", sig, ": stopping");
     chat.stop();
-  } catch (const std::exception& e) {
-    err << "vllm-omni serve: error: " << one_line(e.what()) << std::endl;
-    return 1;
+  } catch (...) {
+    return report_command_error(std::current_exception(), "vllm-omni serve", err);
   }
   return 0;
 }

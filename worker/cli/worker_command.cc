@@ -20,7 +20,7 @@
 #include "worker/config/stage_overrides.h"
 #include "worker/config/stage_yaml.h"
 #include "worker/pipeline/local_stages.h"
-#include "worker/pipeline/stage_launcher.h"
+#include "worker/process/stage_launcher.h"
 #include "worker/rpc/auth.h"
 #include "worker/rpc/stage_server.h"
 
@@ -88,9 +88,8 @@ int run_worker(const WorkerOptions& o, std::ostream& err) {
     auto cfg = config::load_pipeline_config(o.stage_configs_path);
     config::apply_stage_flags(cfg, o.engine, o.stage_overrides);
     stage = cfg.stage(o.stage_id);
-  } catch (const config::ConfigError& e) {
-    err << "vllm-omni worker: error: " << one_line(e.what()) << std::endl;
-    return 2;
+  } catch (...) {
+    return report_command_error(std::current_exception(), "vllm-omni worker", err);
   }
   const std::string name = pipeline::stage_name(stage);
   try {
@@ -116,6 +115,7 @@ int run_worker(const WorkerOptions& o, std::ostream& err) {
       return 2;
     }
     log_info(name, ": loading ", stage.engine.model);
+    pipeline::warn_ignored_engine_keys(stage);
     auto local = pipeline::make_local_stage(pipeline::local_stage_options(stage, o.device));
     rpc::StageServer server(*local, stage.stage_id, stage.engine.model_stage, server_options);
     server.start();
@@ -131,13 +131,9 @@ int run_worker(const WorkerOptions& o, std::ostream& err) {
     server.shutdown(std::chrono::milliseconds(static_cast<int64_t>(o.drain_timeout_s * 1000)));
     server.wait();
     return 0;
-  } catch (const c10::Error& e) {
-    err << "vllm-omni worker: " << name << ": error: " << one_line(e.what_without_backtrace())
-        << std::endl;
-  } catch (const std::exception& e) {
-    err << "vllm-omni worker: " << name << ": error: " << one_line(e.what()) << std::endl;
+  } catch (...) {
+    return report_command_error(std::current_exception(), "vllm-omni worker: " + name, err);
   }
-  return 1;
 }
 
 }  // namespace omni::cli

@@ -4,7 +4,7 @@
 // --drain-timeout seconds to finish). Loopback by default; any other address needs TLS or a
 // token. The token comes from --auth-token-file or, without it, from $OMNI_WORKER_TOKEN (how a
 // launcher hands the workers it starts theirs). With --ready-fd (the orchestrator's start-up
-// protocol, worker/pipeline/worker_process.h) it writes "LISTENING host:port" there once it serves.
+// protocol, worker/process/worker_process.h) it writes "LISTENING host:port" there once it serves.
 #pragma once
 
 #include <cstdint>

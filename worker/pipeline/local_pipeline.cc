@@ -6,8 +6,10 @@
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/dtype_name.h"
+#include "cpu_offload/logging.h"
 #include "cpu_offload/option_names.h"
 #include "model_runner/runner/expert_offload.h"
+#include "worker/config/engine_options.h"
 #include "worker/pipeline/model_family.h"
 
 namespace omni::pipeline {
@@ -30,6 +32,7 @@ std::unique_ptr<Pipeline> make_local_pipeline(const config::PipelineConfig& conf
   std::vector<PipelineStage> stages;
   std::vector<std::shared_ptr<Stage>> runners;
   for (const auto& s : config.stages) {
+    warn_ignored_engine_keys(s);
     LocalStageOptions options = local_stage_options(s, device);
     options.engine = engine;
     auto stage = std::shared_ptr<Stage>(make_local_stage(options));
@@ -44,6 +47,28 @@ std::unique_ptr<Pipeline> make_local_pipeline(const config::PipelineConfig& conf
 
 std::string stage_name(const config::StageConfig& stage) {
   return "stage " + std::to_string(stage.stage_id) + " (" + stage.engine.model_stage + ")";
+}
+
+std::vector<std::string> ignored_engine_keys(const config::StageConfig& stage) {
+  const StageKind* kind = find_stage_kind(stage.engine.model_stage);
+  std::vector<std::string> keys;
+  if (kind == nullptr) return keys;
+  const config::StageEngineArgs defaults;
+  for (const config::EngineOption& o : config::engine_options()) {
+    const auto& ignored = kind->ignored_keys;
+    if (std::find(ignored.begin(), ignored.end(), o.key) == ignored.end()) continue;
+    if (o.get(stage.engine) != o.get(defaults)) keys.push_back(o.key);
+  }
+  return keys;
+}
+
+void warn_ignored_engine_keys(const config::StageConfig& stage) {
+  const auto keys = ignored_engine_keys(stage);
+  if (keys.empty()) return;
+  std::string list;
+  for (const auto& k : keys) list += (list.empty() ? "" : ", ") + k;
+  log_warning(stage_name(stage), ": ", list, keys.size() == 1 ? " has" : " have",
+              " no effect on a ", stage.engine.model_stage, " stage; ignored");
 }
 
 LocalStageOptions local_stage_options(const config::StageConfig& s, const std::string& device) {

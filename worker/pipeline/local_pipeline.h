@@ -38,6 +38,12 @@ std::string stage_name(const config::StageConfig& stage);
 std::shared_ptr<DeviceLedger> make_device_ledger(const config::PipelineConfig& config,
                                                  const std::vector<std::shared_ptr<Stage>>& stages);
 
+// The engine_args keys `stage` sets to other than their default that its kind does not read
+// (StageKind::ignored_keys), in the options table's order; warn_ignored_engine_keys logs them
+// once, naming the stage. Called where a stage starts: make_local_pipeline, `vllm-omni worker`.
+std::vector<std::string> ignored_engine_keys(const config::StageConfig& stage);
+void warn_ignored_engine_keys(const config::StageConfig& stage);
+
 // What runs `stage` in this process: its engine settings as the in-process stage's options.
 // `device` ("cpu" | "cuda") overrides runtime.devices ("cpu": the simulated device, an index:
 // CUDA).

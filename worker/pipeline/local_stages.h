@@ -27,7 +27,7 @@
 
 #include "cpu_offload/transfer_engine.h"
 #include "model_runner/runner/offload_options.h"
-#include "worker/pipeline/engine_loop.h"
+#include "worker/runtime/engine_loop.h"
 #include "worker/pipeline/stage.h"
 
 namespace omni::pipeline {

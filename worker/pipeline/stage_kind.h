@@ -62,6 +62,9 @@ struct StageKind {
   std::function<void(StageAnswer& answer)> finish;
   // Runs a stage of this kind in this process.
   std::function<std::unique_ptr<Stage>(const LocalStageOptions& options)> make_local;
+  // engine_args keys its stages do not read: given a value other than the default, a stage
+  // says so once when it starts (ignored_engine_keys, local_pipeline.h).
+  std::vector<std::string> ignored_keys;
 };
 
 // What a stage receives of each packet of a source of another kind: the parts of it the

@@ -17,6 +17,15 @@
 namespace omni::pipeline {
 namespace {
 
+// engine_args keys the speech stages do not read: the expert cache and the disk tier are the
+// thinker's, and so are the KV pool and chunked prefill (the talker's KV grows per request, its
+// prompt runs whole).
+const std::vector<std::string> kThinkerOnlyKeys = {
+    "cpu_offload_experts",   "expert_cache_budget", "expert_prefetch",
+    "expert_miss_policy",    "expert_eviction",     "host_memory_budget",
+    "disk_read",             "block_size",          "kv_cache_memory_bytes",
+    "enable_chunked_prefill"};
+
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -98,6 +107,7 @@ StageKind talker() {
     r.omni.timings.code_predictor_ms = a.metric("code_predictor_ms");
   };
   k.make_local = &local::make_talker_stage;
+  k.ignored_keys = kThinkerOnlyKeys;
   return k;
 }
 
@@ -145,6 +155,12 @@ StageKind code2wav() {
     }
   };
   k.make_local = &local::make_code2wav_stage;
+  // code2wav is one component: it runs whole (or leaves whole), never layer by layer, and it
+  // decodes windows, not prompts.
+  k.ignored_keys = kThinkerOnlyKeys;
+  k.ignored_keys.insert(k.ignored_keys.end(), {"enable_layerwise_offload",
+                                               "layerwise_num_gpu_layers",
+                                               "max_num_batched_tokens"});
   return k;
 }
 

@@ -11,7 +11,7 @@
 #include "cpu_offload/logging.h"
 #include "model_runner/runner/exclusive_forward.h"
 #include "model_runner/runner/speech_runners.h"
-#include "worker/pipeline/engine_loop.h"
+#include "worker/runtime/engine_loop.h"
 #include "worker/pipeline/local_stage_base.h"
 #include "worker/qwen3_omni/stage_params.h"
 #include "worker/qwen3_omni/stages.h"
@@ -84,7 +84,10 @@ class TalkerStage : public LocalStageBase, private EngineModel {
     }
     runner_ = models::TalkerRunner::load(ro, engine_);
     EngineModel& model = *this;
-    loop_ = std::make_unique<EngineLoop>(name_, model, o.limits);
+    // Its prompt runs whole in admit(): chunked prefill is the thinker's.
+    EngineLimits limits = o.limits;
+    limits.chunked_prefill = false;
+    loop_ = std::make_unique<EngineLoop>(name_, model, limits);
   }
   ~TalkerStage() override { loop_.reset(); }  // before the model it steps
 

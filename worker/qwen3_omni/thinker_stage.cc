@@ -18,7 +18,8 @@
 #include "model_runner/runner/thinker_runner.h"
 #include "model_runner/tokenizer/text_stream.h"
 #include "model_runner/weights/hf_config.h"
-#include "worker/pipeline/engine_loop.h"
+#include "worker/runtime/engine_loop.h"
+#include "worker/runtime/kv_manager.h"
 #include "worker/pipeline/local_stage_base.h"
 #include "worker/pipeline/stop_strings.h"
 #include "worker/qwen3_omni/stage_params.h"
@@ -50,9 +51,8 @@ struct ThinkerSequence : EngineSequence {
   std::optional<qwen3_omni::PromptChunks> prompt;
   at::Tensor next_logits;     // of the last forward, for the next sample
   size_t rows_sent = 0;       // hand-off rows already in packets
-  int64_t kv_blocks = 0;      // reserved in the stage's KV budget
+  KvSequence kv;              // its KV blocks, as the stage's KV manager sees them
   bool done = false;          // the finished packet is out
-  bool preempted = false;     // its KV blocks went back to the pool; ready() recomputes them
   Clock::time_point start{};  // admission
   double prefill_ms = 0;
 };
@@ -84,23 +84,11 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
       tts_ids_ = {ids.tts_bos, ids.tts_eos, ids.tts_pad};
     }
     const auto& text = runner_->model().config().text;
-    kv_.block_size = std::max<int64_t>(1, o.kv_block_size);
-    auto shape = qwen3_omni::kv_pool_shape(text, runner_->dtype(), runner_->model().device(),
-                                           kv_.block_size, 0);
-    kv_.bytes_per_block = static_cast<int64_t>(shape.block_bytes());
-    kv_.total_blocks = o.kv_cache_memory_bytes == 0
-                           ? 0
-                           : static_cast<int64_t>(o.kv_cache_memory_bytes) / kv_.bytes_per_block;
-    OMNI_CHECK(o.kv_cache_memory_bytes == 0 || kv_.total_blocks > 0, name_,
-               ": kv_cache_memory_bytes (", o.kv_cache_memory_bytes,
-               ") is less than one KV block (", kv_.bytes_per_block, " bytes at block_size ",
-               kv_.block_size, ")");
-    // The KV pool is allocated now, once: sequences take its blocks as they grow and nothing
-    // is reallocated or copied after this (without a budget, each cache grows on its own).
-    if (kv_.total_blocks > 0) {
-      shape.num_blocks = kv_.total_blocks;
-      kv_pool_ = std::make_shared<models::KvBlockPool>(shape);
-    }
+    kv_ = std::make_unique<KvManager>(
+        qwen3_omni::kv_pool_shape(text, runner_->dtype(), runner_->model().device(),
+                                  std::max<int64_t>(1, o.kv_block_size), 0),
+        o.kv_cache_memory_bytes, name_);
+    publish_kv();
     EngineModel& model = *this;
     loop_ = std::make_unique<EngineLoop>(name_, model, o.limits);
   }
@@ -110,9 +98,9 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
   // first block brings it back.
   uint64_t set_device_released(bool release) override {
     uint64_t freed = LocalStageBase::set_device_released(release);
-    if (release && kv_pool_) {
+    if (release) {
       std::lock_guard<std::mutex> lock(mutex_);
-      freed += kv_pool_->release_memory();
+      freed += kv_->release_memory();
     }
     return freed;
   }
@@ -163,16 +151,12 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
   // What the device ledger counts beside the weights: the expert cache's slots, and under
   // kv_cache_memory_bytes the whole KV pool (the most the batch's caches may hold).
   uint64_t extra_device_bytes() override { return expert_device_bytes(); }
-  uint64_t kv_pool_device_bytes() override {
-    return static_cast<uint64_t>(kv_.total_blocks * kv_.bytes_per_block);
-  }
+  uint64_t kv_pool_device_bytes() override { return kv_->pool_bytes(); }
   uint64_t device_bytes() override {
     std::lock_guard<std::mutex> lock(mutex_);
     // A pool is on the device whole from the start (until the stage leaves the device); caches
     // of their own only as they grow.
-    const uint64_t kv =
-        kv_pool_ ? (kv_pool_->has_memory() ? kv_pool_->total_bytes() : 0) : kv_used_bytes();
-    return backend().stats().current_device_bytes + expert_device_bytes() + kv;
+    return backend().stats().current_device_bytes + expert_device_bytes() + kv_->device_bytes();
   }
   // The offload backend's figures (as of the last moment no step ran), and "engine": the
   // batching loop's, live (running, waiting, steps, batch sizes, queue time) with its KV blocks
@@ -182,16 +166,17 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
     Json all = Json::parse(LocalStageBase::stats_json());
     const auto e = loop_->stats();
     all["engine"] = engine_stats(*loop_);
-    all["engine"].update({{"kv_block_size", kv_.block_size},
-                          {"kv_block_bytes", kv_.bytes_per_block},
-                          {"kv_blocks_total", kv_.total_blocks},
-                          {"kv_blocks_reserved", kv_reserved_.load()},
-                          {"kv_blocks_used", kv_used_.load()},
-                          {"kv_pool_bytes", kv_pool_ ? kv_pool_->total_bytes() : 0},
-                          {"kv_reallocations", kv_reallocations_.load()},
-                          {"kv_bytes_copied", kv_bytes_copied_.load()},
-                          {"kv_preemptions", kv_preemptions_.load()},
-                          {"kv_resumed", kv_resumed_.load()},
+    const KvStats kv = published_kv();
+    all["engine"].update({{"kv_block_size", kv.block_size},
+                          {"kv_block_bytes", kv.block_bytes},
+                          {"kv_blocks_total", kv.total_blocks},
+                          {"kv_blocks_reserved", kv.reserved},
+                          {"kv_blocks_used", kv.used},
+                          {"kv_pool_bytes", kv.pool_bytes},
+                          {"kv_reallocations", kv.reallocations},
+                          {"kv_bytes_copied", kv.bytes_copied},
+                          {"kv_preemptions", kv.preemptions},
+                          {"kv_resumed", kv.resumed},
                           {"tokens", tokens_.load()}});
     // Offload with batches: the weight bytes copied per generated token and per forward (a
     // decode step of the batch, or one request's prompt).
@@ -222,46 +207,21 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
   }
 
  private:
-  // The KV budget in blocks. With a pool, a request is admitted by the blocks it takes now and
-  // grows block by block; one larger than the whole pool is refused.
-  struct KvBudget {
-    int64_t block_size = 16, bytes_per_block = 0;
-    int64_t total_blocks = 0;  // 0: no limit
-    int64_t reserved = 0;
-    // Of the caches already released: their growable tensors' reallocations and the history
-    // bytes those copied (none with a pool).
-    int64_t reallocations = 0;
-    uint64_t bytes_copied = 0;
-    // Sequences preempted when the pool ran dry, and resumed.
-    int64_t preemptions = 0, resumed = 0;
-    int64_t used_blocks(const std::vector<ThinkerSequence*>& running) const {
-      int64_t used = 0;
-      for (const auto* s : running) used += s->state.cache.blocks_for(s->state.cache.length());
-      return used;
-    }
-  };
-  uint64_t kv_used_bytes() const {
-    return static_cast<uint64_t>(kv_used_.load() * kv_.bytes_per_block);
-  }
   uint64_t expert_device_bytes() {
     auto* experts = runner_->expert_cache();
     return experts == nullptr ? 0 : experts->stats().device_bytes;
   }
 
-  // Publishes the KV figures for stats_json (with mutex_ held, after each change).
+  // Publishes the KV figures for stats_json (with mutex_ held, after each change): stats never
+  // wait for a step.
   void publish_kv() {
-    kv_reserved_ = kv_.reserved;
-    kv_used_ = kv_pool_ ? kv_pool_->blocks_in_use() : kv_.used_blocks(running_);
-    int64_t reallocations = kv_.reallocations;
-    uint64_t copied = kv_.bytes_copied;
-    for (const auto* s : running_) {
-      reallocations += s->state.cache.reallocations();
-      copied += s->state.cache.bytes_copied();
-    }
-    kv_reallocations_ = reallocations;
-    kv_bytes_copied_ = copied;
-    kv_preemptions_ = kv_.preemptions;
-    kv_resumed_ = kv_.resumed;
+    const KvStats kv = kv_->stats();
+    std::lock_guard<std::mutex> lock(kv_stats_mutex_);
+    kv_stats_ = kv;
+  }
+  KvStats published_kv() const {
+    std::lock_guard<std::mutex> lock(kv_stats_mutex_);
+    return kv_stats_;
   }
 
   std::shared_ptr<ThinkerSequence> make_sequence(const StageCall& call,
@@ -283,13 +243,10 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
     if (sampling.stop_token_ids.empty()) sampling.stop_token_ids = runner_->default_stop_tokens();
     sampling.max_context = runner_->model().config().text.max_position_embeddings;
     auto state = runner_->model().new_state(params->handoff ? capture_layer_ : -1);
-    if (kv_pool_) {
-      state.cache.use_pool(kv_pool_);
-    } else {
-      state.cache.set_block_size(kv_.block_size);
-    }
+    kv_->attach(state.cache);
     auto seq = std::make_shared<ThinkerSequence>(std::move(params), std::move(inputs), sampling,
                                                  std::move(state), runner_->tokenizer());
+    seq->kv.cache = &seq->state.cache;
     seq->deadline = call.deadline;
     return seq;
   }
@@ -301,28 +258,8 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
 
   bool admit(EngineSequence& base) override {
     auto& seq = static_cast<ThinkerSequence&>(base);
-    const auto& sampling = seq.tokens.params();
-    const int64_t need = seq.state.cache.blocks_for(prompt_tokens(seq) + sampling.max_new_tokens);
     std::lock_guard<std::mutex> lock(mutex_);
-    if (kv_.total_blocks > 0) {
-      if (need > kv_.total_blocks) {
-        throw StageError(StageError::Code::kInvalidArgument, "",
-                         "the request needs " + std::to_string(need) + " KV blocks (" +
-                             std::to_string(prompt_tokens(seq)) + " prompt tokens plus " +
-                             std::to_string(sampling.max_new_tokens) +
-                             " new tokens); the KV cache holds " +
-                             std::to_string(kv_.total_blocks) +
-                             ": ask for fewer tokens or raise kv_cache_memory_bytes");
-      }
-      // Admitted by the blocks it takes now (its prompt and first token), beside the blocks the
-      // running sequences take at their next token; when the pool runs dry later, step()
-      // preempts the last admitted. Preempted sequences resume before anyone new is admitted.
-      const int64_t now = seq.state.cache.blocks_for(prompt_tokens(seq) + 1);
-      if (preempted_ > 0 || free_blocks() < now + next_token_blocks(running_)) return false;
-    }
-    kv_.reserved += need;
-    seq.kv_blocks = need;
-    running_.push_back(&seq);
+    if (!kv_->admit(seq.kv, prompt_tokens(seq), seq.tokens.params().max_new_tokens)) return false;
     seq.start = Clock::now();
     translate_errors([&] {
       c10::InferenceMode inference;  // no autograd bookkeeping per op
@@ -349,6 +286,7 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
       const auto logits = runner_->model().prefill_chunk(*seq.prompt, seq.state, max_tokens);
       if (seq.prompt->remaining() > 0) return;
       seq.prompt.reset();
+      kv_->prompt_done(seq.kv);
       seq.next_logits = logits[0];
       sample(seq);
     });
@@ -360,13 +298,12 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
   // sampled: the next step feeds its last token as if it had never left).
   bool ready(EngineSequence& base) override {
     auto& seq = static_cast<ThinkerSequence&>(base);
-    if (!seq.preempted) return true;
+    if (!seq.kv.preempted) return true;
     std::lock_guard<std::mutex> lock(mutex_);
     const auto& generated = seq.tokens.tokens();
     auto inputs = seq.inputs;
     inputs.input_ids.insert(inputs.input_ids.end(), generated.begin(), generated.end() - 1);
-    const auto cached = static_cast<int64_t>(inputs.input_ids.size());
-    if (free_blocks() < seq.state.cache.blocks_for(cached + 1)) return false;
+    if (!kv_->can_resume(seq.kv, static_cast<int64_t>(inputs.input_ids.size()))) return false;
     translate_errors([&] {
       c10::InferenceMode inference;  // no autograd bookkeeping per op
       auto forward = backend().forward_scope();
@@ -376,18 +313,21 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
       runner_->model().prefill(inputs, seq.state);
       seq.state.capture_layer = capture;
     });
-    seq.preempted = false;
-    --preempted_;
-    ++kv_.resumed;
+    kv_->resumed(seq.kv);
     publish_kv();
     return true;
   }
 
   void step(const std::vector<EngineSequence*>& batch) override {
     std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<KvSequence*> kv_rows;
+    for (auto* base : batch) kv_rows.push_back(&static_cast<ThinkerSequence*>(base)->kv);
+    kv_->make_room(kv_rows);  // the rows that do not fit leave the step, preempted
     std::vector<ThinkerSequence*> rows;
-    for (auto* base : batch) rows.push_back(static_cast<ThinkerSequence*>(base));
-    if (kv_pool_) make_room(rows);
+    for (auto* base : batch) {
+      auto* seq = static_cast<ThinkerSequence*>(base);
+      if (!seq->kv.preempted) rows.push_back(seq);
+    }
     std::vector<int64_t> tokens;
     std::vector<qwen3_omni::ThinkerState*> states;
     for (auto* seq : rows) {
@@ -408,46 +348,6 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
     publish_kv();
   }
 
-  // Blocks of the pool no sequence holds or is promised (with mutex_ held): a sequence whose
-  // prompt still runs in chunks was admitted with the blocks of its whole prompt and first
-  // token, and takes them as its chunks run.
-  int64_t free_blocks() const {
-    int64_t promised = 0;
-    for (const auto* s : running_) {
-      if (!s->prompt) continue;
-      promised += s->state.cache.blocks_for(s->prompt->length + 1) - s->state.cache.blocks();
-    }
-    return kv_.total_blocks - kv_pool_->blocks_in_use() - promised;
-  }
-  // Blocks `rows` take for their next token: one for each whose last block is full (a prompt
-  // still running counts in free_blocks instead).
-  static int64_t next_token_blocks(const std::vector<ThinkerSequence*>& rows) {
-    int64_t n = 0;
-    for (const auto* s : rows) {
-      if (s->preempted || s->prompt) continue;
-      n += s->state.cache.blocks_for(s->state.cache.length() + 1) - s->state.cache.blocks();
-    }
-    return n;
-  }
-  // When this step's rows need more blocks than the pool has free, the last admitted of them
-  // leave the step and give their blocks back (preempted) until the rest fit.
-  void make_room(std::vector<ThinkerSequence*>& rows) {
-    while (!rows.empty() && next_token_blocks(rows) > free_blocks()) {
-      auto victim = std::max_element(rows.begin(), rows.end(), [&](auto* a, auto* b) {
-        return admission_index(a) < admission_index(b);
-      });
-      ThinkerSequence& seq = **victim;
-      rows.erase(victim);
-      seq.state.cache.clear();
-      seq.preempted = true;
-      ++preempted_;
-      ++kv_.preemptions;
-    }
-  }
-  size_t admission_index(const ThinkerSequence* seq) const {
-    return static_cast<size_t>(std::find(running_.begin(), running_.end(), seq) - running_.begin());
-  }
-
   bool finished(const EngineSequence& seq) override {
     return static_cast<const ThinkerSequence&>(seq).done;
   }
@@ -455,14 +355,7 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
   void release(EngineSequence& base) override {
     auto& seq = static_cast<ThinkerSequence&>(base);
     std::lock_guard<std::mutex> lock(mutex_);
-    kv_.reserved -= seq.kv_blocks;
-    seq.kv_blocks = 0;
-    if (seq.preempted) --preempted_;
-    seq.preempted = false;
-    running_.erase(std::remove(running_.begin(), running_.end(), &seq), running_.end());
-    kv_.reallocations += seq.state.cache.reallocations();
-    kv_.bytes_copied += seq.state.cache.bytes_copied();
-    seq.state.cache.clear();
+    kv_->release(seq.kv);
     seq.state.embeds.clear();
     seq.state.hidden.clear();
     seq.prompt.reset();
@@ -531,13 +424,9 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
   std::atomic<uint64_t> tokens_{0};  // generated since the stage loaded
   int64_t capture_layer_ = -1;
   std::vector<int64_t> tts_ids_;
-  KvBudget kv_;                                       // under mutex_
-  std::atomic<int64_t> kv_reserved_{0}, kv_used_{0};  // kv_'s figures, for stats_json
-  std::atomic<int64_t> kv_reallocations_{0}, kv_preemptions_{0}, kv_resumed_{0};
-  int64_t preempted_ = 0;  // sequences preempted and not yet resumed (under mutex_)
-  std::atomic<uint64_t> kv_bytes_copied_{0};
-  std::shared_ptr<models::KvBlockPool> kv_pool_;  // with kv_cache_memory_bytes
-  std::vector<ThinkerSequence*> running_;         // admitted, not yet released (under mutex_)
+  std::unique_ptr<KvManager> kv_;  // under mutex_
+  mutable std::mutex kv_stats_mutex_;
+  KvStats kv_stats_;  // kv_'s figures as of its last change, for stats_json
   std::unique_ptr<EngineLoop> loop_;              // last: stopped before the rest goes
 };
 

@@ -12,6 +12,14 @@
 namespace omni::pipeline {
 namespace {
 
+// engine_args keys a diffusion stage does not read: it runs one request at a time with no KV
+// cache, and its pipeline has no experts nor disk tier.
+const std::vector<std::string> kIgnoredKeys = {
+    "cpu_offload_experts", "expert_cache_budget",    "expert_prefetch",
+    "expert_miss_policy",  "expert_eviction",        "host_memory_budget",
+    "disk_read",           "max_num_seqs",           "max_num_batched_tokens",
+    "block_size",          "kv_cache_memory_bytes",  "enable_chunked_prefill"};
+
 // Every diffusion stage reads the whole request's settings.
 std::shared_ptr<const StageParams> params(const models::OmniRequest& request, bool) {
   DiffusionParams p;
@@ -56,6 +64,7 @@ StageKind diffusion() {
   };
   k.finish = &finish_video;
   k.make_local = &local::make_diffusion_stage;
+  k.ignored_keys = kIgnoredKeys;
   return k;
 }
 
@@ -65,6 +74,7 @@ StageKind diffusion_encode() {
   k.params = &params;
   k.collect = [](const StagePacket&, StageAnswer&) { return true; };
   k.make_local = &local::make_diffusion_encode_stage;
+  k.ignored_keys = kIgnoredKeys;
   return k;
 }
 
@@ -75,6 +85,7 @@ StageKind diffusion_denoise() {
   k.params = &params;
   k.collect = &collect_step;
   k.make_local = &local::make_diffusion_denoise_stage;
+  k.ignored_keys = kIgnoredKeys;
   return k;
 }
 
@@ -87,6 +98,7 @@ StageKind diffusion_decode() {
   k.collect = &collect_frames;
   k.finish = &finish_video;
   k.make_local = &local::make_diffusion_decode_stage;
+  k.ignored_keys = kIgnoredKeys;
   return k;
 }
 

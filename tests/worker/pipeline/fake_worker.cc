@@ -1,5 +1,5 @@
 // A stand-in for `vllm-omni worker` that speaks the start-up protocol of
-// worker/pipeline/worker_process.h and misbehaves on request:
+// worker/process/worker_process.h and misbehaves on request:
 //   fake_worker --mode M [--port-file P] [--exit-after-ms N] [--once-file F] --ready-fd K
 // Modes:
 //   ok            listen on 127.0.0.1:0, write "LISTENING 127.0.0.1:<port>\n" to fd K, accept

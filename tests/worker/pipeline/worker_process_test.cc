@@ -1,7 +1,7 @@
 // WorkerProcess and WorkerSupervisor against tests/worker/pipeline/fake_worker.cc, a program
 // that speaks the start-up protocol and misbehaves on request. Two tests need a process that
 // dies or gets a signal: they re-run this binary as a helper (see run_helper_if_asked).
-#include "worker/pipeline/worker_process.h"
+#include "worker/process/worker_process.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "worker/pipeline/process_helpers.h"
+#include "worker/process/process_helpers.h"
 
 #include <signal.h>
 

@@ -1,4 +1,4 @@
-#include "worker/pipeline/stage_launcher.h"
+#include "worker/process/stage_launcher.h"
 
 #include <algorithm>
 #include <filesystem>

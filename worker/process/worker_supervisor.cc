@@ -4,8 +4,8 @@
 #include <thread>
 #include <utility>
 
-#include "worker/pipeline/process_helpers.h"
-#include "worker/pipeline/worker_process.h"
+#include "worker/process/process_helpers.h"
+#include "worker/process/worker_process.h"
 
 namespace omni::pipeline {
 namespace {

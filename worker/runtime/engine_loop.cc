@@ -1,4 +1,4 @@
-#include "worker/pipeline/engine_loop.h"
+#include "worker/runtime/engine_loop.h"
 
 #include <pthread.h>
 

@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "worker/pipeline/process_helpers.h"
-#include "worker/pipeline/worker_process.h"
+#include "worker/process/process_helpers.h"
+#include "worker/process/worker_process.h"
 
 namespace omni::pipeline {
 namespace {

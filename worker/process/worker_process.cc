@@ -1,6 +1,6 @@
-#include "worker/pipeline/worker_process.h"
+#include "worker/process/worker_process.h"
 
-#include "worker/pipeline/process_helpers.h"
+#include "worker/process/process_helpers.h"
 
 #include <fcntl.h>
 #include <poll.h>

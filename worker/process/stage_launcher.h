@@ -18,7 +18,7 @@
 #include "worker/config/stage_config.h"
 #include "worker/pipeline/local_pipeline.h"
 #include "worker/pipeline/pipeline.h"
-#include "worker/pipeline/worker_process.h"
+#include "worker/process/worker_process.h"
 #include "worker/rpc/stage_client.h"
 
 namespace omni::pipeline {
