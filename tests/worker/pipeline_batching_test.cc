@@ -402,8 +402,8 @@ TEST(PipelineBatching, FillingTheKvPoolPreemptsAndResumesWithTheAloneTokens) {
 // are preempted, some cancelled while running, waiting or preempted; the others get the tokens
 // they get alone, and every block goes back.
 TEST(PipelineBatching, ConcurrentSubmitCancelAndPreemptionLeaveNoBlockBehind) {
-  const std::vector<std::string> texts = {"one two three", "four five", "six", "seven eight",
-                                          "nine ten eleven twelve", "thirteen"};
+  const std::vector<std::string> texts = {
+      "one two three", "four five", "six", "seven eight", "nine ten eleven twelve", "thirteen"};
   const int64_t tokens = 64, block = 4;
   auto probe = local("thinker", 0, EngineLimits{8, 8192, 64}, 0, block);
   const auto block_bytes = engine_stats(*probe)["kv_block_bytes"].get<uint64_t>();

@@ -16,9 +16,9 @@
 #include "cpu_offload/offload_backend.h"
 #include "model_runner/runner/step_rendezvous.h"
 #include "worker/pipeline/elapsed.h"
-#include "worker/runtime/engine_loop.h"
 #include "worker/pipeline/local_stages.h"
 #include "worker/pipeline/stage.h"
+#include "worker/runtime/engine_loop.h"
 
 namespace omni::pipeline::local {
 

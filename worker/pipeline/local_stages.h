@@ -27,8 +27,8 @@
 
 #include "cpu_offload/transfer_engine.h"
 #include "model_runner/runner/offload_options.h"
-#include "worker/runtime/engine_loop.h"
 #include "worker/pipeline/stage.h"
+#include "worker/runtime/engine_loop.h"
 
 namespace omni::pipeline {
 

@@ -21,10 +21,9 @@ namespace {
 // thinker's, and so are the KV pool and chunked prefill (the talker's KV grows per request, its
 // prompt runs whole).
 const std::vector<std::string> kThinkerOnlyKeys = {
-    "cpu_offload_experts",   "expert_cache_budget", "expert_prefetch",
-    "expert_miss_policy",    "expert_eviction",     "host_memory_budget",
-    "disk_read",             "block_size",          "kv_cache_memory_bytes",
-    "enable_chunked_prefill"};
+    "cpu_offload_experts",   "expert_cache_budget",   "expert_prefetch", "expert_miss_policy",
+    "expert_eviction",       "host_memory_budget",    "disk_read",       "block_size",
+    "kv_cache_memory_bytes", "enable_chunked_prefill"};
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(),
@@ -158,9 +157,9 @@ StageKind code2wav() {
   // code2wav is one component: it runs whole (or leaves whole), never layer by layer, and it
   // decodes windows, not prompts.
   k.ignored_keys = kThinkerOnlyKeys;
-  k.ignored_keys.insert(k.ignored_keys.end(), {"enable_layerwise_offload",
-                                               "layerwise_num_gpu_layers",
-                                               "max_num_batched_tokens"});
+  k.ignored_keys.insert(
+      k.ignored_keys.end(),
+      {"enable_layerwise_offload", "layerwise_num_gpu_layers", "max_num_batched_tokens"});
   return k;
 }
 

@@ -11,10 +11,10 @@
 #include "cpu_offload/logging.h"
 #include "model_runner/runner/exclusive_forward.h"
 #include "model_runner/runner/speech_runners.h"
-#include "worker/runtime/engine_loop.h"
 #include "worker/pipeline/local_stage_base.h"
 #include "worker/qwen3_omni/stage_params.h"
 #include "worker/qwen3_omni/stages.h"
+#include "worker/runtime/engine_loop.h"
 
 namespace omni::pipeline::local {
 namespace {

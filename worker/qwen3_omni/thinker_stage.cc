@@ -18,12 +18,12 @@
 #include "model_runner/runner/thinker_runner.h"
 #include "model_runner/tokenizer/text_stream.h"
 #include "model_runner/weights/hf_config.h"
-#include "worker/runtime/engine_loop.h"
-#include "worker/runtime/kv_manager.h"
 #include "worker/pipeline/local_stage_base.h"
 #include "worker/pipeline/stop_strings.h"
 #include "worker/qwen3_omni/stage_params.h"
 #include "worker/qwen3_omni/stages.h"
+#include "worker/runtime/engine_loop.h"
+#include "worker/runtime/kv_manager.h"
 
 namespace omni::pipeline::local {
 namespace {
@@ -426,8 +426,8 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
   std::vector<int64_t> tts_ids_;
   std::unique_ptr<KvManager> kv_;  // under mutex_
   mutable std::mutex kv_stats_mutex_;
-  KvStats kv_stats_;  // kv_'s figures as of its last change, for stats_json
-  std::unique_ptr<EngineLoop> loop_;              // last: stopped before the rest goes
+  KvStats kv_stats_;                  // kv_'s figures as of its last change, for stats_json
+  std::unique_ptr<EngineLoop> loop_;  // last: stopped before the rest goes
 };
 
 }  // namespace

@@ -15,10 +15,10 @@ namespace {
 // engine_args keys a diffusion stage does not read: it runs one request at a time with no KV
 // cache, and its pipeline has no experts nor disk tier.
 const std::vector<std::string> kIgnoredKeys = {
-    "cpu_offload_experts", "expert_cache_budget",    "expert_prefetch",
-    "expert_miss_policy",  "expert_eviction",        "host_memory_budget",
-    "disk_read",           "max_num_seqs",           "max_num_batched_tokens",
-    "block_size",          "kv_cache_memory_bytes",  "enable_chunked_prefill"};
+    "cpu_offload_experts", "expert_cache_budget",   "expert_prefetch",
+    "expert_miss_policy",  "expert_eviction",       "host_memory_budget",
+    "disk_read",           "max_num_seqs",          "max_num_batched_tokens",
+    "block_size",          "kv_cache_memory_bytes", "enable_chunked_prefill"};
 
 // Every diffusion stage reads the whole request's settings.
 std::shared_ptr<const StageParams> params(const models::OmniRequest& request, bool) {
