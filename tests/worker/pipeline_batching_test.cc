@@ -225,6 +225,46 @@ TEST(PipelineBatching, ChunkedPrefillGivesTheWholePrefillsAnswers) {
   EXPECT_EQ(e["running"].get<int64_t>(), 0) << e.dump();
 }
 
+// Each of `texts` alone (greedy, `tokens` long) with blocks of `block` tokens: the calls, the
+// bytes of a block, and the most blocks one of them takes (prompt and answer).
+struct AloneInBlocks {
+  std::vector<ThinkerCall> calls;
+  uint64_t block_bytes = 0;
+  int64_t worst = 0;
+};
+AloneInBlocks alone_in_blocks(const std::vector<std::string>& texts, int64_t tokens,
+                              int64_t block) {
+  auto probe = local("thinker", 0, EngineLimits{8, 8192, 64}, 0, block);
+  AloneInBlocks a;
+  a.block_bytes = engine_stats(*probe)["kv_block_bytes"].get<uint64_t>();
+  for (const auto& t : texts) {
+    a.calls.push_back(call_thinker(*probe, t, tokens));
+    a.worst = std::max(a.worst, (a.calls.back().prompt_tokens + tokens + block - 1) / block);
+  }
+  return a;
+}
+
+// Each of `texts` on `stage` at once, from a thread of its own.
+std::vector<ThinkerCall> call_together(Stage& stage, const std::vector<std::string>& texts,
+                                       int64_t tokens) {
+  std::vector<ThinkerCall> together(texts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    clients.emplace_back([&, i] { together[i] = call_thinker(stage, texts[i], tokens); });
+  }
+  for (auto& c : clients) c.join();
+  return together;
+}
+
+void expect_alone_tokens(const std::vector<ThinkerCall>& together,
+                         const std::vector<ThinkerCall>& alone) {
+  ASSERT_EQ(together.size(), alone.size());
+  for (size_t i = 0; i < together.size(); ++i) {
+    EXPECT_EQ(together[i].error, "") << i;
+    EXPECT_EQ(together[i].tokens, alone[i].tokens) << i;
+  }
+}
+
 // In a KV pool, a prompt that runs in chunks holds the blocks of its whole prompt from its
 // admission: requests that decode beside it never take them, and every request gets the tokens
 // it gets alone.
@@ -233,28 +273,12 @@ TEST(PipelineBatching, ChunkedPrefillInAFullKvPoolGivesTheAloneTokens) {
                                           "A second one starts beside it.",
                                           "And a third one, with a longer prompt than the others."};
   const int64_t tokens = 96, block = 4;
-  auto probe = local("thinker", 0, EngineLimits{8, 8192, 64}, 0, block);
-  const auto block_bytes = engine_stats(*probe)["kv_block_bytes"].get<uint64_t>();
-  std::vector<ThinkerCall> alone;
-  int64_t worst = 0;
-  for (const auto& t : texts) {
-    alone.push_back(call_thinker(*probe, t, tokens));
-    worst = std::max(worst, (alone.back().prompt_tokens + tokens + block - 1) / block);
-  }
-  probe.reset();
+  const AloneInBlocks a = alone_in_blocks(texts, tokens, block);
   EngineLimits limits{8, 5, 64};
   limits.chunked_prefill = true;
-  auto thinker = local("thinker", 0, limits, static_cast<uint64_t>(worst + 6) * block_bytes, block);
-  std::vector<ThinkerCall> together(texts.size());
-  std::vector<std::thread> clients;
-  for (size_t i = 0; i < texts.size(); ++i) {
-    clients.emplace_back([&, i] { together[i] = call_thinker(*thinker, texts[i], tokens); });
-  }
-  for (auto& c : clients) c.join();
-  for (size_t i = 0; i < texts.size(); ++i) {
-    EXPECT_EQ(together[i].error, "") << i;
-    EXPECT_EQ(together[i].tokens, alone[i].tokens) << i;
-  }
+  auto thinker =
+      local("thinker", 0, limits, static_cast<uint64_t>(a.worst + 6) * a.block_bytes, block);
+  expect_alone_tokens(call_together(*thinker, texts, tokens), a.calls);
   const Json e = engine_stats(*thinker);
   EXPECT_EQ(e["kv_resumed"].get<int64_t>(), e["kv_preemptions"].get<int64_t>()) << e.dump();
   EXPECT_EQ(e["kv_blocks_used"].get<int64_t>(), 0) << e.dump();
@@ -368,28 +392,11 @@ TEST(PipelineBatching, FillingTheKvPoolPreemptsAndResumesWithTheAloneTokens) {
   const std::vector<std::string> texts = {"The first request runs long.",
                                           "A second one starts beside it."};
   const int64_t tokens = 256, block = 4;
-  auto probe = local("thinker", 0, EngineLimits{8, 8192, 64}, 0, block);
-  const auto block_bytes = engine_stats(*probe)["kv_block_bytes"].get<uint64_t>();
-  std::vector<ThinkerCall> alone;
-  int64_t worst = 0;
-  for (const auto& t : texts) {
-    alone.push_back(call_thinker(*probe, t, tokens));
-    worst = std::max(worst, (alone.back().prompt_tokens + tokens + block - 1) / block);
-  }
-  probe.reset();
-  const int64_t total = worst + 8;  // one request's worst case and 8 blocks more
+  const AloneInBlocks a = alone_in_blocks(texts, tokens, block);
+  const int64_t total = a.worst + 8;  // one request's worst case and 8 blocks more
   auto thinker = local("thinker", 0, EngineLimits{8, 8192, 64},
-                       static_cast<uint64_t>(total) * block_bytes, block);
-  std::vector<ThinkerCall> together(texts.size());
-  std::vector<std::thread> clients;
-  for (size_t i = 0; i < texts.size(); ++i) {
-    clients.emplace_back([&, i] { together[i] = call_thinker(*thinker, texts[i], tokens); });
-  }
-  for (auto& c : clients) c.join();
-  for (size_t i = 0; i < texts.size(); ++i) {
-    EXPECT_EQ(together[i].error, "") << i;
-    EXPECT_EQ(together[i].tokens, alone[i].tokens) << i;
-  }
+                       static_cast<uint64_t>(total) * a.block_bytes, block);
+  expect_alone_tokens(call_together(*thinker, texts, tokens), a.calls);
   const Json e = engine_stats(*thinker);
   EXPECT_EQ(e["max_batch"].get<int64_t>(), 2) << e.dump();  // both ran at once
   EXPECT_GE(e["kv_preemptions"].get<int64_t>(), 1) << e.dump();
@@ -405,18 +412,11 @@ TEST(PipelineBatching, ConcurrentSubmitCancelAndPreemptionLeaveNoBlockBehind) {
   const std::vector<std::string> texts = {
       "one two three", "four five", "six", "seven eight", "nine ten eleven twelve", "thirteen"};
   const int64_t tokens = 64, block = 4;
-  auto probe = local("thinker", 0, EngineLimits{8, 8192, 64}, 0, block);
-  const auto block_bytes = engine_stats(*probe)["kv_block_bytes"].get<uint64_t>();
-  std::vector<ThinkerCall> alone;
-  int64_t worst = 0;
-  for (const auto& t : texts) {
-    alone.push_back(call_thinker(*probe, t, tokens));
-    worst = std::max(worst, (alone.back().prompt_tokens + tokens + block - 1) / block);
-  }
-  probe.reset();
+  const AloneInBlocks a = alone_in_blocks(texts, tokens, block);
   EngineLimits limits{8, 16, 64};
   limits.chunked_prefill = true;
-  auto thinker = local("thinker", 0, limits, static_cast<uint64_t>(worst + 4) * block_bytes, block);
+  auto thinker =
+      local("thinker", 0, limits, static_cast<uint64_t>(a.worst + 4) * a.block_bytes, block);
   std::vector<ThinkerCall> got(texts.size());
   std::vector<CancelToken> cancels(texts.size());
   std::vector<std::thread> clients;
@@ -433,7 +433,7 @@ TEST(PipelineBatching, ConcurrentSubmitCancelAndPreemptionLeaveNoBlockBehind) {
       EXPECT_EQ(got[i].error, "cancelled") << i;
     } else {
       EXPECT_EQ(got[i].error, "") << i;
-      EXPECT_EQ(got[i].tokens, alone[i].tokens) << i;
+      EXPECT_EQ(got[i].tokens, a.calls[i].tokens) << i;
     }
   }
   const Json e = engine_stats(*thinker);

@@ -235,6 +235,17 @@ void EngineLoop::run() {
   }
 }
 
+EngineLoop::Running::iterator EngineLoop::fail_running(Running::iterator it,
+                                                       const std::exception_ptr& error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.failed;
+    stats_.running = static_cast<int64_t>(running_.size()) - 1;
+  }
+  retire(**it, as_stage_error(error));
+  return running_.erase(it);
+}
+
 bool EngineLoop::run_prompts(int64_t decoding) {
   int64_t budget = limits_.max_num_batched_tokens - decoding;
   bool ran = false;
@@ -253,13 +264,7 @@ bool EngineLoop::run_prompts(int64_t decoding) {
         stats_.prefill_tokens += n;
       }
     } catch (...) {
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        ++stats_.failed;
-        stats_.running = static_cast<int64_t>(running_.size()) - 1;
-      }
-      retire(seq, as_stage_error(std::current_exception()));
-      it = running_.erase(it);
+      it = fail_running(it, std::current_exception());
       continue;
     }
     ++it;
@@ -279,13 +284,7 @@ std::vector<EngineSequence*> EngineLoop::ready_batch() {
       ready = !model_.finished(seq) && model_.prefill_remaining(seq) == 0 && model_.ready(seq) &&
               !model_.finished(seq);
     } catch (...) {
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        ++stats_.failed;
-        stats_.running = static_cast<int64_t>(running_.size()) - 1;
-      }
-      retire(seq, as_stage_error(std::current_exception()));
-      it = running_.erase(it);
+      it = fail_running(it, std::current_exception());
       continue;
     }
     if (ready) batch.push_back(&seq);

@@ -108,6 +108,7 @@ class EngineLoop {
   const EngineLimits& limits() const { return limits_; }
 
  private:
+  using Running = std::vector<std::shared_ptr<EngineSequence>>;
   void run();
   // Drops `seq` from the loop: release() and close its queue (with `error` if any).
   void retire(EngineSequence& seq, std::exception_ptr error);
@@ -116,6 +117,9 @@ class EngineLoop {
   // whole, or with chunked_prefill what the step's budget leaves beside `decoding` rows. True
   // when any ran; a failing one fails its sequence only.
   bool run_prompts(int64_t decoding);
+  // Fails the running sequence at `it` (a prompt or ready() threw `error`): counted, retired,
+  // erased. Returns the next.
+  Running::iterator fail_running(Running::iterator it, const std::exception_ptr& error);
   // The running sequences that are not finished and are ready; fails those whose ready()
   // throws.
   std::vector<EngineSequence*> ready_batch();
@@ -131,11 +135,11 @@ class EngineLoop {
   EngineLimits limits_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<std::shared_ptr<EngineSequence>> waiting_;   // under mutex_
-  bool stopping_ = false;                                 // under mutex_
-  bool woken_ = false;                                    // under mutex_: wake() since the step
-  EngineStats stats_;                                     // under mutex_
-  std::vector<std::shared_ptr<EngineSequence>> running_;  // the loop's thread only
+  std::deque<std::shared_ptr<EngineSequence>> waiting_;  // under mutex_
+  bool stopping_ = false;                                // under mutex_
+  bool woken_ = false;                                   // under mutex_: wake() since the step
+  EngineStats stats_;                                    // under mutex_
+  Running running_;                                      // the loop's thread only
   std::thread thread_;
 };
 
