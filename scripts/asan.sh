@@ -6,11 +6,13 @@
 # tokenizer, text stream, WAV, video frames (MP4 / PNG / NPY), sampler, KV cache and block pool,
 # loading, expert offload,
 # the disk tier on a model, code2wav's hand-tiled few-channel conv), the OpenAI protocol parser,
-# the gRPC wire, the worker-process supervisor, the in-process pipeline and the serving runtime
-# (the engine loop, the KV manager).
+# the gRPC wire, the worker-process supervisor, the in-process pipeline, the serving runtime (the
+# engine loop, the KV manager, the batching suite: admission, chunked prefill, preemption) and
+# the Wan suites (scheduler, UMT5, transformer, VAE, pipeline and its offload, the diffusion
+# stages).
 # Left out, to keep CI's whole run under 60 minutes on 2 cores (with every suite under ASan it
-# took 74): the models' parity suites (thinker, talker, code2wav, encoders: tensor arithmetic in
-# LibTorch, which is not instrumented), the stage YAML and command-line suites, the server
+# took 74): the Qwen3-Omni models' parity suites (thinker, talker, code2wav, encoders: tensor
+# arithmetic in LibTorch, which is not instrumented), the stage YAML and command-line suites, the server
 # metrics, and the suites that drive `vllm-omni` as a process (PipelineWorkers, generate
 # end-to-end, the OpenAI API, TLS, playground, load and network namespaces), which need the
 # ASan-built CLI and reach in other processes the code the suites above run. The HTTP front end
@@ -27,7 +29,10 @@ model_runner_sampler_test model_runner_load_memory_test model_runner_expert_offl
 model_runner_disk_tier_test model_runner_few_channel_conv_test model_runner_decode_attention_test \
 model_runner_kv_cache_test \
 http_tests rpc_tests pipeline_tests \
-worker_pipeline_local_test worker_engine_loop_test worker_kv_manager_test" \
+worker_pipeline_local_test worker_engine_loop_test worker_kv_manager_test \
+worker_pipeline_batching_test worker_pipeline_diffusion_test model_runner_wan_scheduler_test \
+model_runner_umt5_encoder_test model_runner_umt5_tokenizer_test model_runner_wan_transformer_test \
+model_runner_wan_vae_test model_runner_wan_pipeline_test model_runner_wan_pipeline_offload_test" \
   CMAKE_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-asan -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
   -DOMNI_SANITIZE=address,undefined -DOMNI_BUILD_BENCH=OFF -DOMNI_WITH_CUDA=OFF \
   -DOMNI_CUDA_COMPILE_CHECK=OFF

@@ -8,6 +8,7 @@
 
 #include "model_runner/qwen3_omni/config.h"
 #include "model_runner/qwen3_omni/talker_handoff.h"
+#include "model_runner/runner/speech_runners.h"
 #include "model_runner/weights/hf_config.h"
 #include "worker/pipeline/model_family.h"
 #include "worker/pipeline/pipeline.h"
@@ -24,6 +25,16 @@ const std::vector<std::string> kThinkerOnlyKeys = {
     "cpu_offload_experts",   "expert_cache_budget",   "expert_prefetch", "expert_miss_policy",
     "expert_eviction",       "host_memory_budget",    "disk_read",       "block_size",
     "kv_cache_memory_bytes", "enable_chunked_prefill"};
+
+// A Qwen3-Omni stage of the kind `make`: the pipeline's component names are checked against the
+// whole model's parts first (each stage then keeps its own share of them).
+template <std::unique_ptr<Stage> (*make)(const LocalStageOptions&)>
+std::unique_ptr<Stage> checked(const LocalStageOptions& options) {
+  if (options.offload.cpu_offload_enabled) {
+    models::check_component_names(options.offload.components);
+  }
+  return make(options);
+}
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(),
@@ -66,7 +77,7 @@ StageKind thinker() {
     a.result.omni.timings.thinker_prefill_ms = a.metric("prefill_ms");
     a.result.omni.timings.thinker_decode_tokens_per_s = a.metric("decode_tokens_per_s");
   };
-  k.make_local = &local::make_thinker_stage;
+  k.make_local = &checked<local::make_thinker_stage>;
   return k;
 }
 
@@ -105,7 +116,7 @@ StageKind talker() {
     r.omni.timings.talker_frames_per_s = a.metric("frames_per_s");
     r.omni.timings.code_predictor_ms = a.metric("code_predictor_ms");
   };
-  k.make_local = &local::make_talker_stage;
+  k.make_local = &checked<local::make_talker_stage>;
   k.ignored_keys = kThinkerOnlyKeys;
   return k;
 }
@@ -153,7 +164,7 @@ StageKind code2wav() {
       if (!a.request.stream_audio) r.timings.time_to_first_audio_ms = a.metric("done_ms");
     }
   };
-  k.make_local = &local::make_code2wav_stage;
+  k.make_local = &checked<local::make_code2wav_stage>;
   // code2wav is one component: it runs whole (or leaves whole), never layer by layer, and it
   // decodes windows, not prompts.
   k.ignored_keys = kThinkerOnlyKeys;
