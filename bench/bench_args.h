@@ -31,15 +31,6 @@ inline std::vector<std::string> split_list(const std::string& list) {
   return out;
 }
 
-// omni::Error's message without the " [file.cc:12]" where it was thrown: on a command line
-// the reader wants the reason only.
-inline std::string reason_of(const std::exception& e) {
-  std::string text = e.what();
-  const auto at = text.rfind(" [");
-  if (at != std::string::npos && !text.empty() && text.back() == ']') text.resize(at);
-  return text;
-}
-
 // A CLI11 check that accepts what `parse` accepts (it throws on anything else), so the
 // engine's parsers (parse_strategy, parse_granularity, ...) stay the one list of names and
 // aliases while a typo still fails as a bad command line.

@@ -20,3 +20,14 @@ void throw_check_failure(const char* file, int line, const char* condition,
                       condition, ") [", base_name(file), ":", line, "]"));
 }
 }  // namespace omni::detail
+
+namespace omni {
+
+std::string reason_of(const std::exception& e) {
+  std::string text = e.what();
+  const auto at = text.rfind(" [");
+  if (at != std::string::npos && !text.empty() && text.back() == ']') text.resize(at);
+  return text;
+}
+
+}  // namespace omni

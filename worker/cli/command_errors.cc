@@ -34,12 +34,7 @@ int report_command_error(const std::exception_ptr& error, const std::string& pre
     why = e.what_without_backtrace();
   } catch (const omni::Error& e) {
     // The reason only: where in the source it was thrown is for developers.
-    why = e.what();
-    const auto at = why.rfind(" [");
-    if (log_level() > LogLevel::kDebug && at != std::string::npos && !why.empty() &&
-        why.back() == ']') {
-      why.resize(at);
-    }
+    why = log_level() > LogLevel::kDebug ? reason_of(e) : e.what();
   } catch (const std::exception& e) {
     why = e.what();
   } catch (...) {

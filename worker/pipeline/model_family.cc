@@ -85,8 +85,10 @@ const ModelFamily& family_of_checkpoint(const std::string& model_dir) {
       markers += (markers.empty() ? "" : "; ") + f->name() + ": " + f->checkpoint_marker();
     }
   }
-  OMNI_CHECK(!claimed.empty(), "'", model_dir, "' is no checkpoint folder a model family reads (",
-             markers.empty() ? "no family reads checkpoint folders" : markers, ")");
+  if (claimed.empty()) {
+    OMNI_THROW("'", model_dir, "' is no checkpoint folder a model family reads (",
+               markers.empty() ? "no family reads checkpoint folders" : markers, ")");
+  }
   if (claimed.size() > 1) {
     std::string names;
     for (const ModelFamily* f : claimed) names += (names.empty() ? "" : ", ") + f->name();

@@ -179,10 +179,10 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
                           {"kv_resumed", kv.resumed},
                           {"tokens", tokens_.load()}});
     // Offload with batches: the weight bytes copied per generated token and per forward (a
-    // decode step of the batch, or one request's prompt).
+    // decode step of the batch, or a prompt or a chunk of one).
     if (all.contains("bytes_h2d")) {
       const double bytes = all["bytes_h2d"].get<double>();
-      const int64_t forwards = e.steps + e.admitted;
+      const int64_t forwards = e.steps + e.prefill_chunks;
       all["engine"]["bytes_h2d_per_token"] = tokens_ > 0 ? bytes / tokens_.load() : 0.0;
       all["engine"]["bytes_h2d_per_forward"] = forwards > 0 ? bytes / forwards : 0.0;
     }

@@ -201,11 +201,6 @@ void EngineLoop::run() {
     const auto batch = ready_batch();
     const bool any_finished = std::any_of(running_.begin(), running_.end(),
                                           [&](const auto& seq) { return model_.finished(*seq); });
-    if (prompts_ran && batch.empty()) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stats_.busy_ms_total +=
-          std::chrono::duration<double, std::milli>(Clock::now() - busy_start).count();
-    }
     if (batch.empty() && !any_finished && !running_.empty() && !prompts_ran) {
       sleep_until_woken();
       continue;
@@ -218,12 +213,15 @@ void EngineLoop::run() {
         step_error = as_stage_error(std::current_exception());
       }
       std::lock_guard<std::mutex> lock(mutex_);
-      stats_.busy_ms_total +=
-          std::chrono::duration<double, std::milli>(Clock::now() - busy_start).count();
       ++stats_.steps;
       stats_.last_batch = static_cast<int64_t>(batch.size());
       stats_.max_batch = std::max(stats_.max_batch, stats_.last_batch);
       stats_.batch_rows += stats_.last_batch;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.busy_ms_total +=
+          std::chrono::duration<double, std::milli>(Clock::now() - busy_start).count();
     }
     keep.clear();
     gone.clear();
