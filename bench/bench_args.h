@@ -14,6 +14,7 @@
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/dtype_name.h"
+#include "cpu_offload/error_reason.h"
 
 namespace omni::bench {
 

@@ -1,5 +1,7 @@
 #include "cpu_offload/check.h"
 
+#include "cpu_offload/error_reason.h"
+
 #include <cstring>
 
 namespace omni::detail {

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include "cpu_offload/check.h"
+#include "cpu_offload/error_reason.h"
 #include "cpu_offload/logging.h"
 #include "worker/config/stage_config.h"
 

@@ -1,7 +1,6 @@
 // Error reporting inside the engine: exceptions that carry where and why.
 #pragma once
 
-#include <exception>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -14,10 +13,6 @@ class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
-
-// An error's message without the " [file.cc:12]" the macros below append: what a user reads
-// (where in the source it was thrown is for developers).
-std::string reason_of(const std::exception& e);
 
 namespace detail {
 template <typename... Parts>
