@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench_args.h"
+#include "model_runner/qwen3_omni/omni_options.h"
 #include "worker/cli/intra_op_threads.h"
 #include "worker/config/stage_yaml.h"
 #include "worker/pipeline/local_stages.h"
@@ -37,12 +38,13 @@ struct Options {
   int64_t frames = 24;
 };
 
-models::OmniRequest request(const Options& o, int i) {
-  models::OmniRequest r;
+pipeline::Request request(const Options& o, int i) {
+  pipeline::Request r;
   r.chat.text = o.prompt + " (" + std::to_string(i) + ")";
-  r.sampling.set_greedy(true);
-  r.sampling.thinker.max_new_tokens = o.tokens;
-  r.max_audio_frames = o.frames;
+  auto& omni = r.parts.get<models::OmniOptions>();
+  omni.sampling.set_greedy(true);
+  omni.sampling.thinker.max_new_tokens = o.tokens;
+  omni.max_audio_frames = o.frames;
   return r;
 }
 
@@ -59,8 +61,8 @@ Run measure(const std::string& mode, pipeline::Pipeline& p, const Options& o) {
   double total = 0, ttfa = 0, bytes = 0;
   for (int i = 0; i < o.requests; ++i) {
     auto r = p.generate(request(o, i));
-    total += r.omni.timings.total_ms;
-    ttfa += r.omni.timings.time_to_first_audio_ms;
+    total += r.timings.at("total_ms");
+    ttfa += r.timings.at("time_to_first_audio_ms");
     bytes += static_cast<double>(r.bytes_between_stages);
     for (const auto& [stage, metrics] : r.stage_metrics) {
       for (const auto& [k, v] : metrics) stage_sums[stage][k] += v;
@@ -100,9 +102,9 @@ int run(const Options& o) {
   auto b = measure("workers_grpc", launcher.pipeline(), o);
   bool equal = true;
   for (size_t i = 0; i < a.results.size(); ++i) {
-    equal = equal && a.results[i].omni.tokens == b.results[i].omni.tokens &&
-            at::equal(a.results[i].omni.codes, b.results[i].omni.codes) &&
-            at::equal(a.results[i].omni.waveform, b.results[i].omni.waveform);
+    equal = equal && a.results[i].tokens == b.results[i].tokens &&
+            at::equal(a.results[i].audio.codes, b.results[i].audio.codes) &&
+            at::equal(a.results[i].audio.waveform, b.results[i].audio.waveform);
   }
   b.line["grpc_overhead_ms_per_request"] = b.mean_total_ms - a.mean_total_ms;
   b.line["outputs_equal_to_in_process"] = equal;

@@ -21,6 +21,7 @@
 
 #include "bench_args.h"
 #include "cpu_offload/check.h"
+#include "model_runner/qwen3_omni/omni_options.h"
 #include "model_runner/runner/synthetic_checkpoint.h"
 #include "worker/config/stage_overrides.h"
 #include "worker/pipeline/local_pipeline.h"
@@ -109,13 +110,14 @@ int run(const Options& o) {
 
   offload::TransferEngineOptions engine_options;
   engine_options.sim_bandwidth_bytes_per_s = o.sim_bandwidth_gbps * 1e9;
-  models::OmniRequest request;
+  pipeline::Request request;
   request.chat.text = o.text;
-  request.sampling.set_greedy(true);
-  request.sampling.thinker.max_new_tokens = o.tokens;
-  request.max_audio_frames = o.frames;
+  auto& omni = request.parts.get<models::OmniOptions>();
+  omni.sampling.set_greedy(true);
+  omni.sampling.thinker.max_new_tokens = o.tokens;
+  omni.max_audio_frames = o.frames;
 
-  models::OmniResult baseline;
+  pipeline::PipelineResult baseline;
   bool have_baseline = false;
   for (const auto& strategy : bench::split_list(o.strategies)) {
     auto config = pipeline::checkpoint_stage_config(model_dir, o.device, o.dtype);
@@ -124,21 +126,15 @@ int run(const Options& o) {
     p->generate(request);  // warm-up
     const Json before = stage_stats(*p);
     // Timings are the median over the measured requests (the codes are the same every time).
-    std::vector<models::OmniResult> runs;
-    for (int i = 0; i < o.repeats; ++i) runs.push_back(p->generate(request).omni);
+    std::vector<pipeline::PipelineResult> runs;
+    for (int i = 0; i < o.repeats; ++i) runs.push_back(p->generate(request));
     const Json after = stage_stats(*p);
     auto result = runs.front();
-    const auto median = [&](auto field) {
+    for (auto& [name, value] : result.timings) {
       std::vector<double> v;
-      for (const auto& r : runs) v.push_back(r.timings.*field);
+      for (const auto& r : runs) v.push_back(r.timings.at(name));
       std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
-    using T = models::OmniTimings;
-    for (auto field : {&T::thinker_prefill_ms, &T::thinker_decode_tokens_per_s, &T::talker_ms,
-                       &T::talker_frames_per_s, &T::code_predictor_ms, &T::code2wav_ms,
-                       &T::code2wav_real_time_factor, &T::time_to_first_audio_ms, &T::total_ms}) {
-      result.timings.*field = median(field);
+      value = v[v.size() / 2];
     }
     if (!have_baseline && strategy == "none") {
       baseline = result;
@@ -156,29 +152,30 @@ int run(const Options& o) {
           {"loads", s.value("loads", uint64_t{0}) - b.value("loads", uint64_t{0})},
           {"stall_ms", s.value("stall_ms", 0.0) - b.value("stall_ms", 0.0)}};
     }
-    const auto& t = result.timings;
-    const int64_t frames = result.codes.defined() ? result.codes.size(1) : 0;
+    const auto t = [&](const char* name) { return result.timings.at(name); };
+    const int64_t frames = result.audio.codes.defined() ? result.audio.codes.size(1) : 0;
     std::ostringstream line;
     line << "{\"model\": " << Json(model_name).dump() << ", \"strategy\": \"" << strategy
          << "\", \"device\": \"" << o.device << "\", \"dtype\": \"" << o.dtype
          << "\", \"thinker_tokens\": " << result.tokens.size() << ", \"frames\": " << frames
          << ", \"audio_seconds\": "
-         << json_number(static_cast<double>(result.waveform.numel()) / 24000.0)
-         << ", \"thinker_prefill_ms\": " << json_number(t.thinker_prefill_ms)
-         << ", \"thinker_decode_tokens_per_s\": " << json_number(t.thinker_decode_tokens_per_s)
-         << ", \"talker_frames_per_s\": " << json_number(t.talker_frames_per_s)
-         << ", \"talker_ms\": " << json_number(t.talker_ms)
-         << ", \"code_predictor_ms\": " << json_number(t.code_predictor_ms)
+         << json_number(static_cast<double>(result.audio.waveform.numel()) /
+                        static_cast<double>(result.audio.sample_rate))
+         << ", \"thinker_prefill_ms\": " << json_number(t("thinker_prefill_ms"))
+         << ", \"thinker_decode_tokens_per_s\": " << json_number(t("thinker_decode_tokens_per_s"))
+         << ", \"talker_frames_per_s\": " << json_number(t("talker_frames_per_s"))
+         << ", \"talker_ms\": " << json_number(t("talker_ms"))
+         << ", \"code_predictor_ms\": " << json_number(t("code_predictor_ms"))
          << ", \"code_predictor_ms_per_frame\": "
-         << json_number(frames ? t.code_predictor_ms / static_cast<double>(frames) : 0)
-         << ", \"code2wav_ms\": " << json_number(t.code2wav_ms)
-         << ", \"code2wav_real_time_factor\": " << json_number(t.code2wav_real_time_factor)
-         << ", \"time_to_first_audio_ms\": " << json_number(t.time_to_first_audio_ms)
-         << ", \"total_ms\": " << json_number(t.total_ms) << ", \"repeats\": " << o.repeats
+         << json_number(frames ? t("code_predictor_ms") / static_cast<double>(frames) : 0)
+         << ", \"code2wav_ms\": " << json_number(t("code2wav_ms"))
+         << ", \"code2wav_real_time_factor\": " << json_number(t("code2wav_real_time_factor"))
+         << ", \"time_to_first_audio_ms\": " << json_number(t("time_to_first_audio_ms"))
+         << ", \"total_ms\": " << json_number(t("total_ms")) << ", \"repeats\": " << o.repeats
          << ", \"stages\": " << stages.dump();
     if (have_baseline && strategy != "none") {
-      const bool codes_equal = at::equal(result.codes, baseline.codes);
-      const bool wav_equal = at::equal(result.waveform, baseline.waveform);
+      const bool codes_equal = at::equal(result.audio.codes, baseline.audio.codes);
+      const bool wav_equal = at::equal(result.audio.waveform, baseline.audio.waveform);
       line << ", \"codes_equal_to_none\": " << (codes_equal ? "true" : "false")
            << ", \"wav_equal_to_none\": " << (wav_equal ? "true" : "false");
     } else {

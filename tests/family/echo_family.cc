@@ -1,8 +1,8 @@
 // A model family that lives only in the tests: it registers itself from this file and runs
 // through `generate --stage-configs-path`, `serve` and gRPC workers (echo_family_test.py) with no
 // line of it in the shared code. Two kinds: echo_shout (the entry) upper-cases the request's text
-// and sends one letter per packet; echo_spell (reads echo_shout) answers with the letters joined
-// by '-', one text packet per letter: "hi" -> "H-I".
+// and sends one letter per packet, a typed hand-off (Letter); echo_spell (reads echo_shout)
+// answers with the letters joined by '-', one text packet per letter: "hi" -> "H-I".
 #include <ATen/ATen.h>
 
 #include <cctype>
@@ -32,6 +32,24 @@ EchoParams echo_params(const std::string& json) {
   p.text = j.at("text").get<std::string>();
   return p;
 }
+
+// echo_shout's hand-off to echo_spell: one letter, upper case. On the wire it is a tensor;
+// in one process the struct itself.
+struct Letter : Payload {
+  char letter = 0;
+  NamedTensors tensors() const override {
+    return {{"letter", at::full({1}, static_cast<int64_t>(letter), at::kLong)}};
+  }
+  static Letter read(const NamedTensors& wire) {
+    const at::Tensor t = named_tensor(wire, "letter");
+    if (!t.defined() || t.numel() != 1) {
+      throw StageError(StageError::Code::kInvalidArgument, "", "echo: a packet without a letter");
+    }
+    Letter l;
+    l.letter = static_cast<char>(t.item<int64_t>());
+    return l;
+  }
+};
 
 // A stage with no weights: nothing to offload, nothing on the device.
 class EchoStage : public Stage {
@@ -67,8 +85,10 @@ class ShoutStage : public EchoStage {
     const auto params = params_as<EchoParams>(call, echo_params);
     for (const unsigned char c : params->text) {
       if (cancel.cancelled()) throw StageError(StageError::Code::kCancelled, name(), "cancelled");
+      auto letter = std::make_shared<Letter>();
+      letter->letter = static_cast<char>(std::toupper(c));
       StagePacket p;
-      p.tensors.emplace_back("letter", at::full({1}, std::toupper(c), at::kLong));
+      p.payload = std::move(letter);
       sink(std::move(p));
     }
     finish(sink);
@@ -82,9 +102,9 @@ class SpellStage : public EchoStage {
            const CancelToken& cancel) override {
     bool first = true;
     while (auto packet = input.pop(&cancel)) {
-      const at::Tensor letter = packet->tensor("letter");
-      if (!letter.defined()) continue;
-      const auto c = static_cast<char>(letter.item<int64_t>());
+      const auto letter = payload_as<Letter>(*packet, &Letter::read);
+      if (!letter) continue;  // the last packet
+      const char c = letter->letter;
       StagePacket p;
       p.tokens = {static_cast<int64_t>(c)};
       p.text = (first ? "" : "-") + std::string(1, c);
@@ -105,7 +125,7 @@ std::string text_of(const models::ChatRequest& chat) {
 StageKind shout() {
   StageKind k;
   k.name = "echo_shout";
-  k.params = [](const models::OmniRequest& request, bool) {
+  k.params = [](const Request& request, bool) {
     EchoParams p;
     p.text = text_of(request.chat);
     return std::make_shared<const EchoParams>(std::move(p));
@@ -119,12 +139,12 @@ StageKind spell() {
   StageKind k;
   k.name = "echo_spell";
   k.reads = {"echo_shout"};
-  k.params = [](const models::OmniRequest&, bool) { return nullptr; };
+  k.params = [](const Request&, bool) { return nullptr; };
   k.collect = [](const StagePacket& p, StageAnswer& a) {
     auto& r = a.result;
-    r.omni.tokens.insert(r.omni.tokens.end(), p.tokens.begin(), p.tokens.end());
+    r.tokens.insert(r.tokens.end(), p.tokens.begin(), p.tokens.end());
     r.text += p.text;
-    if (p.finished) r.omni.finish_reason = p.finish_reason;
+    if (p.finished) r.finish_reason = p.finish_reason;
     return p.text.empty() || !a.callbacks.on_text || a.callbacks.on_text(p.text);
   };
   k.make_local = [](const LocalStageOptions& o) { return std::make_unique<SpellStage>(o.name); };

@@ -20,8 +20,12 @@
 #include "worker/config/stage_overrides.h"
 #include "worker/pipeline/local_pipeline.h"
 
+#include "tiny_request.h"
+
 namespace omni::cli {
 namespace {
+
+using testing::omni;
 
 struct Parsed {
   std::optional<int> status;  // nullopt: parsed, the subcommand would run
@@ -85,23 +89,25 @@ TEST(GenerateOptions, DefaultsAreTheRunners) {
   EXPECT_TRUE(o.wants_audio());
   EXPECT_EQ(o.max_tokens, 2048);
 
-  const models::OmniRequest request = to_request(o);
-  const models::OmniRequest runner_default;
-  expect_same(request.sampling.thinker, runner_default.sampling.thinker);
-  expect_same(request.sampling.talker, runner_default.sampling.talker);
-  expect_same(request.sampling.code_predictor, runner_default.sampling.code_predictor);
+  const pipeline::Request request = to_request(o);
+  const pipeline::Request runner_default;
+  expect_same(omni(request).sampling.thinker, omni(runner_default).sampling.thinker);
+  expect_same(omni(request).sampling.talker, omni(runner_default).sampling.talker);
+  expect_same(omni(request).sampling.code_predictor, omni(runner_default).sampling.code_predictor);
   EXPECT_EQ(request.chat.text, "p");
   EXPECT_TRUE(request.chat.audio_files.empty());
   EXPECT_TRUE(request.chat.image_files.empty());
   EXPECT_EQ(request.chat.system_prompt, "");
   EXPECT_TRUE(request.text_output);
   EXPECT_TRUE(request.audio_output);
-  EXPECT_EQ(request.speaker, "");
-  EXPECT_EQ(request.max_audio_frames, 4096);
-  EXPECT_EQ(request.max_audio_frames, runner_default.max_audio_frames);
-  EXPECT_EQ(request.stream.first_chunk_frames, runner_default.stream.first_chunk_frames);
-  EXPECT_EQ(request.stream.chunk_frames, runner_default.stream.chunk_frames);
-  EXPECT_EQ(request.stream.left_context_frames, runner_default.stream.left_context_frames);
+  EXPECT_EQ(request.voice, "");
+  EXPECT_EQ(omni(request).max_audio_frames, 4096);
+  EXPECT_EQ(omni(request).max_audio_frames, omni(runner_default).max_audio_frames);
+  EXPECT_EQ(omni(request).stream.first_chunk_frames,
+            omni(runner_default).stream.first_chunk_frames);
+  EXPECT_EQ(omni(request).stream.chunk_frames, omni(runner_default).stream.chunk_frames);
+  EXPECT_EQ(omni(request).stream.left_context_frames,
+            omni(runner_default).stream.left_context_frames);
 
   EXPECT_EQ(o.model, "m");
   EXPECT_EQ(o.device, "auto");
@@ -184,7 +190,7 @@ TEST(GenerateOptions, EveryFlagReachesItsField) {
                                       "--json",
                                       "--seed",
                                       "42"});
-  const models::OmniRequest r = to_request(o);
+  const pipeline::Request r = to_request(o);
   const auto paths = [](const std::vector<models::ChatMedia>& files) {
     std::vector<std::string> out;
     for (const auto& f : files) out.push_back(f.path);
@@ -193,29 +199,29 @@ TEST(GenerateOptions, EveryFlagReachesItsField) {
   EXPECT_EQ(paths(r.chat.audio_files), (std::vector<std::string>{"a.wav", "b.flac"}));
   EXPECT_EQ(paths(r.chat.image_files), (std::vector<std::string>{"i.png"}));
   EXPECT_EQ(r.chat.system_prompt, "be brief");
-  EXPECT_EQ(r.speaker, "Chelsie");
+  EXPECT_EQ(r.voice, "Chelsie");
   EXPECT_TRUE(o.modalities_given);
   EXPECT_FALSE(r.text_output);
   EXPECT_TRUE(r.audio_output);
-  EXPECT_EQ(r.sampling.thinker.max_new_tokens, 7);
-  EXPECT_EQ(r.max_audio_frames, 24);
-  EXPECT_EQ(r.sampling.thinker.temperature, 0.7);
-  EXPECT_EQ(r.sampling.thinker.top_p, 0.5);
-  EXPECT_EQ(r.sampling.thinker.top_k, 3);
-  EXPECT_EQ(r.sampling.thinker.repetition_penalty, 1.2);
-  EXPECT_EQ(r.sampling.talker.temperature, 0.6);
-  EXPECT_EQ(r.sampling.talker.top_k, 9);
-  EXPECT_EQ(r.sampling.talker.top_p, 0.8);
-  EXPECT_EQ(r.sampling.talker.repetition_penalty, 1.3);
-  EXPECT_FALSE(r.sampling.thinker.greedy);
+  EXPECT_EQ(omni(r).sampling.thinker.max_new_tokens, 7);
+  EXPECT_EQ(omni(r).max_audio_frames, 24);
+  EXPECT_EQ(omni(r).sampling.thinker.temperature, 0.7);
+  EXPECT_EQ(omni(r).sampling.thinker.top_p, 0.5);
+  EXPECT_EQ(omni(r).sampling.thinker.top_k, 3);
+  EXPECT_EQ(omni(r).sampling.thinker.repetition_penalty, 1.2);
+  EXPECT_EQ(omni(r).sampling.talker.temperature, 0.6);
+  EXPECT_EQ(omni(r).sampling.talker.top_k, 9);
+  EXPECT_EQ(omni(r).sampling.talker.top_p, 0.8);
+  EXPECT_EQ(omni(r).sampling.talker.repetition_penalty, 1.3);
+  EXPECT_FALSE(omni(r).sampling.thinker.greedy);
   models::OmniSampling seeded;
   seeded.set_seed(42);
-  EXPECT_EQ(r.sampling.thinker.seed, seeded.thinker.seed);
-  EXPECT_EQ(r.sampling.talker.seed, seeded.talker.seed);
-  EXPECT_EQ(r.sampling.code_predictor.seed, seeded.code_predictor.seed);
-  EXPECT_EQ(r.stream.first_chunk_frames, 2);
-  EXPECT_EQ(r.stream.chunk_frames, 5);
-  EXPECT_EQ(r.stream.left_context_frames, 0);
+  EXPECT_EQ(omni(r).sampling.thinker.seed, seeded.thinker.seed);
+  EXPECT_EQ(omni(r).sampling.talker.seed, seeded.talker.seed);
+  EXPECT_EQ(omni(r).sampling.code_predictor.seed, seeded.code_predictor.seed);
+  EXPECT_EQ(omni(r).stream.first_chunk_frames, 2);
+  EXPECT_EQ(omni(r).stream.chunk_frames, 5);
+  EXPECT_EQ(omni(r).stream.left_context_frames, 0);
   EXPECT_EQ(o.output_wav, "o.wav");
   EXPECT_EQ(wav_format(o), models::WavFormat::kFloat32);
   EXPECT_TRUE(o.json);
@@ -240,16 +246,16 @@ TEST(GenerateOptions, EveryFlagReachesItsField) {
 }
 
 TEST(GenerateOptions, GreedyAndSeedApplyToEveryStage) {
-  const models::OmniRequest r = to_request(generate({"--greedy", "--seed", "7"}));
+  const pipeline::Request r = to_request(generate({"--greedy", "--seed", "7"}));
   models::OmniSampling expected;
   expected.set_greedy(true);
   expected.set_seed(7);
-  expect_same(r.sampling.thinker, expected.thinker);
-  expect_same(r.sampling.talker, expected.talker);
-  expect_same(r.sampling.code_predictor, expected.code_predictor);
-  EXPECT_TRUE(r.sampling.thinker.is_greedy());
-  EXPECT_TRUE(r.sampling.talker.is_greedy());
-  EXPECT_TRUE(r.sampling.code_predictor.is_greedy());
+  expect_same(omni(r).sampling.thinker, expected.thinker);
+  expect_same(omni(r).sampling.talker, expected.talker);
+  expect_same(omni(r).sampling.code_predictor, expected.code_predictor);
+  EXPECT_TRUE(omni(r).sampling.thinker.is_greedy());
+  EXPECT_TRUE(omni(r).sampling.talker.is_greedy());
+  EXPECT_TRUE(omni(r).sampling.code_predictor.is_greedy());
 }
 
 TEST(GenerateOptions, ModalitiesAndOffloadLists) {

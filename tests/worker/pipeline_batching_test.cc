@@ -24,6 +24,8 @@
 namespace omni::pipeline {
 namespace {
 
+using testing::omni;
+
 using Json = nlohmann::json;
 const std::string kDir = std::string(OMNI_FIXTURES_DIR) + "/qwen3_omni_tiny";
 
@@ -40,15 +42,15 @@ std::shared_ptr<Stage> local(const std::string& model_stage, int id, EngineLimit
 }
 
 // Eight requests that differ in every way a batch row can.
-std::vector<models::OmniRequest> eight_requests() {
-  std::vector<models::OmniRequest> all;
+std::vector<Request> eight_requests() {
+  std::vector<Request> all;
   const char* texts[] = {"What do you hear and see?", "Hi", "Tell me a long story about a fox.",
                          "Why is the sky blue?"};
   for (int i = 0; i < 8; ++i) {
     auto r = testing::tiny_request(kDir, /*media=*/false);
     r.chat.text = texts[i % 4];
-    r.sampling.thinker.max_new_tokens = 6 + 2 * i;  // different lengths
-    r.max_audio_frames = 6;
+    omni(r).sampling.thinker.max_new_tokens = 6 + 2 * i;  // different lengths
+    omni(r).max_audio_frames = 6;
     all.push_back(r);
   }
   all[0].chat.audio_files = {kDir + "/audio.wav"};
@@ -58,28 +60,26 @@ std::vector<models::OmniRequest> eight_requests() {
   all[3].audio_output = false;  // text only
   all[4].chat.system_prompt = "Answer in one word.";
   // A seeded sampled thinker: its own generator, whatever shares its batch.
-  all[5].sampling.thinker.greedy = false;
-  all[5].sampling.thinker.temperature = 0.9;
-  all[5].sampling.thinker.top_k = 20;
-  all[5].sampling.thinker.seed = 11;
+  omni(all[5]).sampling.thinker.greedy = false;
+  omni(all[5]).sampling.thinker.temperature = 0.9;
+  omni(all[5]).sampling.thinker.top_k = 20;
+  omni(all[5]).sampling.thinker.seed = 11;
   return all;
 }
 
-PipelineResult run_alone(Pipeline& pipeline, const models::OmniRequest& r) {
-  return pipeline.generate(r);
-}
+PipelineResult run_alone(Pipeline& pipeline, const Request& r) { return pipeline.generate(r); }
 
 void expect_same(const PipelineResult& alone, const PipelineResult& together, size_t i) {
   SCOPED_TRACE("request " + std::to_string(i));
-  EXPECT_EQ(together.omni.tokens, alone.omni.tokens);
+  EXPECT_EQ(together.tokens, alone.tokens);
   EXPECT_EQ(together.text, alone.text);
-  EXPECT_EQ(together.omni.finish_reason, alone.omni.finish_reason);
-  ASSERT_EQ(together.omni.codes.defined(), alone.omni.codes.defined());
-  if (!alone.omni.codes.defined()) return;
-  EXPECT_TRUE(at::equal(together.omni.codes, alone.omni.codes));
-  ASSERT_EQ(together.omni.waveform.sizes(), alone.omni.waveform.sizes());
-  if (alone.omni.waveform.numel() > 0) {
-    EXPECT_LE((together.omni.waveform - alone.omni.waveform).abs().max().item<double>(), 1e-4);
+  EXPECT_EQ(together.finish_reason, alone.finish_reason);
+  ASSERT_EQ(together.audio.codes.defined(), alone.audio.codes.defined());
+  if (!alone.audio.codes.defined()) return;
+  EXPECT_TRUE(at::equal(together.audio.codes, alone.audio.codes));
+  ASSERT_EQ(together.audio.waveform.sizes(), alone.audio.waveform.sizes());
+  if (alone.audio.waveform.numel() > 0) {
+    EXPECT_LE((together.audio.waveform - alone.audio.waveform).abs().max().item<double>(), 1e-4);
   }
 }
 
@@ -104,7 +104,7 @@ TEST(PipelineBatching, EightDifferentRequestsAloneAndTogetherGiveTheSameAnswers)
   requests[6] = requests[2];
   requests[6].stop_strings = {stop};
   alone[6] = run_alone(pipeline, requests[6]);
-  EXPECT_EQ(alone[6].omni.finish_reason, "stop");
+  EXPECT_EQ(alone[6].finish_reason, "stop");
   const int64_t steps_before = engine_stats(*thinker)["steps"].get<int64_t>();
   const int64_t first_chunks_before =
       engine_stats(*code2wav)["first_audio_forwards"].get<int64_t>();
@@ -121,7 +121,7 @@ TEST(PipelineBatching, EightDifferentRequestsAloneAndTogetherGiveTheSameAnswers)
   const Json e = engine_stats(*thinker);
   EXPECT_GE(e["max_batch"].get<int64_t>(), 2);
   int64_t tokens = 0;
-  for (const auto& r : together) tokens += static_cast<int64_t>(r.omni.tokens.size());
+  for (const auto& r : together) tokens += static_cast<int64_t>(r.tokens.size());
   EXPECT_LT(e["steps"].get<int64_t>() - steps_before, tokens);
   EXPECT_EQ(e["running"].get<int64_t>(), 0);
   EXPECT_EQ(e["kv_blocks_reserved"].get<int64_t>(), 0);
@@ -133,7 +133,7 @@ TEST(PipelineBatching, EightDifferentRequestsAloneAndTogetherGiveTheSameAnswers)
   // the later chunks on the lower-priority thread.
   int64_t speaking = 0;
   for (const auto& r : together) {
-    speaking += r.omni.codes.defined() && r.omni.codes.numel() > 0 ? 1 : 0;
+    speaking += r.audio.codes.defined() && r.audio.codes.numel() > 0 ? 1 : 0;
   }
   ASSERT_GT(speaking, 0);
   const Json c = engine_stats(*code2wav);

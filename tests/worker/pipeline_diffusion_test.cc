@@ -32,13 +32,13 @@ using Json = nlohmann::json;
 std::string fixture(const std::string& name) { return std::string(OMNI_FIXTURES_DIR) + "/" + name; }
 
 // The request reference.json describes (what the fixture's generator gave diffusers).
-models::OmniRequest reference_request(const std::string& dir) {
+Request reference_request(const std::string& dir) {
   std::ifstream in(dir + "/reference.json");
   const Json j = Json::parse(in);
-  models::OmniRequest r;
+  Request r;
   r.audio_output = false;
   r.chat.text = j.at("prompt").get<std::string>();
-  auto& d = r.diffusion;
+  auto& d = r.parts.get<models::DiffusionRequest>();
   d.negative_prompt = j.at("negative_prompt").get<std::string>();
   d.height = j.at("height").get<int64_t>();
   d.width = j.at("width").get<int64_t>();
@@ -95,9 +95,9 @@ TEST_P(DiffusionPipeline, FolderGivesOneStageWithDiffusersFrames) {
   EXPECT_EQ(r.video.scalar_type(), at::kFloat);
   EXPECT_LE(max_abs_diff(r.video, expected), 1e-4) << GetParam();
   EXPECT_EQ(r.video_fps, 16);
-  EXPECT_EQ(r.omni.finish_reason, "stop");
+  EXPECT_EQ(r.finish_reason, "stop");
 
-  const int64_t steps = *request.diffusion.num_inference_steps;
+  const int64_t steps = *request.parts.value<models::DiffusionRequest>().num_inference_steps;
   ASSERT_EQ(static_cast<int64_t>(progress.size()), steps);
   EXPECT_EQ(r.progress_packets, steps);
   for (int64_t i = 0; i < steps; ++i) {
@@ -122,10 +122,11 @@ TEST(DiffusionStage, JsonParametersGiveTheSameFrames) {
   const auto request = reference_request(dir);
   DiffusionParams p;
   p.prompt = request.chat.text;
-  p.request = request.diffusion;
+  p.request = request.parts.value<models::DiffusionRequest>();
   const DiffusionParams back = diffusion_params(p.to_json());
   EXPECT_EQ(back.to_json(), p.to_json());
-  EXPECT_EQ(back.request.guidance_scale_2, request.diffusion.guidance_scale_2);
+  EXPECT_EQ(back.request.guidance_scale_2,
+            request.parts.value<models::DiffusionRequest>().guidance_scale_2);
   EXPECT_FALSE(back.request.flow_shift.has_value());
 
   const auto config = checkpoint_stage_config(dir, "cpu", "auto");
@@ -156,7 +157,7 @@ TEST(DiffusionStage, CallbackCancelsBetweenSteps) {
   const PipelineResult r = pipeline->generate(reference_request(dir), callbacks);
   EXPECT_EQ(calls, 1);
   EXPECT_FALSE(r.video.defined());
-  EXPECT_EQ(r.omni.finish_reason, "cancelled");
+  EXPECT_EQ(r.finish_reason, "cancelled");
 }
 
 TEST(DiffusionStage, OffloadGivesTheSameFrames) {
@@ -183,7 +184,7 @@ TEST(DiffusionStage, BadRequestNamesTheField) {
   const std::string dir = fixture("wan21_pipeline_tiny");
   auto pipeline = folder_pipeline(dir);
   auto request = reference_request(dir);
-  request.diffusion.height = 17;
+  request.parts.get<models::DiffusionRequest>().height = 17;
   try {
     pipeline->generate(request);
     FAIL() << "height 17 was accepted";
@@ -220,8 +221,8 @@ TEST(DiffusionSplitStages, ThreeStagesGiveTheOneStagesFrames) {
   ASSERT_TRUE(three.video.defined());
   EXPECT_TRUE(at::equal(three.video, one.video)) << max_abs_diff(three.video, one.video);
   EXPECT_EQ(three.video_fps, 16);
-  EXPECT_EQ(three.omni.finish_reason, "stop");
-  EXPECT_EQ(progress, *request.diffusion.num_inference_steps);
+  EXPECT_EQ(three.finish_reason, "stop");
+  EXPECT_EQ(progress, *request.parts.value<models::DiffusionRequest>().num_inference_steps);
   EXPECT_EQ(three.progress_packets, progress);
   EXPECT_TRUE(three.stage_metrics.at("stage 1 (diffusion_denoise)").count("step_ms_mean"));
   EXPECT_TRUE(three.stage_metrics.at("stage 2 (diffusion_decode)").count("decode_ms"));
@@ -229,7 +230,7 @@ TEST(DiffusionSplitStages, ThreeStagesGiveTheOneStagesFrames) {
   callbacks.on_progress = [](const std::map<std::string, double>&) { return false; };
   const PipelineResult cancelled = pipeline->generate(request, callbacks);
   EXPECT_FALSE(cancelled.video.defined());
-  EXPECT_EQ(cancelled.omni.finish_reason, "cancelled");
+  EXPECT_EQ(cancelled.finish_reason, "cancelled");
 #endif
 }
 

@@ -29,9 +29,11 @@
 namespace omni::pipeline {
 namespace {
 
+using testing::omni;
+
 const std::string kDir = std::string(OMNI_FIXTURES_DIR) + "/qwen3_omni_tiny";
 
-models::OmniRequest request(bool media = true) { return testing::tiny_request(kDir, media); }
+Request request(bool media = true) { return testing::tiny_request(kDir, media); }
 
 std::shared_ptr<Stage> local(const std::string& model_stage, int id,
                              const models::RunnerOffloadOptions& offload = {}) {
@@ -50,8 +52,8 @@ std::vector<PipelineStage> local_stages() {
 }
 
 // What a fresh pipeline of the three stages answers to request().
-const models::OmniResult& reference() {
-  static const models::OmniResult result = Pipeline(local_stages()).generate(request()).omni;
+const PipelineResult& reference() {
+  static const PipelineResult result = Pipeline(local_stages()).generate(request());
   return result;
 }
 
@@ -128,7 +130,7 @@ class SlowStage : public Stage {
 TEST(PipelineLocal, StreamsTextAndAudioWhileTheStagesOverlap) {
   const auto& ref = reference();
   ASSERT_GE(ref.tokens.size(), 2u);
-  ASSERT_GT(ref.codes.size(1), 0);
+  ASSERT_GT(ref.audio.codes.size(1), 0);
   // The talker's frames slowed to 40 ms each: without it, the tiny talker can finish before
   // code2wav's first chunk (it did under ASan), and the overlap checked below is a race.
   auto stages = local_stages();
@@ -146,24 +148,24 @@ TEST(PipelineLocal, StreamsTextAndAudioWhileTheStagesOverlap) {
     return true;
   };
   const auto got = pipeline.generate(request(), cb);
-  EXPECT_EQ(got.omni.tokens, ref.tokens);
-  EXPECT_EQ(got.omni.finish_reason, ref.finish_reason);
+  EXPECT_EQ(got.tokens, ref.tokens);
+  EXPECT_EQ(got.finish_reason, ref.finish_reason);
   EXPECT_EQ(got.text, streamed_text);
   EXPECT_FALSE(got.text.empty());
-  ASSERT_TRUE(got.omni.codes.defined());
-  EXPECT_TRUE(at::equal(got.omni.codes, ref.codes));
-  EXPECT_EQ(got.omni.audio_finish_reason, ref.audio_finish_reason);
-  ASSERT_TRUE(got.omni.waveform.defined());
-  EXPECT_TRUE(at::equal(got.omni.waveform, ref.waveform.to(at::kFloat)));
-  EXPECT_EQ(got.omni.streamed_samples, ref.streamed_samples);
-  EXPECT_GT(got.omni.timings.time_to_first_audio_ms, 0);
-  EXPECT_EQ(got.speaker, "ethan");
+  ASSERT_TRUE(got.audio.codes.defined());
+  EXPECT_TRUE(at::equal(got.audio.codes, ref.audio.codes));
+  EXPECT_EQ(got.audio.finish_reason, ref.audio.finish_reason);
+  ASSERT_TRUE(got.audio.waveform.defined());
+  EXPECT_TRUE(at::equal(got.audio.waveform, ref.audio.waveform.to(at::kFloat)));
+  EXPECT_EQ(got.audio.streamed_samples, ref.audio.streamed_samples);
+  EXPECT_GT(got.timings.at("time_to_first_audio_ms"), 0);
+  EXPECT_EQ(got.audio.voice, "ethan");
   EXPECT_GT(got.bytes_between_stages, 0u);
   // The first audio left code2wav before the talker finished (the stages overlap).
   const auto& talker = got.stage_metrics.at("stage 1 (talker)");
   const auto& code2wav = got.stage_metrics.at("stage 2 (code2wav)");
   EXPECT_LT(code2wav.at("first_packet_ms"), talker.at("done_ms"))
-      << ref.codes.size(1) << " frames; the talker sleeps 40 ms before each";
+      << ref.audio.codes.size(1) << " frames; the talker sleeps 40 ms before each";
 }
 
 // The thinker's packets slowed down: the talker must start speaking while the thinker still
@@ -174,9 +176,9 @@ TEST(PipelineLocal, TheTalkerSpeaksWhileTheThinkerStillWrites) {
   stages[0].stage = std::make_shared<SlowStage>(stages[0].stage);
   Pipeline pipeline(stages);
   const auto got = pipeline.generate(request());
-  EXPECT_EQ(got.omni.tokens, ref.tokens);
-  EXPECT_TRUE(at::equal(got.omni.codes, ref.codes));
-  EXPECT_TRUE(at::equal(got.omni.waveform, ref.waveform.to(at::kFloat)));
+  EXPECT_EQ(got.tokens, ref.tokens);
+  EXPECT_TRUE(at::equal(got.audio.codes, ref.audio.codes));
+  EXPECT_TRUE(at::equal(got.audio.waveform, ref.audio.waveform.to(at::kFloat)));
   const auto& thinker = got.stage_metrics.at("stage 0 (thinker)");
   const auto& talker = got.stage_metrics.at("stage 1 (talker)");
   // 12 packets of 40 ms: the thinker ends after ~480 ms; the first frame comes after ~2 packets.
@@ -213,7 +215,7 @@ TEST(StopStringCutter, HoldsBackWhatMayBecomeAStopStringAndCutsBeforeIt) {
 TEST(PipelineLocal, AStopStringEndsTheAnswerBeforeIt) {
   Pipeline pipeline(local_stages());
   auto r = request(false);
-  r.sampling.thinker.max_new_tokens = 12;
+  omni(r).sampling.thinker.max_new_tokens = 12;
   const auto whole = pipeline.generate(r);
   // A stop string from inside the answer: an ASCII character not seen before it (the tiny
   // model's text is noise, and a byte of a multi-byte character would not be text).
@@ -226,10 +228,10 @@ TEST(PipelineLocal, AStopStringEndsTheAnswerBeforeIt) {
   r.stop_strings = {stop};
   const auto cut = pipeline.generate(r);
   EXPECT_EQ(cut.text, whole.text.substr(0, whole.text.find(stop)));
-  EXPECT_EQ(cut.omni.finish_reason, "stop");
-  EXPECT_LT(cut.omni.tokens.size(), whole.omni.tokens.size());
-  if (cut.omni.tokens.size() >= 2) {
-    EXPECT_GT(cut.omni.codes.size(1), 0);
+  EXPECT_EQ(cut.finish_reason, "stop");
+  EXPECT_LT(cut.tokens.size(), whole.tokens.size());
+  if (cut.tokens.size() >= 2) {
+    EXPECT_GT(cut.audio.codes.size(1), 0);
   }
 }
 
@@ -238,10 +240,10 @@ TEST(PipelineLocal, TextOnlyRunsTheThinkerAlone) {
   auto r = request(false);
   r.audio_output = false;
   const auto got = pipeline.generate(r);
-  EXPECT_FALSE(got.omni.tokens.empty());
+  EXPECT_FALSE(got.tokens.empty());
   EXPECT_EQ(got.stage_metrics.size(), 1u);
   EXPECT_TRUE(got.stage_metrics.count("stage 0 (thinker)"));
-  EXPECT_FALSE(got.omni.codes.defined());
+  EXPECT_FALSE(got.audio.codes.defined());
 }
 
 // A stage with every weight resident can offload nothing: 0, not param_bytes less the padded
@@ -286,10 +288,10 @@ TEST(PipelineLocal, ExpertOffloadChangesNothingAndTheStatsReportTheCache) {
                        {1, "talker", {0}, local("talker", 1)},
                        {2, "code2wav", {1}, local("code2wav", 2)}});
     const auto got = pipeline.generate(request());
-    EXPECT_EQ(got.omni.tokens, ref.tokens);
-    ASSERT_TRUE(got.omni.codes.defined());
-    EXPECT_TRUE(at::equal(got.omni.codes, ref.codes));
-    EXPECT_TRUE(at::equal(got.omni.waveform, ref.waveform.to(at::kFloat)));
+    EXPECT_EQ(got.tokens, ref.tokens);
+    ASSERT_TRUE(got.audio.codes.defined());
+    EXPECT_TRUE(at::equal(got.audio.codes, ref.audio.codes));
+    EXPECT_TRUE(at::equal(got.audio.waveform, ref.audio.waveform.to(at::kFloat)));
 
     stats = Json::parse(thinker->stats_json());
     const auto& e = stats["expert_cache"];
@@ -298,9 +300,9 @@ TEST(PipelineLocal, ExpertOffloadChangesNothingAndTheStatsReportTheCache) {
     EXPECT_EQ(e["budget_bytes"], 4 * expert);  // 25% of the experts' bytes
     EXPECT_GT(e["uses"].get<uint64_t>(), 0u);
     EXPECT_EQ(e["uses"].get<uint64_t>(), e["hits"].get<uint64_t>() + e["misses"].get<uint64_t>());
-    EXPECT_EQ(e["tokens"].get<size_t>(), got.omni.tokens.size());
+    EXPECT_EQ(e["tokens"].get<size_t>(), got.tokens.size());
     EXPECT_DOUBLE_EQ(e["bytes_h2d_per_token"].get<double>(),
-                     e["bytes_h2d"].get<double>() / static_cast<double>(got.omni.tokens.size()));
+                     e["bytes_h2d"].get<double>() / static_cast<double>(got.tokens.size()));
     for (const char* key : {"host_computed", "prefetched", "stall_ms", "hit_rate", "slots"}) {
       EXPECT_TRUE(e.contains(key)) << key;
     }
@@ -339,8 +341,8 @@ class BrokenStage : public Stage {
   std::string stats_json() override { return "{}"; }
   StageInfo info() override {
     StageInfo i;
-    i.speakers = {"ethan"};
-    i.default_speaker = "ethan";
+    i.voices = {"ethan"};
+    i.default_voice = "ethan";
     return i;
   }
   uint64_t set_device_released(bool) override { return 0; }
@@ -367,7 +369,7 @@ TEST(PipelineLocal, AFailingStageFailsTheRequestNamingIt) {
   // The pipeline still serves.
   auto r = request(false);
   r.audio_output = false;
-  EXPECT_FALSE(pipeline.generate(r).omni.tokens.empty());
+  EXPECT_FALSE(pipeline.generate(r).tokens.empty());
 }
 
 TEST(PipelineLocal, TheDeadlineCancelsAStageThatDoesNotFinish) {
@@ -394,7 +396,7 @@ TEST(PipelineLocal, ACallbackCancelsEveryStage) {
   cb.on_frame = [&](const std::vector<int64_t>&) { return ++frames < 2; };
   const auto got = pipeline.generate(request(false), cb);
   EXPECT_EQ(frames, 2);
-  EXPECT_EQ(got.omni.audio_finish_reason, "cancelled");
+  EXPECT_EQ(got.audio.finish_reason, "cancelled");
 }
 
 // A fourth stage of an existing kind on a second branch (two code2wav stages reading one
@@ -406,11 +408,11 @@ TEST(PipelineLocal, ASecondCode2WavBranchRunsBesideTheFirst) {
   Pipeline pipeline(stages);
   const auto& ref = reference();
   const auto got = pipeline.generate(request());
-  EXPECT_EQ(got.omni.tokens, ref.tokens);
-  EXPECT_TRUE(at::equal(got.omni.codes, ref.codes));
-  EXPECT_TRUE(at::equal(got.omni.waveform, ref.waveform));
+  EXPECT_EQ(got.tokens, ref.tokens);
+  EXPECT_TRUE(at::equal(got.audio.codes, ref.audio.codes));
+  EXPECT_TRUE(at::equal(got.audio.waveform, ref.audio.waveform));
   ASSERT_EQ(got.branch_outputs.count("stage 3 (code2wav)"), 1u);
-  EXPECT_TRUE(at::equal(got.branch_outputs.at("stage 3 (code2wav)"), ref.waveform));
+  EXPECT_TRUE(at::equal(got.branch_outputs.at("stage 3 (code2wav)"), ref.audio.waveform));
   EXPECT_EQ(got.stage_metrics.size(), 4u);
 }
 
@@ -465,7 +467,7 @@ TEST(PipelineLocal, PacketsCarryTheStageThatWroteThem) {
   EXPECT_EQ(recorder->sources, (std::set<int64_t>{1}));
   EXPECT_EQ(talker->sources, (std::set<int64_t>{0}));
   EXPECT_FALSE(got.text.empty());
-  EXPECT_EQ(talker->tokens, got.omni.tokens.size());
+  EXPECT_EQ(talker->tokens, got.tokens.size());
   EXPECT_EQ(talker->text, "");
 }
 

@@ -29,10 +29,10 @@ const char* const kThinker = "stage 0 (thinker)";
 const char* const kTalker = "stage 1 (talker)";
 
 // Text + audio + image in, text + speech out: every part of the model runs.
-models::OmniRequest request() { return testing::tiny_request(kDir); }
+Request request() { return testing::tiny_request(kDir); }
 
 struct Answer {
-  models::OmniResult result;
+  PipelineResult result;
   Json stats;  // Pipeline::stats_json after the request
 };
 
@@ -42,7 +42,7 @@ Answer run(DeviceKind kind, const config::EngineFlags& flags) {
   config::apply_stage_flags(config, flags, "");
   auto pipeline = make_local_pipeline(config, device);
   Answer r;
-  r.result = pipeline->generate(request()).omni;
+  r.result = pipeline->generate(request());
   r.stats = Json::parse(pipeline->stats_json());
   return r;
 }
@@ -91,7 +91,7 @@ TEST_P(PipelineOffload, SameTextCodesAndWaveformWithTheNamedPartsStreamed) {
   const auto [kind, c] = GetParam();
   OMNI_SKIP_IF_DEVICE_MISSING(kind);
   const Answer& b = baseline(kind);
-  ASSERT_GE(b.result.codes.size(1), 4);
+  ASSERT_GE(b.result.audio.codes.size(1), 4);
   config::EngineFlags flags;
   if (c.components.empty()) {
     flags = {config::engine_flag("enable_layerwise_offload", {"true"})};
@@ -101,8 +101,8 @@ TEST_P(PipelineOffload, SameTextCodesAndWaveformWithTheNamedPartsStreamed) {
   }
   const Answer got = run(kind, flags);
   EXPECT_EQ(got.result.tokens, b.result.tokens);
-  EXPECT_TRUE(at::equal(got.result.codes, b.result.codes));
-  EXPECT_TRUE(at::equal(got.result.waveform, b.result.waveform));
+  EXPECT_TRUE(at::equal(got.result.audio.codes, b.result.audio.codes));
+  EXPECT_TRUE(at::equal(got.result.audio.waveform, b.result.audio.waveform));
   for (const std::string& stage : c.stages) {
     SCOPED_TRACE(stage);
     const Json& s = got.stats[stage];

@@ -16,8 +16,12 @@
 #include "model_runner/weights/safetensors.h"
 #include "worker/pipeline/local_pipeline.h"
 
+#include "tiny_request.h"
+
 namespace omni::pipeline {
 namespace {
+
+using testing::omni;
 
 const std::string kDir = std::string(OMNI_FIXTURES_DIR) + "/qwen3_omni_tiny";
 // The requests of the reference's speech runs (make_qwen3_omni_fixture.py).
@@ -49,8 +53,8 @@ Pipeline& pipeline() {
 }
 
 // The three speech prompts of the fixture, as a user writes them.
-models::OmniRequest request(const std::string& name) {
-  models::OmniRequest r;
+Request request(const std::string& name) {
+  Request r;
   if (name == "speech_text") {
     r.chat.system_prompt = "You are a helpful voice.";
     r.chat.text = "Say something nice.";
@@ -61,9 +65,9 @@ models::OmniRequest request(const std::string& name) {
     r.chat.text = "What do you see?";
     r.chat.image_files = {kDir + "/image.png"};
   }
-  r.sampling.set_greedy(true);
-  r.sampling.thinker.max_new_tokens = kThinkerTokens;
-  r.max_audio_frames = kAudioFrames;
+  omni(r).sampling.set_greedy(true);
+  omni(r).sampling.thinker.max_new_tokens = kThinkerTokens;
+  omni(r).max_audio_frames = kAudioFrames;
   return r;
 }
 
@@ -82,22 +86,22 @@ TEST_P(PipelineParity, TokensCodesAndWaveformAreTheReferences) {
     ++audio_chunks;
     return true;
   };
-  const auto got = pipeline().generate(request(name), callbacks).omni;
+  const auto got = pipeline().generate(request(name), callbacks);
   EXPECT_EQ(got.tokens, ids_of(name + "_thinker_tokens"));
   const auto codes = expected(name + "_codes");
-  ASSERT_TRUE(got.codes.defined());
-  ASSERT_EQ(got.codes.sizes(), codes.sizes());
-  EXPECT_TRUE(at::equal(got.codes, codes));
-  EXPECT_EQ(got.audio_finish_reason, "length");
+  ASSERT_TRUE(got.audio.codes.defined());
+  ASSERT_EQ(got.audio.codes.sizes(), codes.sizes());
+  EXPECT_TRUE(at::equal(got.audio.codes, codes));
+  EXPECT_EQ(got.audio.finish_reason, "length");
   EXPECT_EQ(static_cast<int64_t>(streamed_frames.size()), codes.size(1));
   EXPECT_GE(audio_chunks, 2);  // 4 frames first, then the rest
   const auto wav = expected(name + "_wav");
-  ASSERT_EQ(got.waveform.numel(), wav.numel());  // 24 * 1920 - 555 samples
-  const double diff = max_abs_diff(got.waveform, wav);
+  ASSERT_EQ(got.audio.waveform.numel(), wav.numel());  // 24 * 1920 - 555 samples
+  const double diff = max_abs_diff(got.audio.waveform, wav);
   EXPECT_LE(diff, 1e-4);
   std::cout << name << ": waveform max abs diff " << diff << "\n";
-  EXPECT_GT(got.timings.time_to_first_audio_ms, 0);
-  EXPECT_GT(got.timings.talker_frames_per_s, 0);
+  EXPECT_GT(got.timings.at("time_to_first_audio_ms"), 0);
+  EXPECT_GT(got.timings.at("talker_frames_per_s"), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Prompts, PipelineParity,
@@ -107,25 +111,25 @@ TEST(PipelineRequests, TextOnlyRunsNoTalker) {
   auto r = request("speech_text");
   r.audio_output = false;
   const auto got = pipeline().generate(r);
-  EXPECT_EQ(got.omni.tokens, ids_of("speech_text_thinker_tokens"));
-  EXPECT_FALSE(got.omni.codes.defined() && got.omni.codes.numel() > 0);
+  EXPECT_EQ(got.tokens, ids_of("speech_text_thinker_tokens"));
+  EXPECT_FALSE(got.audio.codes.defined() && got.audio.codes.numel() > 0);
   EXPECT_EQ(got.stage_metrics.count("stage 1 (talker)"), 0u);
 }
 
 TEST(PipelineRequests, FrameCapAndCancellation) {
   auto r = request("speech_text");
-  r.max_audio_frames = 5;
-  auto got = pipeline().generate(r).omni;
-  ASSERT_EQ(got.codes.size(1), 5);
-  EXPECT_TRUE(at::equal(got.codes, expected("speech_text_codes").narrow(1, 0, 5)));
-  EXPECT_EQ(got.waveform.numel(), 5 * 1920 - 555);
+  omni(r).max_audio_frames = 5;
+  auto got = pipeline().generate(r);
+  ASSERT_EQ(got.audio.codes.size(1), 5);
+  EXPECT_TRUE(at::equal(got.audio.codes, expected("speech_text_codes").narrow(1, 0, 5)));
+  EXPECT_EQ(got.audio.waveform.numel(), 5 * 1920 - 555);
 
   PipelineCallbacks stop_after_3;
   int frames = 0;
   stop_after_3.on_frame = [&](const std::vector<int64_t>&) { return ++frames < 3; };
-  got = pipeline().generate(request("speech_text"), stop_after_3).omni;
+  got = pipeline().generate(request("speech_text"), stop_after_3);
   EXPECT_EQ(frames, 3);
-  EXPECT_EQ(got.audio_finish_reason, "cancelled");
+  EXPECT_EQ(got.audio.finish_reason, "cancelled");
 }
 
 // Sampling (the reference defaults of every stage): a seed reproduces text, codes and waveform;
@@ -133,26 +137,27 @@ TEST(PipelineRequests, FrameCapAndCancellation) {
 // are compared with themselves, not with the reference.)
 TEST(PipelineRequests, SampledRunsAreReproducibleFromTheSeed) {
   auto r = request("speech_text");
-  r.sampling = models::OmniSampling();
-  r.sampling.thinker.max_new_tokens = kThinkerTokens;
-  r.sampling.set_seed(7);
-  const auto a = pipeline().generate(r).omni;
-  const auto b = pipeline().generate(r).omni;
+  omni(r).sampling = models::OmniSampling();
+  omni(r).sampling.thinker.max_new_tokens = kThinkerTokens;
+  omni(r).sampling.set_seed(7);
+  const auto a = pipeline().generate(r);
+  const auto b = pipeline().generate(r);
   EXPECT_EQ(a.tokens, b.tokens);
-  ASSERT_GT(a.codes.size(1), 0);
-  EXPECT_TRUE(at::equal(a.codes, b.codes));
-  EXPECT_TRUE(at::equal(a.waveform, b.waveform));
-  r.sampling.set_seed(8);
-  const auto c = pipeline().generate(r).omni;
-  EXPECT_FALSE(c.codes.sizes() == a.codes.sizes() && at::equal(c.codes, a.codes));
+  ASSERT_GT(a.audio.codes.size(1), 0);
+  EXPECT_TRUE(at::equal(a.audio.codes, b.audio.codes));
+  EXPECT_TRUE(at::equal(a.audio.waveform, b.audio.waveform));
+  omni(r).sampling.set_seed(8);
+  const auto c = pipeline().generate(r);
+  EXPECT_FALSE(c.audio.codes.sizes() == a.audio.codes.sizes() &&
+               at::equal(c.audio.codes, a.audio.codes));
   // Sampled talker codes are not the greedy ones.
   const auto greedy = expected("speech_text_codes");
-  EXPECT_FALSE(a.codes.sizes() == greedy.sizes() && at::equal(a.codes, greedy));
+  EXPECT_FALSE(a.audio.codes.sizes() == greedy.sizes() && at::equal(a.audio.codes, greedy));
 }
 
 TEST(PipelineRequests, BadRequestsAreRefusedAndThePipelineStillServes) {
   auto r = request("speech_text");
-  r.speaker = "nobody";
+  r.voice = "nobody";
   try {
     pipeline().generate(r);
     FAIL() << "an unknown speaker must be refused";
@@ -164,9 +169,9 @@ TEST(PipelineRequests, BadRequestsAreRefusedAndThePipelineStillServes) {
   r.text_output = r.audio_output = false;
   EXPECT_ANY_THROW(pipeline().generate(r));
   r = request("speech_text");
-  r.stream.chunk_frames = 0;
+  omni(r).stream.chunk_frames = 0;
   EXPECT_ANY_THROW(pipeline().generate(r));
-  EXPECT_EQ(pipeline().generate(request("speech_text")).omni.tokens,
+  EXPECT_EQ(pipeline().generate(request("speech_text")).tokens,
             ids_of("speech_text_thinker_tokens"));
 }
 

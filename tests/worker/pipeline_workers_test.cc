@@ -49,8 +49,12 @@
 #include "worker/rpc/auth.h"
 #include "worker/rpc/stage_client.h"
 
+#include "tiny_request.h"
+
 namespace omni::pipeline {
 namespace {
+
+using testing::omni;
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
@@ -282,12 +286,12 @@ LauncherOptions launcher_options() {
   return o;
 }
 
-models::OmniRequest request(const std::string& text) {
-  models::OmniRequest r;
+Request request(const std::string& text) {
+  Request r;
   r.chat.text = text;
-  r.sampling.set_greedy(true);
-  r.sampling.thinker.max_new_tokens = 10;
-  r.max_audio_frames = 8;
+  omni(r).sampling.set_greedy(true);
+  omni(r).sampling.thinker.max_new_tokens = 10;
+  omni(r).max_audio_frames = 8;
   return r;
 }
 
@@ -295,7 +299,7 @@ TEST(PipelineWorkers, AKilledWorkerFailsItsRequestAndIsRestarted) {
   StageLauncher launcher(launcher_options());
   auto& pipeline = launcher.pipeline();
   const auto before = pipeline.generate(request("Count to three."));
-  ASSERT_GT(before.omni.codes.size(1), 0);
+  ASSERT_GT(before.audio.codes.size(1), 0);
   auto* supervisor = launcher.supervisor();
   ASSERT_NE(supervisor, nullptr);
   const int talker = launcher.supervisor_index(1);
@@ -326,15 +330,15 @@ TEST(PipelineWorkers, AKilledWorkerFailsItsRequestAndIsRestarted) {
   // The restarted worker has the token the launcher's clients send.
   EXPECT_EQ(environment_value(supervisor->pid(talker), rpc::kWorkerTokenEnv), token);
   const auto after = pipeline.generate(request("Count to three."));
-  EXPECT_EQ(after.omni.tokens, before.omni.tokens);
-  EXPECT_TRUE(at::equal(after.omni.codes, before.omni.codes));
-  EXPECT_TRUE(at::equal(after.omni.waveform, before.omni.waveform));
+  EXPECT_EQ(after.tokens, before.tokens);
+  EXPECT_TRUE(at::equal(after.audio.codes, before.audio.codes));
+  EXPECT_TRUE(at::equal(after.audio.waveform, before.audio.waveform));
 }
 
 TEST(PipelineWorkers, ABadRequestFailsAloneAndTheWorkersKeepServing) {
   StageLauncher launcher(launcher_options());
   auto r = request("Hello.");
-  r.speaker = "nobody";
+  r.voice = "nobody";
   try {
     launcher.pipeline().generate(r);
     FAIL() << "an unknown speaker was accepted";
@@ -343,7 +347,7 @@ TEST(PipelineWorkers, ABadRequestFailsAloneAndTheWorkersKeepServing) {
     EXPECT_EQ(e.code(), StageError::Code::kInvalidArgument) << e.what();
     EXPECT_NE(std::string(e.what()).find("nobody"), std::string::npos) << e.what();
   }
-  EXPECT_GT(launcher.pipeline().generate(request("Hello.")).omni.codes.size(1), 0);
+  EXPECT_GT(launcher.pipeline().generate(request("Hello.")).audio.codes.size(1), 0);
 }
 
 TEST(PipelineWorkers, ConcurrentRequestsEachGetTheirOwnAnswer) {
@@ -367,12 +371,12 @@ TEST(PipelineWorkers, ConcurrentRequestsEachGetTheirOwnAnswer) {
   int distinct = 0;
   for (int i = 0; i < kRequests; ++i) {
     const auto got = futures[i].get();
-    EXPECT_EQ(got.omni.tokens, alone[i].omni.tokens) << "request " << i;
+    EXPECT_EQ(got.tokens, alone[i].tokens) << "request " << i;
     EXPECT_EQ(got.text, alone[i].text) << "request " << i;
-    ASSERT_TRUE(got.omni.codes.defined());
-    EXPECT_TRUE(at::equal(got.omni.codes, alone[i].omni.codes)) << "request " << i;
-    EXPECT_TRUE(at::equal(got.omni.waveform, alone[i].omni.waveform)) << "request " << i;
-    distinct += i > 0 && alone[i].omni.tokens != alone[0].omni.tokens;
+    ASSERT_TRUE(got.audio.codes.defined());
+    EXPECT_TRUE(at::equal(got.audio.codes, alone[i].audio.codes)) << "request " << i;
+    EXPECT_TRUE(at::equal(got.audio.waveform, alone[i].audio.waveform)) << "request " << i;
+    distinct += i > 0 && alone[i].tokens != alone[0].tokens;
   }
   EXPECT_GT(distinct, 0) << "the prompts should not all give the same answer";
 }
@@ -568,11 +572,11 @@ TEST(PipelineWorkers, ASharedDeviceBudgetMakesTheThinkerAndTalkerTakeTurns) {
   for (int round = 0; round < 2; ++round) {
     const auto got1 = shared.pipeline().generate(request("Count to three."));
     const auto got2 = shared.pipeline().generate(request("Name a colour."));
-    EXPECT_EQ(got1.omni.tokens, want1.omni.tokens);
-    EXPECT_TRUE(at::equal(got1.omni.codes, want1.omni.codes));
-    EXPECT_TRUE(at::equal(got1.omni.waveform, want1.omni.waveform));
-    EXPECT_EQ(got2.omni.tokens, want2.omni.tokens);
-    EXPECT_TRUE(at::equal(got2.omni.codes, want2.omni.codes));
+    EXPECT_EQ(got1.tokens, want1.tokens);
+    EXPECT_TRUE(at::equal(got1.audio.codes, want1.audio.codes));
+    EXPECT_TRUE(at::equal(got1.audio.waveform, want1.audio.waveform));
+    EXPECT_EQ(got2.tokens, want2.tokens);
+    EXPECT_TRUE(at::equal(got2.audio.codes, want2.audio.codes));
   }
   const auto stats = Json::parse(shared.stats_json());
   const auto& device = stats["device_ledger"]["local/cpu"];
@@ -602,9 +606,9 @@ TEST(PipelineWorkers, ASharedDeviceBudgetMakesTheThinkerAndTalkerTakeTurns) {
     StageLauncher turns(one_at_a_time);
     for (int round = 0; round < 2; ++round) {
       const auto got = turns.pipeline().generate(request("Count to three."));
-      EXPECT_EQ(got.omni.tokens, want1.omni.tokens);
-      EXPECT_TRUE(at::equal(got.omni.codes, want1.omni.codes));
-      EXPECT_TRUE(at::equal(got.omni.waveform, want1.omni.waveform));
+      EXPECT_EQ(got.tokens, want1.tokens);
+      EXPECT_TRUE(at::equal(got.audio.codes, want1.audio.codes));
+      EXPECT_TRUE(at::equal(got.audio.waveform, want1.audio.waveform));
     }
     const auto ledger = Json::parse(turns.stats_json())["device_ledger"]["local/cpu"];
     EXPECT_GE(ledger["stages"]["stage 2 (code2wav)"]["evictions"].get<int>(), 1) << ledger.dump();
@@ -659,7 +663,7 @@ TEST(PipelineWorkers, AWorkerWithATokenRefusesOthersAndKeepsServing) {
   options.token = "s3cret-token";
   StageLauncher launcher(options);
   const auto got = launcher.pipeline().generate(request("Hello."));
-  EXPECT_GT(got.omni.codes.size(1), 0);
+  EXPECT_GT(got.audio.codes.size(1), 0);
   worker.stop();
   const auto log = read_file(spec.log_path);
   EXPECT_NE(log.find("refused"), std::string::npos) << log;
@@ -693,7 +697,7 @@ TEST(PipelineWorkers, LaunchedWorkersRefuseACallerWithoutTheirToken) {
   }
 
   // The talker after a request holds its weights on its device; the launcher's calls pass.
-  ASSERT_GT(launcher.pipeline().generate(request("Hello.")).omni.codes.size(1), 0);
+  ASSERT_GT(launcher.pipeline().generate(request("Hello.")).audio.codes.size(1), 0);
   Stage& own = *launcher.pipeline().stages().at(1).stage;
   const uint64_t held = own.device_bytes();
   ASSERT_GT(held, 0u);
@@ -759,7 +763,7 @@ TEST(PipelineWorkers, LaunchedWorkersRefuseACallerWithoutTheirToken) {
   std::string why;
   EXPECT_TRUE(rpc::wait_healthy(address, {}, std::chrono::seconds(5), &why)) << why;
   EXPECT_TRUE(launcher.healthy(&why)) << why;
-  EXPECT_GT(launcher.pipeline().generate(request("Hello.")).omni.codes.size(1), 0);
+  EXPECT_GT(launcher.pipeline().generate(request("Hello.")).audio.codes.size(1), 0);
 }
 
 // A process's resident memory at its highest from now on: VmHWM after resetting it

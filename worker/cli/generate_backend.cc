@@ -17,15 +17,14 @@ class PipelineBackend : public GenerateBackend {
                   std::shared_ptr<void> owner, pipeline::Pipeline& pipeline)
       : options_(o), config_(std::move(config)), owner_(std::move(owner)), pipeline_(pipeline) {}
 
-  bool has_talker() override { return pipeline_.has_speech(); }
+  bool answers_audio() override { return pipeline_.has_speech(); }
   bool answers_video() override { return pipeline_.has_video(); }
   void set_progress(std::function<void(const std::map<std::string, double>&)> fn) override {
     progress_ = std::move(fn);
   }
-  std::string default_speaker() override { return pipeline_.default_speaker(); }
-  Answer generate(const models::OmniRequest& request,
-                  const std::function<void(const std::string&)>& on_text,
-                  const std::vector<pipeline::MediaFile>* media) override {
+  pipeline::PipelineResult generate(const pipeline::Request& request,
+                                    const std::function<void(const std::string&)>& on_text,
+                                    const std::vector<pipeline::MediaFile>* media) override {
     pipeline::PipelineCallbacks callbacks;
     callbacks.on_text = [&](const std::string& text) {
       on_text(text);
@@ -42,11 +41,10 @@ class PipelineBackend : public GenerateBackend {
       deadline = Clock::now() +
                  std::chrono::milliseconds(static_cast<int64_t>(options_.request_timeout_s * 1000));
     }
-    models::OmniRequest with_defaults = request;
+    pipeline::Request with_defaults = request;
     apply_sampling_defaults(with_defaults, config_, sampling_given_by_flags(options_.given));
-    pipeline::PipelineResult result;
     try {
-      result = pipeline_.generate(with_defaults, callbacks, deadline, media);
+      return pipeline_.generate(with_defaults, callbacks, deadline, media);
     } catch (const pipeline::StageError& e) {
       if (e.code() != pipeline::StageError::Code::kDeadlineExceeded) throw;
       std::ostringstream why;
@@ -54,13 +52,6 @@ class PipelineBackend : public GenerateBackend {
           << " s) while " << (e.stage().empty() ? "the pipeline" : e.stage()) << " was at work";
       throw std::runtime_error(why.str());
     }
-    Answer answer;
-    answer.result = std::move(result.omni);
-    answer.text = std::move(result.text);
-    answer.video = std::move(result.video);
-    answer.video_fps = result.video_fps;
-    answer.stage_metrics = std::move(result.stage_metrics);
-    return answer;
   }
   std::string offload_json() override { return pipeline_.stats_json(); }
 

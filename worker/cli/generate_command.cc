@@ -37,12 +37,6 @@ using Json = nlohmann::json;
 
 using pipeline::ms_since;
 
-std::string lower(std::string text) {
-  std::transform(text.begin(), text.end(), text.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return text;
-}
-
 // Mistakes in what the user typed: the reason alone, without the source location OMNI_THROW
 // adds for internal errors.
 template <typename... Parts>
@@ -103,19 +97,6 @@ void check_paths(const GenerateOptions& o) {
   }
 }
 
-Json timings_json(const models::OmniTimings& t) {
-  return Json{{"load_ms", t.load_ms},
-              {"thinker_prefill_ms", t.thinker_prefill_ms},
-              {"thinker_decode_tokens_per_s", t.thinker_decode_tokens_per_s},
-              {"talker_ms", t.talker_ms},
-              {"talker_frames_per_s", t.talker_frames_per_s},
-              {"code_predictor_ms", t.code_predictor_ms},
-              {"code2wav_ms", t.code2wav_ms},
-              {"code2wav_real_time_factor", t.code2wav_real_time_factor},
-              {"time_to_first_audio_ms", t.time_to_first_audio_ms},
-              {"total_ms", t.total_ms}};
-}
-
 // codes [num_code_groups, frames] -> a list of frames, each num_code_groups codes.
 Json codes_json(const at::Tensor& codes) {
   Json frames = Json::array();
@@ -151,7 +132,7 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
       check_flags_apply(o, std::any_of(kinds.begin(), kinds.end(),
                                        [](const auto& k) { return k.answers_video; }));
     }
-    models::OmniRequest request = to_request(o);
+    pipeline::Request request = to_request(o);
     std::vector<pipeline::MediaFile> media;
     if (!o.messages.empty()) read_messages(o.messages, request.chat, media);
     const models::WavFormat format = wav_format(o);
@@ -176,7 +157,7 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
       return 0;
     }
 
-    if (request.audio_output && !backend->has_talker()) {
+    if (request.audio_output && !backend->answers_audio()) {
       if (o.modalities_given) {
         fail("'", source,
              "' has no stage that speaks: it answers in text only (--modalities text)");
@@ -202,41 +183,39 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
           line_open = true;
         },
         o.messages.empty() ? nullptr : &media);
-    const models::OmniResult& result = answer.result;
+    const pipeline::AudioResult& audio = answer.audio;
     if (stream_text) {
       io.out << "\n" << std::flush;
       line_open = false;
     }
 
-    const int64_t samples = num_samples(result.waveform);
-    const double audio_seconds =
-        result.sample_rate > 0 ? static_cast<double>(samples) / result.sample_rate : 0.0;
+    const int64_t samples = num_samples(audio.waveform);
+    const int64_t sample_rate = audio.sample_rate > 0 ? audio.sample_rate : 24000;
+    const double audio_seconds = static_cast<double>(samples) / sample_rate;
     if (write) {
       const at::Tensor waveform =
-          result.waveform.defined() ? result.waveform : at::empty({0}, at::kFloat);
-      models::write_wav(o.output_wav, waveform, result.sample_rate, format);
+          audio.waveform.defined() ? audio.waveform : at::empty({0}, at::kFloat);
+      models::write_wav(o.output_wav, waveform, sample_rate, format);
       std::ostringstream line;
       line << "wrote " << o.output_wav << " (" << std::fixed << std::setprecision(2)
-           << audio_seconds << " s, " << result.sample_rate << " Hz, " << o.wav_format << ")";
+           << audio_seconds << " s, " << sample_rate << " Hz, " << o.wav_format << ")";
       progress(line.str());
     }
 
     if (o.json) {
       Json j;
       j["text"] = answer.text;
-      j["token_ids"] = result.tokens;
-      j["finish_reason"] = result.finish_reason;
-      j["audio_finish_reason"] = result.audio_finish_reason;
-      j["codes"] = codes_json(result.codes);
+      j["token_ids"] = answer.tokens;
+      j["finish_reason"] = answer.finish_reason;
+      j["audio_finish_reason"] = audio.finish_reason;
+      j["codes"] = codes_json(audio.codes);
       j["wav"] = write ? Json(o.output_wav) : Json(nullptr);
       j["audio_seconds"] = audio_seconds;
-      j["sample_rate"] = result.sample_rate;
-      j["speaker"] = request.audio_output
-                         ? Json(o.speaker.empty() ? backend->default_speaker() : lower(o.speaker))
-                         : Json(nullptr);
-      models::OmniTimings timings = result.timings;
-      timings.load_ms = load_ms;  // the pipeline's start, which the request's timings leave out
-      j["timings"] = timings_json(timings);
+      j["sample_rate"] = sample_rate;
+      j["speaker"] = request.audio_output ? Json(audio.voice) : Json(nullptr);
+      Json timings(answer.timings);
+      timings["load_ms"] = load_ms;  // the pipeline's start, which the request's timings leave out
+      j["timings"] = timings;
       j["offload"] = Json::parse(backend->offload_json());
       // replace: text from the tokenizer is valid UTF-8, but a user path need not be.
       io.out << j.dump(-1, ' ', false, Json::error_handler_t::replace) << std::endl;

@@ -10,8 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "model_runner/runner/omni_request.h"
-#include "worker/pipeline/stage.h"
+#include "worker/pipeline/pipeline.h"
 
 #include "worker/cli/command_errors.h"
 #include "worker/cli/generate_options.h"
@@ -28,26 +27,17 @@ struct CommandIo {
 class GenerateBackend {
  public:
   virtual ~GenerateBackend() = default;
-  virtual bool has_talker() = 0;
-  virtual std::string default_speaker() = 0;
-  struct Answer {
-    models::OmniResult result;
-    std::string text;  // the whole answer's text
-    // A diffusion stage's frames ([F, H, W, 3] float32, undefined if cancelled), its frame
-    // rate, and every stage's metrics (pipeline::PipelineResult::stage_metrics).
-    at::Tensor video;
-    int64_t video_fps = 0;
-    std::map<std::string, std::map<std::string, double>> stage_metrics;
-  };
+  // The pipeline answers with audio.
+  virtual bool answers_audio() = 0;
   // The pipeline answers with video (a diffusion stage).
   virtual bool answers_video() = 0;
   // Called with each diffusion step's metrics (step, steps, timestep, step_ms) during generate.
   virtual void set_progress(std::function<void(const std::map<std::string, double>&)> fn) = 0;
   // `on_text` gets the text as it is generated (whole UTF-8 characters). `media`: the inputs as
   // bytes (a conversation read from --messages) instead of the request's files.
-  virtual Answer generate(const models::OmniRequest& request,
-                          const std::function<void(const std::string&)>& on_text,
-                          const std::vector<pipeline::MediaFile>* media = nullptr) = 0;
+  virtual pipeline::PipelineResult generate(
+      const pipeline::Request& request, const std::function<void(const std::string&)>& on_text,
+      const std::vector<pipeline::MediaFile>* media = nullptr) = 0;
   // Offload statistics as a JSON value.
   virtual std::string offload_json() = 0;
 };

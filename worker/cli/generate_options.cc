@@ -21,7 +21,7 @@ namespace omni::cli {
 GenerateOptions::GenerateOptions() {
   const models::SamplingParams thinker = models::OmniSampling::default_thinker();
   const models::SamplingParams talker = models::OmniSampling::default_talker();
-  const models::OmniRequest request;
+  const models::OmniOptions request;
   const models::qwen3_omni::Code2WavStreamOptions stream;
   max_tokens = thinker.max_new_tokens;
   temperature = thinker.temperature;
@@ -310,38 +310,40 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
       ->excludes(stage_configs);
 }
 
-models::OmniRequest to_request(const GenerateOptions& o) {
-  models::OmniRequest r;
+pipeline::Request to_request(const GenerateOptions& o) {
+  pipeline::Request r;
   r.chat.text = o.prompt;
   r.chat.audio_files.assign(o.audio.begin(), o.audio.end());
   r.chat.image_files.assign(o.image.begin(), o.image.end());
   r.chat.system_prompt = o.system;
   r.text_output = o.wants_text();
   r.audio_output = o.wants_audio();
-  r.speaker = o.speaker;
-  r.max_audio_frames = o.max_audio_frames;
+  r.voice = o.speaker;
 
-  auto& thinker = r.sampling.thinker;
+  auto& omni = r.parts.get<models::OmniOptions>();
+  omni.max_audio_frames = o.max_audio_frames;
+  auto& thinker = omni.sampling.thinker;
   thinker.max_new_tokens = o.max_tokens;
   thinker.temperature = o.temperature;
   thinker.top_p = o.top_p;
   thinker.top_k = o.top_k;
   thinker.repetition_penalty = o.repetition_penalty;
   // The runner derives the talker's max_new_tokens from max_audio_frames.
-  auto& talker = r.sampling.talker;
+  auto& talker = omni.sampling.talker;
   talker.temperature = o.talker_temperature;
   talker.top_k = o.talker_top_k;
   talker.top_p = o.talker_top_p;
   talker.repetition_penalty = o.talker_repetition_penalty;
   // After the fields above: greedy and the seed apply to every stage.
-  if (o.greedy) r.sampling.set_greedy(true);
-  if (o.seed) r.sampling.set_seed(*o.seed);
+  if (o.greedy) omni.sampling.set_greedy(true);
+  if (o.seed) omni.sampling.set_seed(*o.seed);
 
-  r.stream.first_chunk_frames = o.stream_first_chunk;
-  r.stream.chunk_frames = o.stream_chunk;
-  r.stream.left_context_frames = o.stream_left_context;
-  r.diffusion = o.diffusion;
-  if (o.seed) r.diffusion.seed = *o.seed;
+  omni.stream.first_chunk_frames = o.stream_first_chunk;
+  omni.stream.chunk_frames = o.stream_chunk;
+  omni.stream.left_context_frames = o.stream_left_context;
+  auto& diffusion = r.parts.get<models::DiffusionRequest>();
+  diffusion = o.diffusion;
+  if (o.seed) diffusion.seed = *o.seed;
   return r;
 }
 

@@ -1,6 +1,7 @@
 // Options of `vllm-omni generate`: a plain struct that CLI11 fills, and the functions that turn
-// it into the request (OmniRequest); the offload flags reach the stage config through
-// generate_backend.h. Defaults are the request's own (omni_request.h), so a flag left out
+// it into the request (pipeline::Request, with Qwen3-Omni's and a diffusion's parts); the offload
+// flags reach the stage config through generate_backend.h. Defaults are the parts' own
+// (omni_options.h, diffusion_request.h), so a flag left out
 // changes nothing.
 #pragma once
 
@@ -14,8 +15,10 @@
 #include <vector>
 
 #include "model_runner/output/wav_writer.h"
-#include "model_runner/runner/omni_request.h"
+#include "model_runner/qwen3_omni/omni_options.h"
+#include "model_runner/runner/diffusion_request.h"
 #include "worker/config/engine_options.h"
+#include "worker/pipeline/request.h"
 
 namespace CLI {
 class App;
@@ -103,7 +106,7 @@ const std::vector<std::string>& omni_only_flags();
 
 // The request as the options ask for it (audio per --modalities; the command turns it off on
 // a checkpoint without a talker when --modalities was left at its default).
-models::OmniRequest to_request(const GenerateOptions& options);
+pipeline::Request to_request(const GenerateOptions& options);
 // `device` with "auto" resolved (offload::resolve_device), and one info line saying which.
 std::string resolved_device(const std::string& device);
 models::WavFormat wav_format(const GenerateOptions& options);

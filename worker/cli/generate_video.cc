@@ -106,7 +106,7 @@ void check_flags_apply(const GenerateOptions& o, bool video) {
 
 void run_video(const GenerateOptions& o, const CommandIo& io, GenerateBackend& backend,
                double load_ms) {
-  models::OmniRequest request = to_request(o);
+  pipeline::Request request = to_request(o);
   request.audio_output = false;
   request.text_output = true;
   if (o.output.empty()) {
@@ -114,7 +114,7 @@ void run_video(const GenerateOptions& o, const CommandIo& io, GenerateBackend& b
   }
   if (io.progress) io.err << "vllm-omni: generating" << std::endl;
   std::vector<double> step_ms;
-  GenerateBackend::Answer answer;
+  pipeline::PipelineResult answer;
   {
     ProgressBar bar(io.err);  // its line ends when it goes out of scope
     backend.set_progress([&](const std::map<std::string, double>& m) {
@@ -129,7 +129,7 @@ void run_video(const GenerateOptions& o, const CommandIo& io, GenerateBackend& b
     backend.set_progress({});
   }
   OMNI_CHECK(answer.video.defined(), "the diffusion stage returned no frames (finish reason ",
-             answer.result.finish_reason, ")");
+             answer.finish_reason, ")");
   const at::Tensor& frames = answer.video;
   const int64_t fps = answer.video_fps > 0 ? answer.video_fps : 16;
   double write_ms = 0;
@@ -161,9 +161,9 @@ void run_video(const GenerateOptions& o, const CommandIo& io, GenerateBackend& b
   j["height"] = frames.size(1);
   j["width"] = frames.size(2);
   j["fps"] = fps;
-  j["finish_reason"] = answer.result.finish_reason;
+  j["finish_reason"] = answer.finish_reason;
   j["timings"] = Json{{"load_ms", load_ms},
-                      {"total_ms", answer.result.timings.total_ms},
+                      {"total_ms", answer.timings["total_ms"]},
                       {"generate_ms", metric("generate_ms")},
                       {"step_ms", step_ms},
                       {"step_ms_mean", metric("step_ms_mean")},

@@ -7,7 +7,7 @@
 
 namespace omni::cli {
 
-void apply_sampling_defaults(models::OmniRequest& r, const config::PipelineConfig& config,
+void apply_sampling_defaults(pipeline::Request& r, const config::PipelineConfig& config,
                              const std::set<std::string>& given) {
   for (const auto& stage : config.stages) {
     const pipeline::ModelFamily* family = pipeline::family_of_kind(stage.engine.model_stage);

@@ -6,8 +6,8 @@
 #include <set>
 #include <string>
 
-#include "model_runner/runner/omni_request.h"
 #include "worker/config/stage_config.h"
+#include "worker/pipeline/request.h"
 
 namespace omni::cli {
 
@@ -15,7 +15,7 @@ namespace omni::cli {
 // "repetition_penalty", "max_tokens", "seed", "greedy" for the thinker, and the same names with
 // "talker." for the talker ("talker.max_tokens" is its frame cap; "talker.seed" and
 // "talker.greedy" also hold for the code predictor).
-void apply_sampling_defaults(models::OmniRequest& request, const config::PipelineConfig& config,
+void apply_sampling_defaults(pipeline::Request& request, const config::PipelineConfig& config,
                              const std::set<std::string>& given);
 
 // The names above for `generate`'s flags that were given ("--seed" gives "seed" and

@@ -15,7 +15,6 @@
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
 #include "cpu_offload/option_names.h"
-#include "model_runner/diffusion/wan_pipeline.h"
 #include "model_runner/weights/hf_config.h"
 #include "worker/cli/engine_flags.h"
 #include "worker/cli/generate_command.h"
@@ -27,9 +26,9 @@
 #include "worker/config/stage_yaml.h"
 #include "worker/http/chat_server.h"
 #include "worker/pipeline/local_pipeline.h"
+#include "worker/pipeline/model_family.h"
 #include "worker/process/stage_launcher.h"
 #include "worker/rpc/auth.h"
-#include "worker/wan/diffusers_folder.h"
 
 namespace omni::cli {
 
@@ -185,9 +184,9 @@ std::string folder_name(const std::string& path) {
 
 // The stages' default_sampling_params (YAML or --stage-overrides) for what a request leaves
 // unset, as `generate` applies them.
-std::function<void(models::OmniRequest&, const std::set<std::string>&)> yaml_sampling(
+std::function<void(pipeline::Request&, const std::set<std::string>&)> yaml_sampling(
     const config::PipelineConfig& config) {
-  return [config](models::OmniRequest& request, const std::set<std::string>& given) {
+  return [config](pipeline::Request& request, const std::set<std::string>& given) {
     apply_sampling_defaults(request, config, given);
   };
 }
@@ -258,15 +257,14 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
       auto cfg = pipeline::checkpoint_stage_config(o.model, device, "auto");
       config::apply_stage_flags(cfg, o.engine, o.stage_overrides);
       server.sampling_defaults = yaml_sampling(cfg);
-      // The frame rate turns a video request's `seconds` into frames.
-      if (pipeline::is_diffusers_folder(o.model)) {
-        server.videos.fps = pipeline::diffusers_frame_rate(o.model);
-        // A request's unset fields take the pipeline's defaults (its cost cap is from them).
-        const models::WanRequest defaults;
-        server.videos.default_width = defaults.width;
-        server.videos.default_height = defaults.height;
-        server.videos.default_frames = defaults.num_frames;
-        server.videos.default_steps = defaults.num_inference_steps;
+      // The frame rate turns a video request's `seconds` into frames; a request's unset fields
+      // take the pipeline's defaults (its cost cap is from them).
+      if (const auto video = pipeline::family_of_checkpoint(o.model).video_defaults(o.model)) {
+        server.videos.fps = video->fps;
+        server.videos.default_width = video->width;
+        server.videos.default_height = video->height;
+        server.videos.default_frames = video->frames;
+        server.videos.default_steps = video->steps;
       }
       local = pipeline::make_local_pipeline(cfg, device);
     }

@@ -14,6 +14,7 @@
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
+#include "model_runner/qwen3_omni/omni_options.h"
 #include "worker/http/admission_queue.h"
 #include "worker/http/api_error.h"
 #include "worker/http/ascii_text.h"
@@ -188,8 +189,8 @@ class ChatServer::Impl {
                               {"object", "model"},
                               {"created", started_},
                               {"owned_by", "omni-offload"},
-                              {"speakers", pipeline_.speakers()},
-                              {"default_speaker", pipeline_.default_speaker()},
+                              {"speakers", pipeline_.voices()},
+                              {"default_speaker", pipeline_.default_voice()},
                               // Ours too: /v1/videos answers (the playground's video tab).
                               {"video", pipeline_.has_video()}}}}}
                           .dump(),
@@ -328,9 +329,9 @@ class ChatServer::Impl {
   }
 
   // The request as the pipeline takes it.
-  models::OmniRequest to_pipeline(const ChatCompletionRequest& r,
-                                  std::vector<pipeline::MediaFile>& media) {
-    models::OmniRequest o;
+  pipeline::Request to_pipeline(const ChatCompletionRequest& r,
+                                std::vector<pipeline::MediaFile>& media) {
+    pipeline::Request o;
     to_conversation(r, o.chat, media);
     const auto has = [&](const char* m) {
       return std::find(r.modalities.begin(), r.modalities.end(), m) != r.modalities.end();
@@ -343,15 +344,16 @@ class ChatServer::Impl {
                       "[\"text\"]",
                       "modalities", "unsupported"));
     }
-    o.speaker = r.speaker;
-    if (r.seed) o.sampling.set_seed(*r.seed);
-    auto& t = o.sampling.thinker;
+    o.voice = r.speaker;
+    auto& omni = o.parts.get<models::OmniOptions>();
+    if (r.seed) omni.sampling.set_seed(*r.seed);
+    auto& t = omni.sampling.thinker;
     if (r.temperature) t.temperature = *r.temperature;
     if (r.top_p) t.top_p = *r.top_p;
     if (r.top_k) t.top_k = *r.top_k;
     if (r.repetition_penalty) t.repetition_penalty = *r.repetition_penalty;
     if (r.max_tokens) t.max_new_tokens = *r.max_tokens;
-    if (r.max_audio_frames) o.max_audio_frames = *r.max_audio_frames;
+    if (r.max_audio_frames) omni.max_audio_frames = *r.max_audio_frames;
     o.stop_strings = r.stop;
     if (options_.sampling_defaults) {
       std::set<std::string> given;
@@ -385,7 +387,7 @@ class ChatServer::Impl {
       throw ApiException(e);
     }
     if (!r.speaker.empty() && pipeline_.has_speech()) {
-      const auto known = pipeline_.speakers();
+      const auto known = pipeline_.voices();
       if (std::find(known.begin(), known.end(), ascii_lower(r.speaker)) == known.end()) {
         std::string list;
         for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
@@ -439,7 +441,7 @@ class ChatServer::Impl {
     const auto lease = t_lease.lock();  // the body's bytes, taken from the head
     ChatCompletionRequest parsed;
     std::vector<pipeline::MediaFile> media;
-    models::OmniRequest request;
+    pipeline::Request request;
     // A full queue refuses before the body is parsed.
     if (admission_.full()) {
       AdmissionQueue::Slot none;
@@ -465,7 +467,7 @@ class ChatServer::Impl {
     }
   }
 
-  void answer(const ChatCompletionRequest& parsed, const models::OmniRequest& request,
+  void answer(const ChatCompletionRequest& parsed, const pipeline::Request& request,
               const std::vector<pipeline::MediaFile>& media, Clock::time_point start,
               InflightBudget::Lease& lease, httplib::Response& res) {
     try {
@@ -482,8 +484,8 @@ class ChatServer::Impl {
       };
       const auto result = pipeline_.generate(request, callbacks, Clock::time_point::max(), &media);
       std::optional<AudioOutput> audio;
-      if (request.audio_output && result.omni.waveform.defined()) {
-        const auto samples = result.omni.waveform.to(at::kFloat).contiguous();
+      if (request.audio_output && result.audio.waveform.defined()) {
+        const auto samples = result.audio.waveform.to(at::kFloat).contiguous();
         // The WAV, its base64 and the JSON that quotes it, held until the answer is sent.
         const uint64_t wav = 44 + 2 * static_cast<uint64_t>(samples.numel());
         if (!lease.grow(wav + 2 * (wav / 3 * 4 + 4))) {
@@ -491,8 +493,9 @@ class ChatServer::Impl {
         }
         AudioOutput a;
         a.id = random_id("audio-");
-        a.wav_base64 = base64_encode(
-            wav_bytes(samples.data_ptr<float>(), static_cast<size_t>(samples.numel()), 24000));
+        a.wav_base64 =
+            base64_encode(wav_bytes(samples.data_ptr<float>(), static_cast<size_t>(samples.numel()),
+                                    result.audio.sample_rate));
         a.expires_at = unix_now() + 3600;
         a.transcript = result.text;
         audio = a;
@@ -504,10 +507,10 @@ class ChatServer::Impl {
       res.set_content(
           completion_json(random_id("chatcmpl-"), options_.model_name, unix_now(),
                           text_asked ? std::optional<std::string>(result.text) : std::nullopt,
-                          audio, finish_reason(result.omni.finish_reason), usage),
+                          audio, finish_reason(result.finish_reason), usage),
           "application/json");
       metrics_.count_done(result, ms_since(start));
-      metrics_.count_request(result.omni.finish_reason == "cancelled" ? 499 : 200);
+      metrics_.count_request(result.finish_reason == "cancelled" ? 499 : 200);
     } catch (const ApiException& e) {
       answer_error(res, e.error());
     } catch (const pipeline::StageError& e) {
@@ -517,7 +520,7 @@ class ChatServer::Impl {
     }
   }
 
-  void stream(const ChatCompletionRequest& parsed, models::OmniRequest request,
+  void stream(const ChatCompletionRequest& parsed, pipeline::Request request,
               std::vector<pipeline::MediaFile> media, Clock::time_point start,
               const std::shared_ptr<AdmissionQueue::Slot>& slot, httplib::Response& res) {
     const std::string id = random_id("chatcmpl-");
@@ -559,8 +562,8 @@ class ChatServer::Impl {
       try {
         const auto result =
             pipeline_.generate(request, callbacks, Clock::time_point::max(), &media);
-        tail = sse_event(chunk_json(id, model, created, "text", "", first,
-                                    finish_reason(result.omni.finish_reason)));
+        tail = sse_event(
+            chunk_json(id, model, created, "text", "", first, finish_reason(result.finish_reason)));
         if (include_usage)
           tail += sse_event(usage_chunk_json(id, model, created, usage_of(result)));
         metrics_.count_done(result, ms_since(start));
@@ -612,7 +615,7 @@ class ChatServer::Impl {
       const auto it = m.find("prompt_tokens");
       if (it != m.end()) u.prompt_tokens = static_cast<int64_t>(it->second);
     }
-    u.completion_tokens = static_cast<int64_t>(r.omni.tokens.size());
+    u.completion_tokens = static_cast<int64_t>(r.tokens.size());
     return u;
   }
 

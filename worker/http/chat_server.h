@@ -56,7 +56,7 @@ struct ServerOptions {
   ParseLimits limits;
   // Fills the sampling values a request left unset (the stages' default_sampling_params);
   // `given` names the ones it set (worker/cli/sampling_defaults.h's names).
-  std::function<void(models::OmniRequest&, const std::set<std::string>& given)> sampling_defaults;
+  std::function<void(pipeline::Request&, const std::set<std::string>& given)> sampling_defaults;
   // Health of the stages: true when every stage answers (why: what is wrong otherwise).
   std::function<bool(std::string* why)> healthy;
   // /v1/videos jobs (a pipeline with a diffusion stage; video_api.h).

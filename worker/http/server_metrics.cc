@@ -45,12 +45,13 @@ void ServerMetrics::observe_ttfa(double ms) {
 
 void ServerMetrics::count_done(const pipeline::PipelineResult& r, double total_ms) {
   std::lock_guard<std::mutex> lock(mutex_);
-  tokens_ += r.omni.tokens.size();
-  if (r.omni.codes.defined() && r.omni.codes.dim() == 2) {
-    frames_ += static_cast<uint64_t>(r.omni.codes.size(1));
+  tokens_ += r.tokens.size();
+  const auto& audio = r.audio;
+  if (audio.codes.defined() && audio.codes.dim() == 2) {
+    frames_ += static_cast<uint64_t>(audio.codes.size(1));
   }
-  if (r.omni.waveform.defined()) {
-    audio_seconds_ += static_cast<double>(r.omni.waveform.numel()) / r.omni.sample_rate;
+  if (audio.waveform.defined() && audio.sample_rate > 0) {
+    audio_seconds_ += static_cast<double>(audio.waveform.numel()) / audio.sample_rate;
   }
   duration_.observe(total_ms);
   for (const auto& [stage, m] : r.stage_metrics) {

@@ -660,11 +660,11 @@ class VideoApi::Impl {
 
   // Runs a job on the job thread; ends with its status completed or failed.
   void run(Job& job) {
-    models::OmniRequest request;
+    pipeline::Request request;
     request.chat.text = job.request.prompt;
     request.text_output = true;
     request.audio_output = false;
-    request.diffusion = job.request.diffusion;
+    request.parts.get<models::DiffusionRequest>() = job.request.diffusion;
     pipeline::PipelineCallbacks callbacks;
     callbacks.on_progress = [&](const std::map<std::string, double>& m) {
       const auto step = m.find("step"), steps = m.find("steps");

@@ -27,7 +27,7 @@ std::unique_ptr<Pipeline> make_local_pipeline(const config::PipelineConfig& conf
                                               const std::string& device,
                                               const offload::TransferEngineOptions& engine = {});
 
-// "stage 1 (talker)".
+// "stage 1 (<its kind>)".
 std::string stage_name(const config::StageConfig& stage);
 
 // The device ledger of `config`'s stages (`stages[i]` runs config.stages[i]), or null when no

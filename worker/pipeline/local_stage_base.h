@@ -31,7 +31,7 @@ at::Tensor cpu(const at::Tensor& t);
 at::Tensor ids_tensor(const std::vector<int64_t>& ids);
 std::vector<int64_t> ids_from(const at::Tensor& t);
 std::string offload_stats_json(offload::OffloadBackend& backend);
-// A batching stage's "engine" figures, under the names the thinker's engine loop uses: running
+// A batching stage's "engine" figures, under the names an engine loop's stage uses: running
 // (requests in the stage now), steps, batch_rows, last_batch, max_batch, mean_batch,
 // busy_ms_total (time in batched calls).
 Json batching_stats(const models::StepRendezvous::Stats& s);

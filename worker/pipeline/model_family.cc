@@ -32,8 +32,12 @@ config::PipelineConfig ModelFamily::checkpoint_graph(const CheckpointGraphOption
              ": pass --stage-configs-path");
 }
 
+std::optional<VideoDefaults> ModelFamily::video_defaults(const std::string&) const {
+  return std::nullopt;
+}
+
 void ModelFamily::apply_sampling_defaults(const config::StageConfig&, const std::set<std::string>&,
-                                          models::OmniRequest&) const {}
+                                          Request&) const {}
 
 void register_model_family(std::unique_ptr<ModelFamily> family) {
   OMNI_CHECK(family != nullptr, "register_model_family: no family");

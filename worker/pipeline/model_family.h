@@ -1,16 +1,18 @@
-// The one registry of model families. A family (worker/qwen3_omni/, worker/wan/, a test's own)
+// The one registry of model families. A family (a folder of its own under worker/, or a test's)
 // registers itself from its own folder with RegisterModelFamily; the orchestrator, the stage
 // config schema and the command line find kinds, hand-offs, a checkpoint's default graph and
 // sampling defaults here, and name no family.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
-#include "model_runner/runner/omni_request.h"
 #include "worker/config/stage_config.h"
+#include "worker/pipeline/request.h"
 #include "worker/pipeline/stage_kind.h"
 
 namespace omni::pipeline {
@@ -23,10 +25,17 @@ struct CheckpointGraphOptions {
   std::string where;      // "--model DIR": the config's path in messages
 };
 
+// What a video request leaves unset takes, from a checkpoint that makes video (serve's
+// /v1/videos: a request's `seconds` become frames at `fps`, and its cost cap is from these).
+struct VideoDefaults {
+  int64_t fps = 16;
+  int64_t width = 0, height = 0, frames = 0, steps = 0;
+};
+
 class ModelFamily {
  public:
   virtual ~ModelFamily() = default;
-  // "qwen3_omni": in messages and in `vllm-omni --help`.
+  // Its name (lower case, a word): in messages and in `vllm-omni --help`.
   virtual std::string name() const = 0;
   virtual const std::vector<StageKind>& stage_kinds() const = 0;
   // The hand-offs between its kinds (and from other families' kinds into its own).
@@ -37,11 +46,12 @@ class ModelFamily {
   virtual bool claims_checkpoint(const std::string& model_dir) const;
   virtual std::string checkpoint_marker() const { return ""; }
   virtual config::PipelineConfig checkpoint_graph(const CheckpointGraphOptions& options) const;
+  // `--model DIR`'s video defaults when its checkpoint makes video; nullopt otherwise.
+  virtual std::optional<VideoDefaults> video_defaults(const std::string& model_dir) const;
   // A stage config's default_sampling_params of `stage` (one of its kinds) onto `request`,
-  // except the names in `given` (set on the command line: "temperature", "talker.top_k").
+  // except the names in `given` (set on the command line: "temperature", "<kind>.top_k").
   virtual void apply_sampling_defaults(const config::StageConfig& stage,
-                                       const std::set<std::string>& given,
-                                       models::OmniRequest& request) const;
+                                       const std::set<std::string>& given, Request& request) const;
 };
 
 // Adds `family` and its kinds to the registry (and the kind names to the stage config schema).
@@ -61,7 +71,7 @@ config::StageConfig checkpoint_stage(const CheckpointGraphOptions& options, int6
                                      const std::string& final_output_type);
 
 // A family registers itself with a namespace-scope object in its folder:
-//   const RegisterModelFamily<Qwen3OmniFamily> registered;
+//   const RegisterModelFamily<MyFamily> registered;
 // Its library links with whole-archive (worker/CMakeLists.txt: omni::model_families), so the
 // object is kept although nothing names it.
 template <typename Family>

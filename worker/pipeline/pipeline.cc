@@ -33,7 +33,9 @@ std::string read_media(const std::string& kind, const std::string& path) {
 
 uint64_t packet_bytes(const StagePacket& p) {
   uint64_t bytes = p.tokens.size() * sizeof(int64_t) + p.text.size();
-  for (const auto& [name, t] : p.tensors) bytes += t.nbytes();
+  if (p.payload) {
+    for (const auto& [name, t] : p.payload->tensors()) bytes += t.nbytes();
+  }
   for (const auto& f : p.frames) bytes += f.size() * sizeof(int64_t);
   if (p.audio.defined()) bytes += p.audio.nbytes();
   return bytes;
@@ -135,9 +137,9 @@ StageInfo Pipeline::info_of(size_t index) {
   return it->second;
 }
 
-StageInfo Pipeline::speaker_info() {
+StageInfo Pipeline::voice_info() {
   for (size_t i = 0; i < stages_.size(); ++i) {
-    if (kinds_[i]->has_speakers) return info_of(i);
+    if (kinds_[i]->has_voices) return info_of(i);
   }
   return {};
 }
@@ -152,9 +154,9 @@ bool Pipeline::has_video() const {
                      [](const StageKind* k) { return k->answers_video; });
 }
 
-std::vector<std::string> Pipeline::speakers() { return speaker_info().speakers; }
+std::vector<std::string> Pipeline::voices() { return voice_info().voices; }
 
-std::string Pipeline::default_speaker() { return speaker_info().default_speaker; }
+std::string Pipeline::default_voice() { return voice_info().default_voice; }
 
 std::pair<uint64_t, int64_t> Pipeline::prompt_limit() {
   for (size_t i = 0; i < stages_.size(); ++i) {
@@ -164,9 +166,8 @@ std::pair<uint64_t, int64_t> Pipeline::prompt_limit() {
   return {0, 0};
 }
 
-PipelineResult Pipeline::generate(const models::OmniRequest& request,
-                                  const PipelineCallbacks& callbacks, Clock::time_point deadline,
-                                  const std::vector<MediaFile>* media) {
+PipelineResult Pipeline::generate(const Request& request, const PipelineCallbacks& callbacks,
+                                  Clock::time_point deadline, const std::vector<MediaFile>* media) {
   const auto start = Clock::now();
   OMNI_CHECK(request.text_output || request.audio_output,
              "the request asks for no output: set text and/or audio");
@@ -227,7 +228,6 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
   std::exception_ptr error;     // the first failure (not counting the cancellations it caused)
   bool user_cancelled = false;  // a callback returned false
   PipelineResult result;
-  result.omni.audio_finish_reason = "none";
 
   const auto record_error = [&](std::exception_ptr e, bool is_cancel) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -373,10 +373,9 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
   if (error && !user_cancelled) std::rethrow_exception(error);
 
   // ---- the result
-  auto& r = result.omni;
   if (user_cancelled) {
-    if (r.finish_reason.empty()) r.finish_reason = "cancelled";
-    if (speak) r.audio_finish_reason = "cancelled";
+    if (result.finish_reason.empty()) result.finish_reason = "cancelled";
+    if (speak) result.audio.finish_reason = "cancelled";
   }
   for (const auto* s : active) {
     const size_t i = index[s->id];
@@ -385,7 +384,7 @@ PipelineResult Pipeline::generate(const models::OmniRequest& request,
     answer.info = [this, i] { return info_of(i); };
     if (kinds_[i]->finish) kinds_[i]->finish(answer);
   }
-  r.timings.total_ms = ms_between(start, Clock::now());
+  result.timings["total_ms"] = ms_between(start, Clock::now());
   return result;
 }
 

@@ -1,9 +1,9 @@
 // The orchestrator: runs a request through the stage graph of a stage config, whatever the
 // stages are (in this process, or workers over gRPC). Each stage runs on its own thread and
-// reads its upstream's packets as they are written, so the stages overlap: code2wav decodes the
-// first small chunk while the talker still speaks, and time to first audio does not wait for the
-// whole answer. A failing stage fails the request with an error naming it (the other stages are
-// cancelled, nothing hangs); cancellation and the deadline reach every stage.
+// reads its upstream's packets as they are written, so the stages overlap: an audio decoder
+// decodes the first small chunk while the model before it still speaks, and time to first audio
+// does not wait for the whole answer. A failing stage fails the request with an error naming it
+// (the other stages are cancelled, nothing hangs); cancellation and the deadline reach every stage.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,8 +18,9 @@
 #include <utility>
 #include <vector>
 
-#include "model_runner/runner/omni_request.h"
 #include "worker/pipeline/device_ledger.h"
+#include "worker/pipeline/family_parts.h"
+#include "worker/pipeline/request.h"
 #include "worker/pipeline/stage.h"
 #include "worker/pipeline/stage_kind.h"
 
@@ -36,13 +37,13 @@ struct PipelineStage {
 };
 
 struct PipelineCallbacks {
-  // Text as the thinker writes it (whole UTF-8 characters); false cancels.
+  // The answer's text as it is written (whole UTF-8 characters); false cancels.
   std::function<bool(const std::string& text)> on_text;
   std::function<bool(int64_t token)> on_token;
   std::function<bool(const std::vector<int64_t>& frame)> on_frame;
   // Samples (float32, CPU) of each streamed chunk.
   std::function<bool(const at::Tensor& samples)> on_audio;
-  // A diffusion stage's step as it ends: its packet's metrics (step, steps, timestep, step_ms);
+  // A denoising step as it ends: its packet's metrics (step, steps, timestep, step_ms);
   // false cancels.
   std::function<bool(const std::map<std::string, double>& progress)> on_progress;
   // Polled while the request runs (every 20 ms): true cancels it in every stage (a client that
@@ -50,25 +51,40 @@ struct PipelineCallbacks {
   std::function<bool()> cancelled;
 };
 
+// The answer's audio: what the stage that answers with audio wrote.
+struct AudioResult {
+  // [samples] float32 (CPU), the whole answer decoded at the end; empty without audio.
+  at::Tensor waveform;
+  int64_t sample_rate = 0;
+  int64_t streamed_samples = 0;  // total samples passed to on_audio
+  // The codec's codes the audio was decoded from: [codes per frame, frames] int64 (CPU).
+  at::Tensor codes;
+  std::string voice;                   // the voice that spoke (lower case)
+  std::string finish_reason = "none";  // stop | length | cancelled | none (no audio)
+};
+
 struct PipelineResult {
-  models::OmniResult omni;  // tokens, codes, waveform, finish reasons, timings
   std::string text;
-  std::string speaker;  // the speaker that spoke (lower case), empty without audio
+  std::vector<int64_t> tokens;  // the text's token ids (the stop token included)
+  std::string finish_reason;    // the text's: stop | length | cancelled
+  AudioResult audio;
+  // A denoising stage's frames: [F, H, W, 3] float32 in [0, 1] (CPU), undefined if cancelled;
+  // the frame rate its folder names, and the steps it reported.
+  at::Tensor video;
+  int64_t video_fps = 0;
+  int64_t progress_packets = 0;
+  // Figures of the request by name: total_ms, time_to_first_audio_ms, and each family's own.
+  std::map<std::string, double> timings;
   // Per stage (by name): its final packet's metrics plus the wall time from the request start
   // to the stage's first and last packet (first_packet_ms, done_ms).
   std::map<std::string, std::map<std::string, double>> stage_metrics;
   // Bytes the orchestrator forwarded from a stage to its consumers (tensors, ids, frames).
   uint64_t bytes_between_stages = 0;
-  // The codec frames of the talker that answers, as they came.
-  std::vector<std::vector<int64_t>> frames;
   // A stage of a kind another stage already answers with (a second branch of the graph): its
-  // final output by stage name (a code2wav's waveform).
+  // final output by stage name (a second decoder's waveform).
   std::map<std::string, at::Tensor> branch_outputs;
-  // A diffusion stage's frames: [F, H, W, 3] float32 in [0, 1] (CPU), undefined if cancelled;
-  // the frame rate its folder names, and the steps it reported.
-  at::Tensor video;
-  int64_t video_fps = 0;
-  int64_t progress_packets = 0;
+  // What the families keep of the request while it runs, by type.
+  FamilyParts parts;
 };
 
 class Pipeline {
@@ -81,22 +97,22 @@ class Pipeline {
   // Every stage reads the packets of all its sources as they come (StagePacket::source says
   // whose); the first stage of each kind answers, the others' outputs go to branch_outputs. Throws
   // StageError naming the stage that failed (or kDeadlineExceeded / kCancelled), omni::Error
-  // for a request the pipeline cannot run (audio from a pipeline without a talker).
+  // for a request the pipeline cannot run (audio from a pipeline that answers none).
   // `media`: the inputs as bytes (a server receives them so) instead of the request's
   // chat.audio_files / image_files, which are then ignored; audio first, then images, as the
   // prompt orders them.
   PipelineResult generate(
-      const models::OmniRequest& request, const PipelineCallbacks& callbacks = {},
+      const Request& request, const PipelineCallbacks& callbacks = {},
       std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
       const std::vector<MediaFile>* media = nullptr);
 
   // A stage of the pipeline answers with audio.
   bool has_speech() const;
-  // A stage of the pipeline answers with video frames (a diffusion stage).
+  // A stage of the pipeline answers with video frames (a denoising stage).
   bool has_video() const;
-  // The speakers and default of the stage that has them (its info), empty without one.
-  std::vector<std::string> speakers();
-  std::string default_speaker();
+  // The voices and default of the stage that chooses them (its info), empty without one.
+  std::vector<std::string> voices();
+  std::string default_voice();
   // The prompt limit of the first stage that reports one (StageInfo::max_prompt_bytes and
   // context_tokens); zeros when none does.
   std::pair<uint64_t, int64_t> prompt_limit();
@@ -112,7 +128,7 @@ class Pipeline {
 
  private:
   StageInfo info_of(size_t index);       // stages_[index]'s info, asked once
-  StageInfo speaker_info();              // of the first stage whose kind has speakers
+  StageInfo voice_info();                // of the first stage whose kind has voices
   std::vector<PipelineStage> stages_;    // topological order
   std::vector<const StageKind*> kinds_;  // stages_[i]'s kind
   std::vector<bool> primary_;            // stages_[i] is the first of its kind

@@ -4,11 +4,15 @@
 
 namespace omni::pipeline {
 
-at::Tensor StagePacket::tensor(const std::string& name) const {
+at::Tensor named_tensor(const NamedTensors& tensors, const std::string& name) {
   for (const auto& [n, t] : tensors) {
     if (n == name) return t;
   }
   return {};
+}
+
+at::Tensor StagePacket::tensor(const std::string& name) const {
+  return payload ? named_tensor(payload->tensors(), name) : at::Tensor();
 }
 
 const char* code_name(StageError::Code code) {

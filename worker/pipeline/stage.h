@@ -1,4 +1,4 @@
-// One stage of a pipeline (thinker, talker, code2wav, ...), whatever runs it: a runner in this
+// One stage of a pipeline (a model family's kind of stage), whatever runs it: a runner in this
 // process (LocalStage, worker/pipeline/local_stages.h) or a worker reached over gRPC
 // (RemoteStage, worker/rpc/stage_client.h). The orchestrator (worker/pipeline/pipeline.h) runs
 // the same code over both, so the in-process and the multi-process pipeline give the same
@@ -6,8 +6,9 @@
 // LocalStage.
 //
 // A request is a call of Stage::run: the stage reads its parameters from the call, its
-// upstream's packets from `input` as they arrive (the talker starts while the thinker still
-// writes), and writes its own packets to `sink` as it produces them.
+// upstream's packets from `input` as they arrive (a consumer starts while its source still
+// writes), and writes its own packets to `sink` as it produces them. What a family's packets
+// hold is the family's to document (the stages.h of its folder).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,22 +29,54 @@
 
 namespace omni::pipeline {
 
-// What a stage emits for a request (and what its downstream receives). Tensors are CPU and
-// contiguous.
+// Tensors by name: the form a payload takes on the wire.
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// The tensor called `name` of `tensors`, or an undefined tensor.
+at::Tensor named_tensor(const NamedTensors& tensors, const std::string& name);
+
+// What a stage hands its consumers beyond text, codec frames and audio: a struct of its
+// family's (the rows a second model reads, latents, the decoded frames). In one process the
+// consumer gets the struct the producer wrote, shared, its tensors where they are; across
+// processes the gRPC layer sends tensors() and the consumer's reader builds the struct again
+// (payload_as).
+struct Payload {
+  virtual ~Payload() = default;
+  virtual NamedTensors tensors() const = 0;
+};
+
+// A payload as it came over the wire, for the consumer's reader.
+struct WirePayload : Payload {
+  explicit WirePayload(NamedTensors t) : named(std::move(t)) {}
+  NamedTensors tensors() const override { return named; }
+  NamedTensors named;
+};
+
+// What a stage emits for a request (and what its downstream receives).
 struct StagePacket {
-  std::vector<int64_t> tokens;  // thinker: tokens sampled since the last packet
-  std::string text;             // thinker: their text (whole UTF-8 characters)
-  std::vector<std::pair<std::string, at::Tensor>> tensors;  // named (hand-off rows, ...)
-  std::vector<std::vector<int64_t>> frames;                 // talker: codec frames
-  at::Tensor audio;                       // code2wav: float32 samples of one streamed chunk
-  bool finished = false;                  // the stage's last packet for the request
-  std::string finish_reason;              // with finished
-  std::map<std::string, double> metrics;  // with finished: the stage's timings
+  std::vector<int64_t> tokens;               // a text stage: tokens sampled since the last packet
+  std::string text;                          // a text stage: their text (whole UTF-8 characters)
+  std::vector<std::vector<int64_t>> frames;  // an audio codec's frames
+  at::Tensor audio;                          // float32 samples of one streamed audio chunk (CPU)
+  std::shared_ptr<const Payload> payload;    // null: none
+  bool finished = false;                     // the stage's last packet for the request
+  std::string finish_reason;                 // with finished
+  std::map<std::string, double> metrics;     // with finished: the stage's timings
   int64_t source = -1;  // the stage that wrote it (set by the orchestrator as it forwards it)
 
-  // The tensor called `name`, or an undefined tensor.
+  // The payload's tensor called `name`, or an undefined tensor (for tools and tests: a kind
+  // reads its payload with payload_as).
   at::Tensor tensor(const std::string& name) const;
 };
+
+// The packet's payload as `T`: the struct itself in one process, or `read` of the tensors that
+// came over the wire; null when the packet has none.
+template <typename T>
+std::shared_ptr<const T> payload_as(const StagePacket& packet, T (*read)(const NamedTensors&)) {
+  if (!packet.payload) return nullptr;
+  if (auto typed = std::dynamic_pointer_cast<const T>(packet.payload)) return typed;
+  return std::make_shared<const T>(read(packet.payload->tensors()));
+}
 
 // An input file of the request, carried as bytes (a remote worker has no access to our files).
 struct MediaFile {
@@ -52,8 +85,7 @@ struct MediaFile {
   std::string data;
 };
 
-// A stage's parameters for one request: its kind's own struct (a family's, e.g.
-// worker/qwen3_omni/stage_params.h).
+// A stage's parameters for one request: its kind's own struct, defined in its family's folder.
 // In one process the struct reaches the stage as it is; the gRPC layer sends to_json() and the
 // worker hands the stage a JsonParams, which the stage's kind parses.
 struct StageParams {
@@ -89,15 +121,18 @@ std::shared_ptr<const T> params_as(const StageCall& call, T (*parse)(const std::
 // carries it as JSON (worker/rpc/wire.h).
 struct StageInfo {
   std::string model_stage;
-  uint64_t param_bytes = 0;           // all its weights
-  uint64_t offloadable_bytes = 0;     // those that can leave the device
-  uint64_t device_weight_bytes = 0;   // its weights' bytes on the device when loaded
-  uint64_t device_kv_bytes = 0;       // a KV pool it holds on the device from its start
-  bool speech = false;                // thinker: its checkpoint has a talker to hand off to
-  std::vector<std::string> speakers;  // talker
-  std::string default_speaker;        // talker
-  int64_t num_code_groups = 0;        // talker
-  int64_t sample_rate = 0;            // code2wav
+  uint64_t param_bytes = 0;          // all its weights
+  uint64_t offloadable_bytes = 0;    // those that can leave the device
+  uint64_t device_weight_bytes = 0;  // its weights' bytes on the device when loaded
+  uint64_t device_kv_bytes = 0;      // a KV pool it holds on the device from its start
+  // A stage that chooses the voice of the audio: the voices it knows (lower case) and its
+  // default.
+  std::vector<std::string> voices;
+  std::string default_voice;
+  int64_t audio_sample_rate = 0;  // a stage that answers audio: its samples per second
+  // The family's own facts of the stage, as JSON text for its kinds to read (the gRPC layer
+  // carries it as it is).
+  std::string family_json;
   // A stage that reads the prompt's text: its context in tokens, and the most bytes of text
   // that could fit it (context x the tokenizer's longest token): more is refused before it is
   // tokenized. 0: no limit known.
@@ -190,7 +225,7 @@ using PacketSink = std::function<void(StagePacket&&)>;
 class Stage {
  public:
   virtual ~Stage() = default;
-  // "stage 1 (talker)": every error names it.
+  // "stage 1 (<its kind>)": every error names it.
   virtual const std::string& name() const = 0;
   // Runs one request to its end: reads `input` (closed at once for an entry stage), writes to
   // `sink`, the last packet with finished set. Honours `cancel` and the call's deadline between

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "model_runner/runner/omni_request.h"
 #include "worker/pipeline/local_stages.h"
+#include "worker/pipeline/request.h"
 #include "worker/pipeline/stage.h"
 
 namespace omni::pipeline {
@@ -21,14 +21,14 @@ struct PipelineResult;
 
 // What a kind's collect and finish see of the request and its answer.
 struct StageAnswer {
-  StageAnswer(const models::OmniRequest& r, const PipelineCallbacks& c, PipelineResult& out,
-              std::string name, bool first)
+  StageAnswer(const Request& r, const PipelineCallbacks& c, PipelineResult& out, std::string name,
+              bool first)
       : request(r), callbacks(c), result(out), stage(std::move(name)), primary(first) {}
 
-  const models::OmniRequest& request;
+  const Request& request;
   const PipelineCallbacks& callbacks;
   PipelineResult& result;
-  std::string stage;  // the stage's name, "stage 2 (code2wav)"
+  std::string stage;  // the stage's name, "stage 2 (<its kind>)"
   // The first stage of its kind in the graph answers the request; another of the same kind (on
   // a second branch) keeps its output under result.branch_outputs[stage].
   bool primary = true;
@@ -51,14 +51,13 @@ struct StageKind {
   bool answers_audio = false;
   // Its stages answer with video frames (PipelineResult::video).
   bool answers_video = false;
-  // Its info lists speakers and a default speaker.
-  bool has_speakers = false;
+  // Its info lists voices and a default voice.
+  bool has_voices = false;
   // The stage's parameters for `request` (StageCall::params); `speak`: audio was asked for.
-  std::function<std::shared_ptr<const StageParams>(const models::OmniRequest& request, bool speak)>
-      params;
+  std::function<std::shared_ptr<const StageParams>(const Request& request, bool speak)> params;
   // Adds one packet of the stage to the answer; false: a callback cancelled the request.
   std::function<bool(const StagePacket& packet, StageAnswer& answer)> collect;
-  // After every stage finished: the stage's figures into the answer (timings, codes, speaker).
+  // After every stage finished: the stage's figures into the answer (timings, codes, voice).
   std::function<void(StageAnswer& answer)> finish;
   // Runs a stage of this kind in this process.
   std::function<std::unique_ptr<Stage>(const LocalStageOptions& options)> make_local;
@@ -73,18 +72,18 @@ struct StageKind {
 // registered for the source's kind and the stage's applies, and without one the packet goes as
 // it is.
 struct Handoff {
-  std::string name;                                      // "thinker2talker"
+  std::string name;                                      // "<from>2<to>"
   std::string from, to;                                  // the kinds it connects
   std::function<StagePacket(StagePacket packet)> apply;  // by value: the last consumer moves it
 };
 
 // The kind called `name`, or null.
 const StageKind* find_stage_kind(const std::string& name);
-// "code2wav, talker, thinker": for messages.
+// The registered kinds' names, sorted and joined by ", ": for messages.
 std::string stage_kind_names();
 
 // The hand-off called `name` (the last part of a dotted path), or null; the one registered for
-// the kinds `from` -> `to`, or null; "thinker2talker, ...": for messages.
+// the kinds `from` -> `to`, or null; the hand-offs' names joined by ", ": for messages.
 const Handoff* find_handoff(const std::string& name);
 const Handoff* default_handoff(const std::string& from, const std::string& to);
 std::string handoff_names();

@@ -8,6 +8,7 @@
 #include "model_runner/runner/code2wav_batcher.h"
 #include "model_runner/runner/speech_runners.h"
 #include "worker/pipeline/local_stage_base.h"
+#include "worker/qwen3_omni/payloads.h"
 #include "worker/qwen3_omni/stage_params.h"
 #include "worker/qwen3_omni/stages.h"
 
@@ -34,7 +35,7 @@ class Code2WavStage : public LocalStageBase {
   StageInfo info() override {
     StageInfo i;
     i.model_stage = "code2wav";
-    i.sample_rate = runner_->sample_rate();
+    i.audio_sample_rate = runner_->sample_rate();
     return with_bytes(std::move(i));
   }
 
@@ -98,9 +99,11 @@ class Code2WavStage : public LocalStageBase {
           const auto codes = models::qwen3_omni::frames_to_codes(frames, groups);
           batcher_->run([&] {
             const auto start = Clock::now();
-            last.tensors.emplace_back(
-                "waveform", cpu(models::qwen3_omni::chunked_decode(runner_->model(), codes, 300, 25)
-                                    .to(at::kFloat)));
+            auto decoded = std::make_shared<DecodedWaveform>();
+            decoded->waveform =
+                cpu(models::qwen3_omni::chunked_decode(runner_->model(), codes, 300, 25)
+                        .to(at::kFloat));
+            last.payload = std::move(decoded);
             if (!streamer) code2wav_ms += ms_since(start);
           });
         }

@@ -7,11 +7,13 @@
 #include <filesystem>
 
 #include "model_runner/qwen3_omni/config.h"
+#include "model_runner/qwen3_omni/omni_options.h"
 #include "model_runner/qwen3_omni/talker_handoff.h"
 #include "model_runner/runner/speech_runners.h"
 #include "model_runner/weights/hf_config.h"
 #include "worker/pipeline/model_family.h"
 #include "worker/pipeline/pipeline.h"
+#include "worker/qwen3_omni/payloads.h"
 #include "worker/qwen3_omni/stage_params.h"
 #include "worker/qwen3_omni/stages.h"
 
@@ -42,16 +44,33 @@ std::string lower(std::string s) {
   return s;
 }
 
+// The request's Qwen3-Omni part (Request::parts), or its defaults.
+models::OmniOptions options_of(const Request& request) {
+  return request.parts.value<models::OmniOptions>();
+}
+
+// The talker's frames of the answer as they come (PipelineResult::parts), for its codes.
+struct TalkerFrames {
+  std::vector<std::vector<int64_t>> frames;
+};
+
+// The family's figures of a request (PipelineResult::timings), zero for a stage that did not
+// run; each stage's finish sets its own.
+const char* const kTimings[] = {
+    "thinker_prefill_ms",        "thinker_decode_tokens_per_s", "talker_ms",
+    "talker_frames_per_s",       "code_predictor_ms",           "code2wav_ms",
+    "code2wav_real_time_factor", "time_to_first_audio_ms"};
+
 StageKind thinker() {
   StageKind k;
   k.name = "thinker";
-  k.params = [](const models::OmniRequest& request, bool speak) {
+  k.params = [](const Request& request, bool speak) {
     ThinkerParams p;
     p.text = request.chat.text;
     p.system_prompt = request.chat.system_prompt;
     p.history = request.chat.history;
     p.parts = request.chat.parts;
-    p.sampling = request.sampling.thinker;
+    p.sampling = options_of(request).sampling.thinker;
     p.handoff = speak;
     p.stop = request.stop_strings;
     return std::make_shared<const ThinkerParams>(std::move(p));
@@ -62,20 +81,22 @@ StageKind thinker() {
     const bool text = a.request.text_output;
     bool go_on = true;
     for (const auto t : p.tokens) {
-      r.omni.tokens.push_back(t);
+      r.tokens.push_back(t);
       if (text && a.callbacks.on_token && !a.callbacks.on_token(t)) go_on = false;
     }
     r.text += p.text;
     if (text && !p.text.empty() && a.callbacks.on_text && !a.callbacks.on_text(p.text)) {
       go_on = false;
     }
-    if (p.finished) r.omni.finish_reason = p.finish_reason;
+    if (p.finished) r.finish_reason = p.finish_reason;
     return go_on;
   };
   k.finish = [](StageAnswer& a) {
     if (!a.primary) return;
-    a.result.omni.timings.thinker_prefill_ms = a.metric("prefill_ms");
-    a.result.omni.timings.thinker_decode_tokens_per_s = a.metric("decode_tokens_per_s");
+    auto& timings = a.result.timings;
+    for (const char* key : kTimings) timings.emplace(key, 0.0);
+    timings["thinker_prefill_ms"] = a.metric("prefill_ms");
+    timings["thinker_decode_tokens_per_s"] = a.metric("decode_tokens_per_s");
   };
   k.make_local = &checked<local::make_thinker_stage>;
   return k;
@@ -86,35 +107,37 @@ StageKind talker() {
   k.name = "talker";
   k.reads = {"thinker"};
   k.speech = true;
-  k.has_speakers = true;
-  k.params = [](const models::OmniRequest& request, bool) {
+  k.has_voices = true;
+  k.params = [](const Request& request, bool) {
+    const models::OmniOptions o = options_of(request);
     TalkerParams p;
-    p.speaker = request.speaker;
-    p.talker = request.sampling.talker;
-    p.code_predictor = request.sampling.code_predictor;
-    p.max_frames = request.max_audio_frames;
+    p.speaker = request.voice;
+    p.talker = o.sampling.talker;
+    p.code_predictor = o.sampling.code_predictor;
+    p.max_frames = o.max_audio_frames;
     return std::make_shared<const TalkerParams>(std::move(p));
   };
   k.collect = [](const StagePacket& p, StageAnswer& a) {
     if (!a.primary) return true;
     bool go_on = true;
+    auto& frames = a.result.parts.get<TalkerFrames>().frames;
     for (const auto& f : p.frames) {
-      a.result.frames.push_back(f);
+      frames.push_back(f);
       if (a.callbacks.on_frame && !a.callbacks.on_frame(f)) go_on = false;
     }
-    if (p.finished) a.result.omni.audio_finish_reason = p.finish_reason;
+    if (p.finished) a.result.audio.finish_reason = p.finish_reason;
     return go_on;
   };
   k.finish = [](StageAnswer& a) {
     if (!a.primary) return;
     auto& r = a.result;
     const StageInfo info = a.info();
-    r.omni.codes = models::qwen3_omni::frames_to_codes(
-        r.frames, info.num_code_groups > 0 ? info.num_code_groups : 16);
-    r.speaker = a.request.speaker.empty() ? info.default_speaker : lower(a.request.speaker);
-    r.omni.timings.talker_ms = a.metric("talker_ms");
-    r.omni.timings.talker_frames_per_s = a.metric("frames_per_s");
-    r.omni.timings.code_predictor_ms = a.metric("code_predictor_ms");
+    r.audio.codes = models::qwen3_omni::frames_to_codes(
+        r.parts.get<TalkerFrames>().frames, talker_facts(info.family_json).num_code_groups);
+    r.audio.voice = a.request.voice.empty() ? info.default_voice : lower(a.request.voice);
+    r.timings["talker_ms"] = a.metric("talker_ms");
+    r.timings["talker_frames_per_s"] = a.metric("frames_per_s");
+    r.timings["code_predictor_ms"] = a.metric("code_predictor_ms");
   };
   k.make_local = &checked<local::make_talker_stage>;
   k.ignored_keys = kThinkerOnlyKeys;
@@ -127,41 +150,42 @@ StageKind code2wav() {
   k.reads = {"talker"};
   k.speech = true;
   k.answers_audio = true;
-  k.params = [](const models::OmniRequest& request, bool) {
+  k.params = [](const Request& request, bool) {
     Code2WavParams p;
     p.stream_audio = request.stream_audio;
-    p.stream = request.stream;
+    p.stream = options_of(request).stream;
     p.waveform = request.waveform;
     return std::make_shared<const Code2WavParams>(std::move(p));
   };
   k.collect = [](const StagePacket& p, StageAnswer& a) {
     auto& r = a.result;
     if (!a.primary) {
-      if (p.finished && p.tensor("waveform").defined()) {
-        r.branch_outputs[a.stage] = p.tensor("waveform");
+      const auto decoded = payload_as<DecodedWaveform>(p, &DecodedWaveform::read);
+      if (p.finished && decoded && decoded->waveform.defined()) {
+        r.branch_outputs[a.stage] = decoded->waveform;
       }
       return true;
     }
     bool go_on = true;
     if (p.audio.defined() && p.audio.numel() > 0) {
-      if (r.omni.streamed_samples == 0) r.omni.timings.time_to_first_audio_ms = a.now_ms;
-      r.omni.streamed_samples += p.audio.numel();
+      if (r.audio.streamed_samples == 0) r.timings["time_to_first_audio_ms"] = a.now_ms;
+      r.audio.streamed_samples += p.audio.numel();
       if (a.callbacks.on_audio && !a.callbacks.on_audio(p.audio)) go_on = false;
     }
-    if (p.finished) {
-      const auto waveform = p.tensor("waveform");
-      if (waveform.defined()) r.omni.waveform = waveform;
-    }
+    const auto decoded = payload_as<DecodedWaveform>(p, &DecodedWaveform::read);
+    if (p.finished && decoded && decoded->waveform.defined()) r.audio.waveform = decoded->waveform;
     return go_on;
   };
   k.finish = [](StageAnswer& a) {
     if (!a.primary) return;
-    auto& r = a.result.omni;
-    r.timings.code2wav_ms = a.metric("code2wav_ms");
-    if (r.waveform.defined() && r.waveform.numel() > 0) {
-      const double audio_s = static_cast<double>(r.waveform.numel()) / r.sample_rate;
-      r.timings.code2wav_real_time_factor = r.timings.code2wav_ms / 1000.0 / audio_s;
-      if (!a.request.stream_audio) r.timings.time_to_first_audio_ms = a.metric("done_ms");
+    auto& r = a.result;
+    const int64_t rate = a.info().audio_sample_rate;
+    r.audio.sample_rate = rate > 0 ? rate : 24000;
+    const double code2wav_ms = r.timings["code2wav_ms"] = a.metric("code2wav_ms");
+    if (r.audio.waveform.defined() && r.audio.waveform.numel() > 0) {
+      const double audio_s = static_cast<double>(r.audio.waveform.numel()) / r.audio.sample_rate;
+      r.timings["code2wav_real_time_factor"] = code2wav_ms / 1000.0 / audio_s;
+      if (!a.request.stream_audio) r.timings["time_to_first_audio_ms"] = a.metric("done_ms");
     }
   };
   k.make_local = &checked<local::make_code2wav_stage>;
@@ -192,7 +216,7 @@ Handoff handoff(const char* from, const char* to, void (*drop)(StagePacket&)) {
 // onto the talker's and the code predictor's (max_tokens: the frame cap). `given` names the
 // command line's: "temperature", "talker.temperature".
 void apply_stage_sampling(const config::StageConfig& stage, const std::set<std::string>& given,
-                          models::OmniRequest& r) {
+                          models::OmniOptions& r) {
   const auto& d = stage.sampling;
   const bool talker = stage.engine.model_stage == "talker";
   if (!talker && stage.engine.model_stage != "thinker") return;
@@ -235,7 +259,7 @@ class Qwen3OmniFamily : public ModelFamily {
         handoff("thinker", "talker", [](StagePacket& p) { p.text.clear(); }),
         handoff("talker", "code2wav", [](StagePacket& p) {
           p.tokens.clear();
-          p.tensors.clear();
+          p.payload.reset();
         })};
     return handoffs;
   }
@@ -261,8 +285,8 @@ class Qwen3OmniFamily : public ModelFamily {
   }
 
   void apply_sampling_defaults(const config::StageConfig& stage, const std::set<std::string>& given,
-                               models::OmniRequest& request) const override {
-    apply_stage_sampling(stage, given, request);
+                               Request& request) const override {
+    apply_stage_sampling(stage, given, request.parts.get<models::OmniOptions>());
   }
 };
 

@@ -162,4 +162,17 @@ Code2WavParams code2wav_params(const std::string& json) {
   });
 }
 
+std::string talker_facts_json(const TalkerFacts& facts) {
+  return Json{{"num_code_groups", facts.num_code_groups}}.dump();
+}
+
+TalkerFacts talker_facts(const std::string& json) {
+  if (json.empty()) return {};
+  return parse("talker info", json, [](const Json& j) {
+    TalkerFacts f;
+    f.num_code_groups = j.at("num_code_groups").get<int64_t>();
+    return f;
+  });
+}
+
 }  // namespace omni::pipeline

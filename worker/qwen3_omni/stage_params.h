@@ -1,7 +1,8 @@
-// What each Qwen3-Omni stage kind reads of a request (StageCall::params): the family cuts an
-// OmniRequest into one of these per stage and hands it to the stage as it is; only the gRPC layer
-// turns it into JSON (not protobuf, so that a new field needs no wire change) and the worker's
-// stage reads it back (params_as). The media travel as bytes in StageCall::media.
+// What each Qwen3-Omni stage kind reads of a request (StageCall::params): the family cuts a
+// request (its chat and its models::OmniOptions part) into one of these per stage and hands it to
+// the stage as it is; only the gRPC layer turns it into JSON (not protobuf, so that a new field
+// needs no wire change) and the worker's stage reads it back (params_as). The media travel as bytes
+// in StageCall::media.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,8 @@
 
 #include "model_runner/generation/sampler.h"
 #include "model_runner/qwen3_omni/code2wav_stream.h"
-#include "model_runner/runner/omni_request.h"
+#include "model_runner/qwen3_omni/omni_options.h"
+#include "model_runner/runner/conversation.h"
 #include "worker/pipeline/stage.h"
 
 namespace omni::pipeline {
@@ -48,6 +50,14 @@ struct Code2WavParams : StageParams {
 
   std::string to_json() const override;
 };
+
+// What the talker's info says beyond the core's fields (StageInfo::family_json): the codes in a
+// frame, for the answer's codes tensor when no frame came.
+struct TalkerFacts {
+  int64_t num_code_groups = 16;
+};
+std::string talker_facts_json(const TalkerFacts& facts);
+TalkerFacts talker_facts(const std::string& json);  // "": the defaults
 
 // The JSON forms' readers. Throw StageError kInvalidArgument naming the field.
 ThinkerParams thinker_params(const std::string& json);

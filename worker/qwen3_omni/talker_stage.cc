@@ -12,6 +12,7 @@
 #include "model_runner/runner/exclusive_forward.h"
 #include "model_runner/runner/speech_runners.h"
 #include "worker/pipeline/local_stage_base.h"
+#include "worker/qwen3_omni/payloads.h"
 #include "worker/qwen3_omni/stage_params.h"
 #include "worker/qwen3_omni/stages.h"
 #include "worker/runtime/engine_loop.h"
@@ -22,28 +23,14 @@ namespace {
 // Adds one of the thinker's packets to the streaming hand-off.
 void add_packet(models::TalkerRunner::StreamingHandoff& h, const StagePacket& p) {
   for (const auto& t : p.tokens) h.handoff.generated.push_back(t);
-  at::Tensor embeds, hidden;
-  for (const auto& [name, t] : p.tensors) {
-    if (name == "prompt_ids") {
-      h.handoff.prompt_ids = ids_from(t);
-    } else if (name == "tts_embeds") {
-      h.handoff.tts_embeds = t;
-    } else if (name == "stop_tokens") {
-      h.thinker_stop_tokens = ids_from(t);
-    } else if (name == "image_grids") {
-      const auto g = ids_from(t);
-      for (size_t i = 0; i + 2 < g.size(); i += 3)
-        h.image_grids.push_back({g[i], g[i + 1], g[i + 2]});
-    } else if (name == "embeds") {
-      embeds = t;
-    } else if (name == "hidden") {
-      hidden = t;
+  if (const auto rows = payload_as<ThinkerRows>(p, &ThinkerRows::read)) {
+    if (rows->first) {
+      h.handoff.prompt_ids = rows->prompt_ids;
+      h.handoff.tts_embeds = rows->tts_embeds;
+      h.thinker_stop_tokens = rows->stop_tokens;
+      h.image_grids = rows->image_grids;
     }
-  }
-  if (embeds.defined() || hidden.defined()) {
-    OMNI_CHECK(embeds.defined() && hidden.defined(),
-               "a thinker packet carries embeds without hidden rows or the reverse");
-    h.append_rows(embeds, hidden);
+    if (rows->embeds.defined()) h.append_rows(rows->embeds, rows->hidden);
   }
   if (p.finished) {
     h.finished = true;
@@ -94,9 +81,9 @@ class TalkerStage : public LocalStageBase, private EngineModel {
   StageInfo info() override {
     StageInfo i;
     i.model_stage = "talker";
-    i.speakers = runner_->speakers();
-    i.default_speaker = runner_->default_speaker();
-    i.num_code_groups = runner_->num_code_groups();
+    i.voices = runner_->speakers();
+    i.default_voice = runner_->default_speaker();
+    i.family_json = talker_facts_json(TalkerFacts{runner_->num_code_groups()});
     return with_bytes(std::move(i));
   }
 

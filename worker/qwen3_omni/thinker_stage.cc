@@ -20,6 +20,7 @@
 #include "model_runner/weights/hf_config.h"
 #include "worker/pipeline/local_stage_base.h"
 #include "worker/pipeline/stop_strings.h"
+#include "worker/qwen3_omni/payloads.h"
 #include "worker/qwen3_omni/stage_params.h"
 #include "worker/qwen3_omni/stages.h"
 #include "worker/runtime/engine_loop.h"
@@ -108,7 +109,6 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
   StageInfo info() override {
     StageInfo i;
     i.model_stage = "thinker";
-    i.speech = capture_layer_ >= 0;
     // The prompt must stay below the context (token_sequence.h); the text that could fit it is
     // what a server lets through before tokenizing.
     const int64_t context = runner_->model().config().text.max_position_embeddings;
@@ -373,15 +373,13 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
     packet.tokens = {token};
     packet.text = seq.stop.push(seq.decoder.push(token));
     if (params.handoff) {
+      auto rows = std::make_shared<ThinkerRows>();
       if (first) {
-        packet.tensors.emplace_back("prompt_ids", ids_tensor(seq.inputs.input_ids));
-        packet.tensors.emplace_back("tts_embeds", cpu(runner_->model().embed(tts_ids_)));
-        packet.tensors.emplace_back("stop_tokens", ids_tensor(seq.tokens.params().stop_token_ids));
-        std::vector<int64_t> grids;
-        for (const auto& g : seq.inputs.image_grids) grids.insert(grids.end(), g.begin(), g.end());
-        packet.tensors.emplace_back(
-            "image_grids",
-            ids_tensor(grids).reshape({static_cast<int64_t>(seq.inputs.image_grids.size()), 3}));
+        rows->first = true;
+        rows->prompt_ids = seq.inputs.input_ids;
+        rows->tts_embeds = cpu(runner_->model().embed(tts_ids_));
+        rows->stop_tokens = seq.tokens.params().stop_token_ids;
+        rows->image_grids = seq.inputs.image_grids;
       }
       // The rows the last forward appended (the prompt's, then the fed-back token's).
       std::vector<at::Tensor> embeds, hidden;
@@ -390,9 +388,10 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
         hidden.push_back(seq.state.hidden[seq.rows_sent]);
       }
       if (!embeds.empty()) {
-        packet.tensors.emplace_back("embeds", cpu(at::cat(embeds, 0)));
-        packet.tensors.emplace_back("hidden", cpu(at::cat(hidden, 0)));
+        rows->embeds = cpu(at::cat(embeds, 0));
+        rows->hidden = cpu(at::cat(hidden, 0));
       }
+      packet.payload = std::move(rows);
     }
     seq.out.push(std::move(packet));
     if (seq.stop.stopped()) seq.tokens.cancel();  // a stop string ends it like a stop token

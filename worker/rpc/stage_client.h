@@ -36,7 +36,7 @@ struct ClientOptions {
 struct WorkerInfo {
   std::string stage;  // its name, e.g. "stage 1 (talker)"
   int64_t stage_id = 0;
-  std::string model_stage;  // thinker | talker | code2wav
+  std::string model_stage;  // a registered kind
   int64_t pid = 0;
   std::string info_json;
 };

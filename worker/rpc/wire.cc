@@ -177,7 +177,12 @@ void split_packet(const pipeline::StagePacket& packet,
     out.message().add_frames()->mutable_codes()->Add(frame.begin(), frame.end());
     out.use(cost);
   }
-  for (const auto& [name, tensor] : packet.tensors) out.add_tensor(name, tensor, false);
+  if (packet.payload) {
+    // A payload's tensors may be on a device in the producer's process: the wire takes bytes.
+    for (const auto& [name, tensor] : packet.payload->tensors()) {
+      out.add_tensor(name, tensor.defined() ? tensor.cpu() : tensor, false);
+    }
+  }
   if (packet.audio.defined()) out.add_tensor("", packet.audio, true);
   proto::Packet& last = out.message();
   last.set_finished(packet.finished);
@@ -200,6 +205,7 @@ PacketAssembler::PacketAssembler(WireLimits limits) : limits_(limits) {}
 
 void PacketAssembler::reset() {
   packet_ = pipeline::StagePacket{};
+  payload_.clear();
   open_tensor_.reset();
   open_audio_.reset();
   packet_bytes_ = 0;  // request_bytes_ stays: the packets handed on may still be held
@@ -263,6 +269,9 @@ std::optional<pipeline::StagePacket> PacketAssembler::add(const proto::Packet& m
     packet_.finish_reason = message.finish_reason();
     packet_.source = message.has_source_stage() ? message.source_stage() : -1;
     packet_.metrics.insert(message.metrics().begin(), message.metrics().end());
+    if (!payload_.empty()) {
+      packet_.payload = std::make_shared<const pipeline::WirePayload>(std::move(payload_));
+    }
     pipeline::StagePacket done = std::move(packet_);
     reset();
     return done;
@@ -293,7 +302,7 @@ void PacketAssembler::add_chunk(const proto::Tensor& chunk, bool audio) {
       if (audio) {
         packet_.audio = at::Tensor();
       } else {
-        packet_.tensors.emplace_back(chunk.name(), at::Tensor());
+        payload_.emplace_back(chunk.name(), at::Tensor());
       }
       return;
     }
@@ -349,7 +358,7 @@ void PacketAssembler::add_chunk(const proto::Tensor& chunk, bool audio) {
     if (audio) {
       packet_.audio = std::move(open->tensor);
     } else {
-      packet_.tensors.emplace_back(open->wire_name, std::move(open->tensor));
+      payload_.emplace_back(open->wire_name, std::move(open->tensor));
     }
     open.reset();
   }
@@ -512,11 +521,10 @@ std::string info_to_json(const pipeline::StageInfo& info) {
                         {"offloadable_bytes", info.offloadable_bytes},
                         {"device_weight_bytes", info.device_weight_bytes},
                         {"device_kv_bytes", info.device_kv_bytes},
-                        {"speech", info.speech},
-                        {"speakers", info.speakers},
-                        {"default_speaker", info.default_speaker},
-                        {"num_code_groups", info.num_code_groups},
-                        {"sample_rate", info.sample_rate},
+                        {"voices", info.voices},
+                        {"default_voice", info.default_voice},
+                        {"audio_sample_rate", info.audio_sample_rate},
+                        {"family", info.family_json},
                         {"context_tokens", info.context_tokens},
                         {"max_prompt_bytes", info.max_prompt_bytes}}
       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -535,11 +543,10 @@ pipeline::StageInfo info_from_json(const std::string& json) {
     info.offloadable_bytes = j.value("offloadable_bytes", uint64_t{0});
     info.device_weight_bytes = j.value("device_weight_bytes", info.param_bytes);
     info.device_kv_bytes = j.value("device_kv_bytes", uint64_t{0});
-    info.speech = j.value("speech", false);
-    info.speakers = j.value("speakers", std::vector<std::string>{});
-    info.default_speaker = j.value("default_speaker", std::string());
-    info.num_code_groups = j.value("num_code_groups", int64_t{0});
-    info.sample_rate = j.value("sample_rate", int64_t{0});
+    info.voices = j.value("voices", std::vector<std::string>{});
+    info.default_voice = j.value("default_voice", std::string());
+    info.audio_sample_rate = j.value("audio_sample_rate", int64_t{0});
+    info.family_json = j.value("family", std::string());
     info.context_tokens = j.value("context_tokens", int64_t{0});
     info.max_prompt_bytes = j.value("max_prompt_bytes", uint64_t{0});
   } catch (const nlohmann::json::exception& e) {

@@ -109,6 +109,7 @@ class PacketAssembler {
 
   WireLimits limits_;
   pipeline::StagePacket packet_;
+  pipeline::NamedTensors payload_;  // the packet's payload tensors so far
   std::optional<Partial> open_tensor_, open_audio_;
   uint64_t packet_bytes_ = 0, request_bytes_ = 0;
   bool in_progress_ = false;

@@ -54,10 +54,10 @@ class EngineModel {
   virtual void prefill(EngineSequence& /*seq*/, int64_t /*max_tokens*/) {}
   // Prompt tokens admit() will run for `seq`: counted against max_num_batched_tokens.
   virtual int64_t prompt_tokens(const EngineSequence& seq) = 0;
-  // Whether `seq` takes part in the next step; one waiting for input (a talker's, for its
-  // thinker's text) sits it out, and the loop sleeps while none is ready until wake(). May
-  // prepare the sequence (read its input, run its prompt) or finish it. Throwing fails `seq`
-  // only.
+  // Whether `seq` takes part in the next step; one waiting for input (from its source
+  // stage, which is still writing) sits it out, and the loop sleeps while none is ready until
+  // wake(). May prepare the sequence (read its input, run its prompt) or finish it. Throwing fails
+  // `seq` only.
   virtual bool ready(EngineSequence& /*seq*/) { return true; }
   // One step of every ready running sequence together (a batched forward, sampling, outputs).
   // Throwing fails the whole batch.
@@ -92,7 +92,7 @@ struct EngineStats {
 
 class EngineLoop {
  public:
-  // `model` must outlive the loop. `name` prefixes errors ("stage 0 (thinker)").
+  // `model` must outlive the loop. `name` prefixes errors ("stage 0 (<its kind>)").
   EngineLoop(std::string name, EngineModel& model, EngineLimits limits);
   // Fails whatever is waiting or running (kUnavailable) and joins the thread.
   ~EngineLoop();

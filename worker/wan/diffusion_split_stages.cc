@@ -2,11 +2,12 @@
 // qwen_image_3stage.yaml), so the text encoder and VAE can sit on another device than the
 // transformers. Each runs one step of models::WanPipeline::generate on the packet of the one
 // before:
-//   diffusion_encode   the request in; one `finished` packet with "prompt_embeds" and, when
-//                      present, "negative_embeds" and "image_latent" (TI2V).
+//   diffusion_encode   the request in; one `finished` packet with the conditioning
+//                      (WanConditioningPayload, payloads.h).
 //   diffusion_denoise  one packet per step (as the diffusion stage writes them); the last
-//                      `finished` with "latents" (stop | cancelled).
-//   diffusion_decode   the last `finished` packet with "frames" and metrics decode_ms, fps.
+//                      `finished` with the latents (WanLatents; stop | cancelled).
+//   diffusion_decode   the last `finished` packet with the frames (VideoFrames) and metrics
+//                      decode_ms, fps.
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -14,6 +15,7 @@
 #include <optional>
 #include <string>
 
+#include "worker/wan/payloads.h"
 #include "worker/wan/stages.h"
 #include "worker/wan/wan_stage_base.h"
 
@@ -55,11 +57,11 @@ class EncodeStage : public WanStageBase {
       c = pipe_->encode(request, engine_->compute_device());
     });
     StagePacket done = stopped("stop");
-    done.tensors.emplace_back("prompt_embeds", cpu(c.prompt_embeds));
-    if (c.negative_embeds.defined()) {
-      done.tensors.emplace_back("negative_embeds", cpu(c.negative_embeds));
-    }
-    if (c.image_latent.defined()) done.tensors.emplace_back("image_latent", cpu(c.image_latent));
+    auto out = std::make_shared<WanConditioningPayload>();
+    out->conditioning.prompt_embeds = cpu(c.prompt_embeds);
+    if (c.negative_embeds.defined()) out->conditioning.negative_embeds = cpu(c.negative_embeds);
+    if (c.image_latent.defined()) out->conditioning.image_latent = cpu(c.image_latent);
+    done.payload = std::move(out);
     done.metrics = {{"load_ms", load_ms_}, {"encode_ms", ms_since(start)}};
     sink(std::move(done));
   }
@@ -74,11 +76,11 @@ class DenoiseStage : public WanStageBase {
     c10::InferenceMode inference;
     const auto request = read_request(call);
     const auto source = last_packet(input, cancel, name_);
-    models::WanConditioning c;
-    c.prompt_embeds = source.tensor("prompt_embeds");
-    c.negative_embeds = source.tensor("negative_embeds");
-    c.image_latent = source.tensor("image_latent");
-    if (!c.prompt_embeds.defined()) return sink(stopped(source.finish_reason));
+    const auto in = payload_as<WanConditioningPayload>(source, &WanConditioningPayload::read);
+    if (!in || !in->conditioning.prompt_embeds.defined()) {
+      return sink(stopped(source.finish_reason));
+    }
+    const models::WanConditioning& c = in->conditioning;
     std::lock_guard<std::mutex> lock(mutex_);
     const auto start = Clock::now();
     StepClock clock;
@@ -89,7 +91,11 @@ class DenoiseStage : public WanStageBase {
                                engine_->compute_device());
     });
     StagePacket done = stopped(latents.defined() ? "stop" : "cancelled");
-    if (latents.defined()) done.tensors.emplace_back("latents", cpu(latents));
+    if (latents.defined()) {
+      auto out = std::make_shared<WanLatents>();
+      out->latents = cpu(latents);
+      done.payload = std::move(out);
+    }
     const double steps = static_cast<double>(request.num_inference_steps);
     done.metrics = {{"load_ms", load_ms_},
                     {"generate_ms", ms_since(start)},
@@ -107,8 +113,9 @@ class DecodeStage : public WanStageBase {
            const CancelToken& cancel) override {
     c10::InferenceMode inference;
     const auto source = last_packet(input, cancel, name_);
-    const auto latents = source.tensor("latents");
-    if (!latents.defined()) return sink(stopped(source.finish_reason));
+    const auto in = payload_as<WanLatents>(source, &WanLatents::read);
+    if (!in || !in->latents.defined()) return sink(stopped(source.finish_reason));
+    const at::Tensor& latents = in->latents;
     std::lock_guard<std::mutex> lock(mutex_);
     check_going(call, cancel);
     const auto start = Clock::now();
@@ -118,7 +125,9 @@ class DecodeStage : public WanStageBase {
       frames = pipe_->decode_latents(latents.to(engine_->compute_device()));
     });
     StagePacket done = stopped("stop");
-    done.tensors.emplace_back("frames", cpu(frames.to(at::kFloat)));
+    auto out = std::make_shared<VideoFrames>();
+    out->frames = cpu(frames.to(at::kFloat));
+    done.payload = std::move(out);
     done.metrics = {
         {"load_ms", load_ms_}, {"decode_ms", ms_since(start)}, {"fps", static_cast<double>(fps_)}};
     sink(std::move(done));

@@ -8,6 +8,7 @@
 
 #include <memory>
 
+#include "worker/wan/payloads.h"
 #include "worker/wan/stages.h"
 #include "worker/wan/wan_stage_base.h"
 
@@ -36,7 +37,11 @@ class DiffusionStage : public WanStageBase {
     StagePacket done;
     done.finished = true;
     done.finish_reason = result.cancelled ? "cancelled" : "stop";
-    if (!result.cancelled) done.tensors.emplace_back("frames", cpu(result.frames.to(at::kFloat)));
+    if (!result.cancelled) {
+      auto out = std::make_shared<VideoFrames>();
+      out->frames = cpu(result.frames.to(at::kFloat));
+      done.payload = std::move(out);
+    }
     const double steps = static_cast<double>(request.num_inference_steps);
     done.metrics = {{"load_ms", load_ms_},
                     {"generate_ms", ms_since(start)},

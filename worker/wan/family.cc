@@ -3,10 +3,12 @@
 // three stages, diffusion_encode -> diffusion_denoise -> diffusion_decode
 // (diffusion_split_stages.cc). Step packets become on_progress calls, the frames of the last
 // packet the result's video.
+#include "model_runner/diffusion/wan_pipeline.h"
 #include "worker/pipeline/model_family.h"
 #include "worker/pipeline/pipeline.h"
 #include "worker/wan/diffusers_folder.h"
 #include "worker/wan/diffusion_params.h"
+#include "worker/wan/payloads.h"
 #include "worker/wan/stages.h"
 
 namespace omni::pipeline {
@@ -21,10 +23,10 @@ const std::vector<std::string> kIgnoredKeys = {
     "block_size",          "kv_cache_memory_bytes", "enable_chunked_prefill"};
 
 // Every diffusion stage reads the whole request's settings.
-std::shared_ptr<const StageParams> params(const models::OmniRequest& request, bool) {
+std::shared_ptr<const StageParams> params(const Request& request, bool) {
   DiffusionParams p;
   p.prompt = request.chat.text;
-  p.request = request.diffusion;
+  p.request = request.parts.value<models::DiffusionRequest>();
   return std::make_shared<const DiffusionParams>(std::move(p));
 }
 
@@ -39,13 +41,14 @@ bool collect_step(const StagePacket& p, StageAnswer& a) {
 bool collect_frames(const StagePacket& p, StageAnswer& a) {
   if (!p.finished) return true;
   auto& r = a.result;
-  const auto frames = p.tensor("frames");
+  const auto video = payload_as<VideoFrames>(p, &VideoFrames::read);
+  const at::Tensor frames = video ? video->frames : at::Tensor();
   if (!a.primary) {
     if (frames.defined()) r.branch_outputs[a.stage] = frames;
     return true;
   }
   if (frames.defined()) r.video = frames;
-  r.omni.finish_reason = p.finish_reason;
+  r.finish_reason = p.finish_reason;
   return true;
 }
 
@@ -126,6 +129,18 @@ class WanFamily : public ModelFamily {
     s.runtime.max_batch_size = 1;
     c.stages.push_back(std::move(s));
     return c;
+  }
+
+  // The folder's frame rate, and the pipeline's own defaults for what a request leaves unset.
+  std::optional<VideoDefaults> video_defaults(const std::string& model_dir) const override {
+    const models::WanRequest defaults;
+    VideoDefaults v;
+    v.fps = diffusers_frame_rate(model_dir);
+    v.width = defaults.width;
+    v.height = defaults.height;
+    v.frames = defaults.num_frames;
+    v.steps = defaults.num_inference_steps;
+    return v;
   }
 };
 

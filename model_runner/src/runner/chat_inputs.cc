@@ -70,13 +70,6 @@ class PromptBuilder {
 
 }  // namespace
 
-ChatMedia ChatMedia::in_memory(std::string name, std::string bytes) {
-  ChatMedia m("");
-  m.name = std::move(name);
-  m.data = std::move(bytes);
-  return m;
-}
-
 ChatPreprocessor ChatPreprocessor::load(const std::string& model_dir,
                                         const qwen3_omni::ThinkerConfig& cfg) {
   ChatPreprocessor p;

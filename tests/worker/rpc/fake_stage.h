@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "tests/worker/rpc/packet_tensors.h"
 #include "worker/pipeline/stage.h"
 
 namespace omni::rpc::testing {
@@ -78,8 +79,9 @@ class FakeStage : public pipeline::Stage {
     pipeline::StageInfo i;
     i.model_stage = "fake";
     i.param_bytes = 1000;
-    i.speakers = {"ethan", "chelsie"};
-    i.sample_rate = 24000;
+    i.voices = {"ethan", "chelsie"};
+    i.audio_sample_rate = 24000;
+    i.family_json = R"({"codes_per_frame":16})";
     return i;
   }
   uint64_t set_device_released(bool release) override {
@@ -107,7 +109,7 @@ class FakeStage : public pipeline::Stage {
       pipeline::StagePacket packet;
       at::Tensor bytes = at::empty({static_cast<int64_t>(file.data.size())}, at::kByte);
       if (!file.data.empty()) std::memcpy(bytes.data_ptr(), file.data.data(), file.data.size());
-      packet.tensors.emplace_back("media:" + file.name, bytes);
+      testing::add_tensor(packet, "media:" + file.name, bytes);
       sink(std::move(packet));
     }
     int inputs = 0;
@@ -116,7 +118,8 @@ class FakeStage : public pipeline::Stage {
       pipeline::StagePacket out;
       for (int64_t token : in->tokens) out.tokens.push_back(token + static_cast<int64_t>(k));
       out.text = in->text + "!";
-      for (const auto& [name, tensor] : in->tensors) out.tensors.emplace_back(name, tensor + k);
+      for (const auto& [name, tensor] : testing::tensors_of(*in))
+        testing::add_tensor(out, name, tensor + k);
       sink(std::move(out));
     }
     pipeline::StagePacket done;

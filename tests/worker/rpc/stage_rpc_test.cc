@@ -21,6 +21,7 @@
 
 #include "stage.grpc.pb.h"
 #include "tests/worker/rpc/fake_stage.h"
+#include "tests/worker/rpc/packet_tensors.h"
 #include "worker/rpc/stage_client.h"
 #include "worker/rpc/stage_server.h"
 #include "worker/rpc/wire.h"
@@ -114,9 +115,9 @@ TEST_F(StageRpcTest, TransformsPacketsAndMediaIncludingA10MBTensor) {
   std::vector<StagePacket> inputs(3);
   inputs[0].tokens = {1, 2, 3};
   inputs[0].text = "a";
-  inputs[1].tensors.emplace_back("big", at::randn({2621440}));  // 10 MiB each way
-  inputs[2].tensors.emplace_back("ids", at::arange(5, at::kLong));
-  inputs[2].tensors.emplace_back("half", at::randn({64}).to(at::kBFloat16));
+  testing::add_tensor(inputs[1], "big", at::randn({2621440}));  // 10 MiB each way
+  testing::add_tensor(inputs[2], "ids", at::arange(5, at::kLong));
+  testing::add_tensor(inputs[2], "half", at::randn({64}).to(at::kBFloat16));
   std::vector<StagePacket> expected_inputs;
   for (const auto& p : inputs) expected_inputs.push_back(p);
 
@@ -358,7 +359,7 @@ TEST_F(StageRpcTest, ConcurrentRequestsEachGetTheirOwnOutput) {
   for (int i = 0; i < kRequests; ++i) {
     results.push_back(std::async(std::launch::async, [&remote, i] {
       StagePacket p;
-      p.tensors.emplace_back("x", at::full({1000}, 10.0 * i));
+      testing::add_tensor(p, "x", at::full({1000}, 10.0 * i));
       std::vector<StagePacket> inputs;
       inputs.push_back(std::move(p));
       return run_remote(remote, "add:" + std::to_string(i), std::move(inputs));
@@ -420,7 +421,7 @@ TEST_F(StageRpcTest, UpstreamPacketsOfARequestStopAtTheServersLimit) {
   start(options);
   RemoteStage remote = client();
   std::vector<StagePacket> inputs(200);
-  for (auto& p : inputs) p.tensors.emplace_back("rows", at::zeros({2560}));  // 10 KiB each
+  for (auto& p : inputs) testing::add_tensor(p, "rows", at::zeros({2560}));  // 10 KiB each
   const Result r = run_remote(remote, "add:1", inputs);
   ASSERT_TRUE(r.error) << "200 packets of 10 KiB passed a 1 MiB limit";
   EXPECT_EQ(r.error->code(), StageError::Code::kInvalidArgument) << r.error->what();
@@ -462,12 +463,13 @@ TEST_F(StageRpcTest, StatsInfoAndDevice) {
   EXPECT_EQ(got.model_stage, "fake");
   EXPECT_EQ(got.param_bytes, 1000u);
   EXPECT_EQ(got.device_weight_bytes, 0u);
-  EXPECT_EQ(got.speakers, (std::vector<std::string>{"ethan", "chelsie"}));
-  EXPECT_EQ(got.sample_rate, 24000);
+  EXPECT_EQ(got.voices, (std::vector<std::string>{"ethan", "chelsie"}));
+  EXPECT_EQ(got.audio_sample_rate, 24000);
+  EXPECT_EQ(got.family_json, R"({"codes_per_frame":16})");
   // A worker from before device_weight_bytes: the ledger counts its param_bytes.
   EXPECT_EQ(info_from_json(R"({"param_bytes": 7})").device_weight_bytes, 7u);
   EXPECT_THROW(info_from_json("[1]"), pipeline::StageError);
-  EXPECT_THROW(info_from_json(R"({"speakers": 3})"), pipeline::StageError);
+  EXPECT_THROW(info_from_json(R"({"voices": 3})"), pipeline::StageError);
   EXPECT_EQ(remote.device_bytes(), 1000u);
   EXPECT_EQ(remote.set_device_released(true), 1000u);
   EXPECT_EQ(remote.device_bytes(), 0u);  // the query moved nothing back

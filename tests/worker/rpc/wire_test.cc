@@ -2,6 +2,7 @@
 // under the limit; malformed chunks refused with the tensor's name; the memory a packet takes
 // counted against the limits to the byte.
 #include "worker/rpc/wire.h"
+#include "tests/worker/rpc/packet_tensors.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -67,18 +68,18 @@ StagePacket big_packet() {
   while (text.size() < 3000000) text += "héllo wörld 世界 🎵 ";  // multibyte, over 1 MiB
   p.text = text;
   p.frames = {{1, 2, 3, 4}, {5, 6, 7, 8}, {-1, 0, 1 << 20, int64_t{1} << 40}};
-  p.tensors.emplace_back("big", random_bits({2621440}, at::kFloat));  // 10 MiB
-  p.tensors.emplace_back("bf16", random_bits({3, 1000, 7}, at::kBFloat16));
-  p.tensors.emplace_back("ids",
-                         at::randint(-(int64_t{1} << 60), int64_t{1} << 60, {513}, at::kLong));
-  p.tensors.emplace_back("f16", random_bits({17, 3}, at::kHalf));
-  p.tensors.emplace_back("f64", random_bits({5}, at::kDouble));
-  p.tensors.emplace_back("i32", random_bits({4, 4}, at::kInt));
-  p.tensors.emplace_back("u8", random_bits({9}, at::kByte));
-  p.tensors.emplace_back("mask", at::rand({33}) > 0.5);
-  p.tensors.emplace_back("empty", at::empty({0, 4}, at::kFloat));
-  p.tensors.emplace_back("scalar", at::scalar_tensor(3.5, at::kFloat));
-  p.tensors.emplace_back("none", at::Tensor());
+  testing::add_tensor(p, "big", random_bits({2621440}, at::kFloat));  // 10 MiB
+  testing::add_tensor(p, "bf16", random_bits({3, 1000, 7}, at::kBFloat16));
+  testing::add_tensor(p, "ids",
+                      at::randint(-(int64_t{1} << 60), int64_t{1} << 60, {513}, at::kLong));
+  testing::add_tensor(p, "f16", random_bits({17, 3}, at::kHalf));
+  testing::add_tensor(p, "f64", random_bits({5}, at::kDouble));
+  testing::add_tensor(p, "i32", random_bits({4, 4}, at::kInt));
+  testing::add_tensor(p, "u8", random_bits({9}, at::kByte));
+  testing::add_tensor(p, "mask", at::rand({33}) > 0.5);
+  testing::add_tensor(p, "empty", at::empty({0, 4}, at::kFloat));
+  testing::add_tensor(p, "scalar", at::scalar_tensor(3.5, at::kFloat));
+  testing::add_tensor(p, "none", at::Tensor());
   p.audio = random_bits({800000}, at::kFloat);  // 3.2 MB
   p.finished = true;
   p.finish_reason = "stop";
@@ -91,11 +92,11 @@ void expect_same(const StagePacket& a, const StagePacket& b) {
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_EQ(a.text, b.text);
   EXPECT_EQ(a.frames, b.frames);
-  ASSERT_EQ(a.tensors.size(), b.tensors.size());
-  for (size_t i = 0; i < a.tensors.size(); ++i) {
-    EXPECT_EQ(a.tensors[i].first, b.tensors[i].first);
-    EXPECT_TRUE(bitwise_equal(a.tensors[i].second, b.tensors[i].second))
-        << "tensor " << a.tensors[i].first;
+  ASSERT_EQ(testing::tensors_of(a).size(), testing::tensors_of(b).size());
+  for (size_t i = 0; i < testing::tensors_of(a).size(); ++i) {
+    EXPECT_EQ(testing::tensors_of(a)[i].first, testing::tensors_of(b)[i].first);
+    EXPECT_TRUE(bitwise_equal(testing::tensors_of(a)[i].second, testing::tensors_of(b)[i].second))
+        << "tensor " << testing::tensors_of(a)[i].first;
   }
   EXPECT_TRUE(bitwise_equal(a.audio, b.audio));
   EXPECT_EQ(a.finished, b.finished);
@@ -119,7 +120,7 @@ TEST(WireTest, SmallPacketIsOneMessage) {
   StagePacket packet;
   packet.tokens = {1, 2, 3};
   packet.text = "hi";
-  packet.tensors.emplace_back("rows", at::arange(12, at::kFloat).reshape({3, 4}));
+  testing::add_tensor(packet, "rows", at::arange(12, at::kFloat).reshape({3, 4}));
   const std::vector<proto::Packet> parts = split_packet(packet);
   ASSERT_EQ(parts.size(), 1u);
   EXPECT_FALSE(parts[0].more());
@@ -129,7 +130,7 @@ TEST(WireTest, SmallPacketIsOneMessage) {
 TEST(WireTest, NonContiguousTensorsArriveContiguousWithTheSameValues) {
   StagePacket packet;
   const at::Tensor t = at::arange(20, at::kFloat).reshape({4, 5}).t();
-  packet.tensors.emplace_back("t", t);
+  testing::add_tensor(packet, "t", t);
   const StagePacket out = round_trip(packet);
   EXPECT_TRUE(out.tensor("t").is_contiguous());
   EXPECT_TRUE(at::equal(out.tensor("t"), t));
@@ -137,7 +138,7 @@ TEST(WireTest, NonContiguousTensorsArriveContiguousWithTheSameValues) {
 
 TEST(WireTest, UnsupportedDtypeIsRefusedNamingTheTensor) {
   StagePacket packet;
-  packet.tensors.emplace_back("cplx", at::zeros({2}, at::kComplexFloat));
+  testing::add_tensor(packet, "cplx", at::zeros({2}, at::kComplexFloat));
   try {
     split_packet(packet);
     FAIL() << "no error";
@@ -150,7 +151,7 @@ TEST(WireTest, UnsupportedDtypeIsRefusedNamingTheTensor) {
 // The messages of a packet holding one 3 MiB float32 tensor "x" (three chunks).
 std::vector<proto::Packet> three_chunks() {
   StagePacket packet;
-  packet.tensors.emplace_back("x", random_bits({786432}, at::kFloat));
+  testing::add_tensor(packet, "x", random_bits({786432}, at::kFloat));
   std::vector<proto::Packet> parts = split_packet(packet);
   EXPECT_EQ(parts.size(), 3u);
   return parts;
@@ -239,7 +240,7 @@ TEST(WireTest, MalformedChunksAreRefusedNamingTheTensor) {
 uint64_t memory_cost(const StagePacket& p) {
   uint64_t bytes = kPacketOverheadBytes + 8 * p.tokens.size() + p.text.size();
   for (const auto& frame : p.frames) bytes += kFrameOverheadBytes + 8 * frame.size();
-  for (const auto& [name, t] : p.tensors) {
+  for (const auto& [name, t] : testing::tensors_of(p)) {
     bytes += kTensorOverheadBytes + name.size() + (t.defined() ? t.nbytes() : 0);
   }
   if (p.audio.defined()) bytes += kTensorOverheadBytes + p.audio.nbytes();
@@ -282,8 +283,8 @@ TEST(WireTest, EveryPartOfAPacketCountsTowardItsLimitToTheByte) {
   StagePacket frames;
   frames.frames.assign(500, std::vector<int64_t>(16, 3));
   StagePacket tensors;
-  tensors.tensors.emplace_back("none", at::Tensor());
-  tensors.tensors.emplace_back("rows", at::ones({300, 8}, at::kFloat));  // the last one counted
+  testing::add_tensor(tensors, "none", at::Tensor());
+  testing::add_tensor(tensors, "rows", at::ones({300, 8}, at::kFloat));  // the last one counted
   StagePacket last;
   last.finish_reason = "stop";
   last.metrics = {{"decode_ms", 1.5}, {"tokens", 3}};
@@ -345,7 +346,7 @@ TEST(WireTest, TheRequestsPacketsStayUnderItsLimitTogether) {
   StagePacket p;
   p.tokens = {1, 2, 3};
   p.text = "row";
-  p.tensors.emplace_back("hidden", at::zeros({1, 16}, at::kFloat));
+  testing::add_tensor(p, "hidden", at::zeros({1, 16}, at::kFloat));
   const uint64_t cost = memory_cost(p);
   WireLimits limits;
   limits.max_request_bytes = 3 * cost;

@@ -1,4 +1,4 @@
-#include "model_runner/runner/omni_request.h"
+#include "model_runner/qwen3_omni/omni_options.h"
 
 namespace omni::models {
 
