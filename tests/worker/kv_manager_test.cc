@@ -2,7 +2,7 @@
 // admission by the blocks a sequence takes now, the blocks of a prompt still running promised
 // to it, the sequence admitted last preempted when a step's rows need more than is free, resume
 // when its blocks are free again, and every block back at the end. Without a budget, caches grow
-// on their own.
+// on their own. Admission by the worst case waits instead of preempting.
 #include "worker/runtime/kv_manager.h"
 
 #include <ATen/ATen.h>
@@ -111,6 +111,29 @@ TEST(KvManager, WithoutABudgetEachCacheGrowsOnItsOwn) {
   EXPECT_GE(s.reallocations, 1);  // the second append outgrew the first block run
   EXPECT_GT(s.bytes_copied, 0u);
   EXPECT_EQ(kv.pool_bytes(), 0u);
+}
+
+// Admission by the worst case (the talker's): a sequence is admitted only when its prompt and
+// every new token fit beside the worst cases of those admitted so, so a step never runs the pool
+// dry and nothing is preempted; the one that waits is counted, and admitted once blocks go back.
+TEST(KvManager, WorstCaseAdmissionWaitsInsteadOfPreempting) {
+  KvManager kv(shape(), 6 * shape().block_bytes(), "stage 1 (test)");
+  Seq a, b, huge;
+  for (Seq* s : {&a, &b, &huge}) kv.attach(s->cache);
+  EXPECT_THROW(kv.admit_worst_case(huge.kv, 20, 8), StageError);  // 7 blocks of 6
+  ASSERT_TRUE(kv.admit_worst_case(a.kv, 6, 6));                   // 3 blocks
+  EXPECT_FALSE(kv.admit_worst_case(b.kv, 9, 6));                  // 4 more: only 3 left
+  EXPECT_EQ(kv.stats().admission_waits, 1);
+  grow(a.cache, 12);  // its whole worst case: still no room for b, and no preemption
+  std::vector<KvSequence*> rows = {&a.kv};
+  kv.make_room(rows);
+  EXPECT_EQ(rows.size(), 1u);
+  EXPECT_EQ(kv.stats().preemptions, 0);
+  kv.release(a.kv);
+  EXPECT_TRUE(kv.admit_worst_case(b.kv, 9, 6));
+  EXPECT_EQ(kv.stats().reserved, 4);
+  kv.release(b.kv);
+  EXPECT_EQ(kv.stats().used, 0);
 }
 
 }  // namespace

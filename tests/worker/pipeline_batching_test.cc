@@ -501,5 +501,80 @@ TEST(PipelineBatching, MoreRequestsThanTheKvBudgetHoldsWaitAndAllFinish) {
   EXPECT_EQ(huge.error, "invalid_argument");
 }
 
+// The talker's KV in a pool of its own, blocks of 4 tokens: the eight requests together give
+// the answers they give alone with growing caches, nothing is reallocated and every block goes
+// back. A pool that holds about one request's longest run (its prompt and every frame) makes the
+// others wait for their prefill instead of preempting them, with the same answers; a request
+// whose longest run exceeds the pool is refused, naming the blocks, and the stage still serves.
+TEST(PipelineBatching, TheTalkersKvPoolGivesTheSameAnswersAndWaitsWhenFull) {
+  auto thinker = local("thinker", 0);
+  auto code2wav = local("code2wav", 2);
+  const auto pipeline_with = [&](std::shared_ptr<Stage> talker) {
+    return std::make_unique<Pipeline>(std::vector<PipelineStage>{
+        {0, "thinker", {}, thinker}, {1, "talker", {0}, talker}, {2, "code2wav", {1}, code2wav}});
+  };
+  auto growable = local("talker", 1, {}, 0, 4);
+  const auto requests = eight_requests();
+  std::vector<PipelineResult> alone;
+  int64_t longest_prompt = 0;
+  {
+    auto reference = pipeline_with(growable);
+    for (const auto& r : requests) {
+      alone.push_back(reference->generate(r));
+      longest_prompt = std::max<int64_t>(
+          longest_prompt,
+          static_cast<int64_t>(
+              alone.back().stage_metrics.at("stage 0 (thinker)").at("prompt_tokens")));
+    }
+  }
+  const Json g = engine_stats(*growable);
+  EXPECT_GE(g["kv_reallocations"].get<int64_t>(), 1) << g.dump();  // what the pool avoids
+  const auto block_bytes = g["kv_block_bytes"].get<uint64_t>();
+  const auto together = [&](Pipeline& pipeline) {
+    std::vector<PipelineResult> got(requests.size());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      clients.emplace_back([&, i] { got[i] = pipeline.generate(requests[i]); });
+    }
+    for (auto& c : clients) c.join();
+    for (size_t i = 0; i < requests.size(); ++i) expect_same(alone[i], got[i], i);
+  };
+
+  const uint64_t roomy = 256 * block_bytes;
+  auto pooled = local("talker", 1, {}, roomy, 4);
+  together(*pipeline_with(pooled));
+  Json e = engine_stats(*pooled);
+  EXPECT_GE(e["max_batch"].get<int64_t>(), 2) << e.dump();
+  EXPECT_EQ(e["kv_pool_bytes"].get<uint64_t>(), roomy) << e.dump();
+  EXPECT_EQ(e["kv_reallocations"].get<int64_t>(), 0) << e.dump();
+  EXPECT_EQ(e["kv_blocks_used"].get<int64_t>(), 0) << e.dump();
+  EXPECT_EQ(e["kv_blocks_reserved"].get<int64_t>(), 0) << e.dump();
+  EXPECT_EQ(pooled->info().device_kv_bytes, roomy);
+
+  // The talker's prompt is the thinker's and a few rows of the answer; 7 frames at most.
+  const int64_t one_run = (longest_prompt + 16 + 7 + 3) / 4;
+  auto tight = local("talker", 1, {}, static_cast<uint64_t>(one_run) * block_bytes, 4);
+  auto full = pipeline_with(tight);
+  together(*full);
+  e = engine_stats(*tight);
+  EXPECT_GE(e["kv_admission_waits"].get<int64_t>(), 1) << e.dump();
+  EXPECT_EQ(e["kv_preemptions"].get<int64_t>(), 0) << e.dump();
+  EXPECT_EQ(e["kv_reallocations"].get<int64_t>(), 0) << e.dump();
+  EXPECT_EQ(e["kv_blocks_used"].get<int64_t>(), 0) << e.dump();
+
+  auto tiny = local("talker", 1, {}, 2 * block_bytes, 4);
+  auto refusing = pipeline_with(tiny);
+  try {
+    refusing->generate(requests[0]);
+    ADD_FAILURE() << "a request longer than the talker's KV pool was answered";
+  } catch (const StageError& err) {
+    EXPECT_EQ(err.stage(), "stage 1 (talker)");
+    EXPECT_NE(std::string(err.what()).find("KV blocks"), std::string::npos) << err.what();
+  }
+  auto text_only = requests[0];
+  text_only.audio_output = false;
+  EXPECT_EQ(refusing->generate(text_only).tokens, alone[0].tokens);
+}
+
 }  // namespace
 }  // namespace omni::pipeline

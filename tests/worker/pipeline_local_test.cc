@@ -480,14 +480,17 @@ TEST(PipelineLocal, KeysAStageDoesNotReadAreNamedAtItsStart) {
   config::apply_stage_flags(config,
                             {config::engine_flag("enable_layerwise_offload", {"true"}),
                              config::engine_flag("kv_cache_memory_bytes", {"64MiB"}),
+                             config::engine_flag("enable_chunked_prefill", {"true"}),
                              config::engine_flag("max_num_seqs", {"4"})},
                             "");
   ASSERT_EQ(config.stages.size(), 3u);
   EXPECT_EQ(ignored_engine_keys(config.stages[0]), std::vector<std::string>{});
+  // The talker's KV has a pool of its own; its prompt runs whole.
   EXPECT_EQ(ignored_engine_keys(config.stages[1]),
-            std::vector<std::string>{"kv_cache_memory_bytes"});
+            std::vector<std::string>{"enable_chunked_prefill"});
   EXPECT_EQ(ignored_engine_keys(config.stages[2]),
-            (std::vector<std::string>{"enable_layerwise_offload", "kv_cache_memory_bytes"}));
+            (std::vector<std::string>{"enable_layerwise_offload", "enable_chunked_prefill",
+                                      "kv_cache_memory_bytes"}));
 }
 
 TEST(PipelineLocal, RejectsAGraphItCannotRun) {

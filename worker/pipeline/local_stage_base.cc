@@ -22,6 +22,20 @@ std::vector<int64_t> ids_from(const at::Tensor& t) {
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
+Json kv_stats(const KvStats& kv) {
+  return {{"kv_block_size", kv.block_size},
+          {"kv_block_bytes", kv.block_bytes},
+          {"kv_blocks_total", kv.total_blocks},
+          {"kv_blocks_reserved", kv.reserved},
+          {"kv_blocks_used", kv.used},
+          {"kv_pool_bytes", kv.pool_bytes},
+          {"kv_reallocations", kv.reallocations},
+          {"kv_bytes_copied", kv.bytes_copied},
+          {"kv_preemptions", kv.preemptions},
+          {"kv_resumed", kv.resumed},
+          {"kv_admission_waits", kv.admission_waits}};
+}
+
 Json engine_stats(const EngineLoop& loop) {
   const auto e = loop.stats();
   return {{"running", e.running},

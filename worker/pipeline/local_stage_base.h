@@ -19,6 +19,7 @@
 #include "worker/pipeline/local_stages.h"
 #include "worker/pipeline/stage.h"
 #include "worker/runtime/engine_loop.h"
+#include "worker/runtime/kv_manager.h"
 
 namespace omni::pipeline::local {
 
@@ -37,6 +38,9 @@ std::string offload_stats_json(offload::OffloadBackend& backend);
 Json batching_stats(const models::StepRendezvous::Stats& s);
 // An engine loop's figures (EngineStats and max_num_seqs) as a stage's "engine" stats.
 Json engine_stats(const EngineLoop& loop);
+// A KV manager's figures under the names a stage's "engine" stats give them (kv_blocks_used,
+// kv_pool_bytes, kv_reallocations, ...).
+Json kv_stats(const KvStats& kv);
 // offload_stage: every top-level part of the stage is a component, and the budget holds them
 // all, so once loaded they stay until the ledger releases them.
 models::RunnerOffloadOptions whole_stage_offload(bool pin_memory);

@@ -21,12 +21,11 @@ namespace omni::pipeline {
 namespace {
 
 // engine_args keys the speech stages do not read: the expert cache and the disk tier are the
-// thinker's, and so are the KV pool and chunked prefill (the talker's KV grows per request, its
-// prompt runs whole).
+// thinker's, and so is chunked prefill (the talker's prompt runs whole). The talker's KV comes
+// from a pool of its own (block_size, kv_cache_memory_bytes); code2wav has no KV cache.
 const std::vector<std::string> kThinkerOnlyKeys = {
-    "cpu_offload_experts",   "expert_cache_budget",   "expert_prefetch", "expert_miss_policy",
-    "expert_eviction",       "host_memory_budget",    "disk_read",       "block_size",
-    "kv_cache_memory_bytes", "enable_chunked_prefill"};
+    "cpu_offload_experts", "expert_cache_budget", "expert_prefetch",        "expert_miss_policy",
+    "expert_eviction",     "host_memory_budget",  "enable_chunked_prefill", "disk_read"};
 
 // A Qwen3-Omni stage of the kind `make`: the pipeline's component names are checked against the
 // whole model's parts first (each stage then keeps its own share of them).
@@ -192,9 +191,9 @@ StageKind code2wav() {
   // code2wav is one component: it runs whole (or leaves whole), never layer by layer, and it
   // decodes windows, not prompts.
   k.ignored_keys = kThinkerOnlyKeys;
-  k.ignored_keys.insert(
-      k.ignored_keys.end(),
-      {"enable_layerwise_offload", "layerwise_num_gpu_layers", "max_num_batched_tokens"});
+  k.ignored_keys.insert(k.ignored_keys.end(),
+                        {"enable_layerwise_offload", "layerwise_num_gpu_layers",
+                         "max_num_batched_tokens", "block_size", "kv_cache_memory_bytes"});
   return k;
 }
 

@@ -2,6 +2,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
 #include <deque>
 #include <exception>
 #include <memory>
@@ -9,6 +10,7 @@
 #include <utility>
 
 #include "cpu_offload/logging.h"
+#include "model_runner/qwen3_omni/text_model.h"
 #include "model_runner/runner/exclusive_forward.h"
 #include "model_runner/runner/speech_runners.h"
 #include "worker/pipeline/local_stage_base.h"
@@ -16,6 +18,7 @@
 #include "worker/qwen3_omni/stage_params.h"
 #include "worker/qwen3_omni/stages.h"
 #include "worker/runtime/engine_loop.h"
+#include "worker/runtime/kv_manager.h"
 
 namespace omni::pipeline::local {
 namespace {
@@ -56,7 +59,9 @@ struct TalkerSequence : EngineSequence {
 
   // The loop's thread only (the request's thread reads them once `out` is closed).
   std::unique_ptr<models::TalkerRunner::Session> session;  // until the loop releases it
-  models::qwen3_omni::TalkerRun result;                    // the session's, at its release
+  KvSequence kv;  // the session's KV cache, as the stage's KV manager sees it (from its prefill)
+  int64_t max_frames = 0;
+  models::qwen3_omni::TalkerRun result;  // the session's, at its release
   bool done = false;
   double talker_ms = 0;  // the prefill and the steps it took part in
 };
@@ -70,6 +75,12 @@ class TalkerStage : public LocalStageBase, private EngineModel {
       ro.offload.components = {"talker.*"};
     }
     runner_ = models::TalkerRunner::load(ro, engine_);
+    const auto& talker = runner_->model();
+    kv_ = std::make_unique<KvManager>(
+        models::qwen3_omni::kv_pool_shape(talker.config().text, talker.dtype(), talker.device(),
+                                          std::max<int64_t>(1, o.kv_block_size), 0),
+        o.kv_cache_memory_bytes, name_);
+    kv_->publish();
     EngineModel& model = *this;
     // Its prompt runs whole in admit(): chunked prefill is the thinker's.
     EngineLimits limits = o.limits;
@@ -77,6 +88,20 @@ class TalkerStage : public LocalStageBase, private EngineModel {
     loop_ = std::make_unique<EngineLoop>(name_, model, limits);
   }
   ~TalkerStage() override { loop_.reset(); }  // before the model it steps
+
+  // Leaving the device, the KV pool goes too (no request holds blocks then).
+  uint64_t set_device_released(bool release) override {
+    uint64_t freed = LocalStageBase::set_device_released(release);
+    if (release) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      freed += kv_->release_memory();
+    }
+    return freed;
+  }
+  uint64_t device_bytes() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return backend().stats().current_device_bytes + kv_->device_bytes();
+  }
 
   StageInfo info() override {
     StageInfo i;
@@ -102,6 +127,18 @@ class TalkerStage : public LocalStageBase, private EngineModel {
     request.code_predictor = params->code_predictor;
     request.max_frames = params->max_frames;
     seq->session = runner_->start_session(request);
+    seq->max_frames = request.max_frames;
+    // Its KV cache joins the stage's pool at its prefill, once the blocks of its longest run
+    // (prompt and every frame) are free: a talker sequence is never preempted (it could not
+    // recompute its frames), it waits. Called on the loop's thread, with mutex_ held.
+    seq->session->before_prefill = [this, s = seq.get()](models::qwen3_omni::TalkerState& state,
+                                                         int64_t prompt_tokens) {
+      s->kv.cache = &state.cache;
+      kv_->attach(state.cache);
+      const bool admitted = kv_->admit_worst_case(s->kv, prompt_tokens, s->max_frames + 1);
+      kv_->publish();
+      return admitted;
+    };
     seq->deadline = call.deadline;
     loop_->submit(seq);
     // The thinker's stream, read to its end (also what it sends after the last frame).
@@ -148,12 +185,15 @@ class TalkerStage : public LocalStageBase, private EngineModel {
 
  protected:
   offload::OffloadBackend& backend() override { return runner_->offload(); }
+  // The device ledger's KV line: a pool is on the device whole from the start.
+  uint64_t kv_pool_device_bytes() override { return kv_->pool_bytes(); }
 
  private:
   // The offload figures (as of the last moment no step ran) and "engine": the loop's, live.
   std::string stats_json() override {
     Json all = Json::parse(LocalStageBase::stats_json());
     all["engine"] = engine_stats(*loop_);
+    all["engine"].update(kv_stats(kv_->published()));
     return all.dump();
   }
 
@@ -227,10 +267,16 @@ class TalkerStage : public LocalStageBase, private EngineModel {
   void release(EngineSequence& base) override {
     auto& seq = static_cast<TalkerSequence&>(base);
     seq.result = seq.session->run();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      kv_->release(seq.kv);
+      kv_->publish();
+    }
     seq.session.reset();
   }
 
   std::unique_ptr<models::TalkerRunner> runner_;
+  std::unique_ptr<KvManager> kv_;     // under mutex_ (but published())
   std::unique_ptr<EngineLoop> loop_;  // last: stopped before the rest goes
 };
 

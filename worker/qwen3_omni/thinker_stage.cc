@@ -89,7 +89,7 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
         qwen3_omni::kv_pool_shape(text, runner_->dtype(), runner_->model().device(),
                                   std::max<int64_t>(1, o.kv_block_size), 0),
         o.kv_cache_memory_bytes, name_);
-    publish_kv();
+    kv_->publish();
     EngineModel& model = *this;
     loop_ = std::make_unique<EngineLoop>(name_, model, o.limits);
   }
@@ -166,18 +166,8 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
     Json all = Json::parse(LocalStageBase::stats_json());
     const auto e = loop_->stats();
     all["engine"] = engine_stats(*loop_);
-    const KvStats kv = published_kv();
-    all["engine"].update({{"kv_block_size", kv.block_size},
-                          {"kv_block_bytes", kv.block_bytes},
-                          {"kv_blocks_total", kv.total_blocks},
-                          {"kv_blocks_reserved", kv.reserved},
-                          {"kv_blocks_used", kv.used},
-                          {"kv_pool_bytes", kv.pool_bytes},
-                          {"kv_reallocations", kv.reallocations},
-                          {"kv_bytes_copied", kv.bytes_copied},
-                          {"kv_preemptions", kv.preemptions},
-                          {"kv_resumed", kv.resumed},
-                          {"tokens", tokens_.load()}});
+    all["engine"].update(kv_stats(kv_->published()));
+    all["engine"]["tokens"] = tokens_.load();
     // Offload with batches: the weight bytes copied per generated token and per forward (a
     // decode step of the batch, or a prompt or a chunk of one).
     if (all.contains("bytes_h2d")) {
@@ -210,18 +200,6 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
   uint64_t expert_device_bytes() {
     auto* experts = runner_->expert_cache();
     return experts == nullptr ? 0 : experts->stats().device_bytes;
-  }
-
-  // Publishes the KV figures for stats_json (with mutex_ held, after each change): stats never
-  // wait for a step.
-  void publish_kv() {
-    const KvStats kv = kv_->stats();
-    std::lock_guard<std::mutex> lock(kv_stats_mutex_);
-    kv_stats_ = kv;
-  }
-  KvStats published_kv() const {
-    std::lock_guard<std::mutex> lock(kv_stats_mutex_);
-    return kv_stats_;
   }
 
   std::shared_ptr<ThinkerSequence> make_sequence(const StageCall& call,
@@ -268,7 +246,7 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
       // The encoders run now; the decoder takes the prompt in prefill(), whole or in chunks.
       seq.prompt = runner_->model().prepare_prompt(seq.inputs, seq.state);
     });
-    publish_kv();
+    kv_->publish();
     return true;
   }
 
@@ -290,7 +268,7 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
       seq.next_logits = logits[0];
       sample(seq);
     });
-    publish_kv();
+    kv_->publish();
   }
 
   // A preempted sequence sits out until the pool has the blocks for what it had cached and its
@@ -314,7 +292,7 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
       seq.state.capture_layer = capture;
     });
     kv_->resumed(seq.kv);
-    publish_kv();
+    kv_->publish();
     return true;
   }
 
@@ -345,7 +323,7 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
         }
       });
     }
-    publish_kv();
+    kv_->publish();
   }
 
   bool finished(const EngineSequence& seq) override {
@@ -359,7 +337,7 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
     seq.state.embeds.clear();
     seq.state.hidden.clear();
     seq.prompt.reset();
-    publish_kv();
+    kv_->publish();
   }
 
   // Samples the sequence's next token from its last forward and emits it (with mutex_ held).
@@ -423,9 +401,7 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
   std::atomic<uint64_t> tokens_{0};  // generated since the stage loaded
   int64_t capture_layer_ = -1;
   std::vector<int64_t> tts_ids_;
-  std::unique_ptr<KvManager> kv_;  // under mutex_
-  mutable std::mutex kv_stats_mutex_;
-  KvStats kv_stats_;                  // kv_'s figures as of its last change, for stats_json
+  std::unique_ptr<KvManager> kv_;     // under mutex_ (but published())
   std::unique_ptr<EngineLoop> loop_;  // last: stopped before the rest goes
 };
 

@@ -31,28 +31,51 @@ void KvManager::attach(models::KvCache& cache) const {
   }
 }
 
+void KvManager::check_fits(int64_t need, int64_t prompt_tokens, int64_t max_new_tokens) const {
+  if (need <= total_blocks_) return;
+  throw StageError(StageError::Code::kInvalidArgument, "",
+                   "the request needs " + std::to_string(need) + " KV blocks (" +
+                       std::to_string(prompt_tokens) + " prompt tokens plus " +
+                       std::to_string(max_new_tokens) + " new tokens); the KV cache holds " +
+                       std::to_string(total_blocks_) +
+                       ": ask for fewer tokens or raise kv_cache_memory_bytes");
+}
+
 bool KvManager::admit(KvSequence& seq, int64_t prompt_tokens, int64_t max_new_tokens) {
   const int64_t need = seq.cache->blocks_for(prompt_tokens + max_new_tokens);
   if (pool_) {
-    if (need > total_blocks_) {
-      throw StageError(StageError::Code::kInvalidArgument, "",
-                       "the request needs " + std::to_string(need) + " KV blocks (" +
-                           std::to_string(prompt_tokens) + " prompt tokens plus " +
-                           std::to_string(max_new_tokens) + " new tokens); the KV cache holds " +
-                           std::to_string(total_blocks_) +
-                           ": ask for fewer tokens or raise kv_cache_memory_bytes");
-    }
+    check_fits(need, prompt_tokens, max_new_tokens);
     // By the blocks it takes now (its prompt and first token), beside the blocks the running
     // sequences take at their next token; preempted sequences resume before anyone new.
     const int64_t now = seq.cache->blocks_for(prompt_tokens + 1);
-    if (waiting_to_resume_ > 0 || free_blocks() < now + next_token_blocks(running_)) return false;
+    if (waiting_to_resume_ > 0 || free_blocks() < now + next_token_blocks(running_)) {
+      ++admission_waits_;
+      return false;
+    }
   }
+  add_running(seq, need, prompt_tokens);
+  return true;
+}
+
+bool KvManager::admit_worst_case(KvSequence& seq, int64_t prompt_tokens, int64_t max_new_tokens) {
+  const int64_t need = seq.cache->blocks_for(prompt_tokens + max_new_tokens);
+  if (pool_) {
+    check_fits(need, prompt_tokens, max_new_tokens);
+    if (total_blocks_ - reserved_ < need) {
+      ++admission_waits_;
+      return false;
+    }
+  }
+  add_running(seq, need, 0);
+  return true;
+}
+
+void KvManager::add_running(KvSequence& seq, int64_t need, int64_t prompt_tokens) {
   seq.reserved = need;
   seq.prompt_length = prompt_tokens;
   seq.preempted = false;
   reserved_ += need;
   running_.push_back(&seq);
-  return true;
 }
 
 int64_t KvManager::free_blocks() const {
@@ -146,7 +169,19 @@ KvStats KvManager::stats() const {
   if (pool_) s.used = pool_->blocks_in_use();
   s.preemptions = preemptions_;
   s.resumed = resumed_;
+  s.admission_waits = admission_waits_;
   return s;
+}
+
+void KvManager::publish() {
+  const KvStats now = stats();
+  std::lock_guard<std::mutex> lock(published_mutex_);
+  published_ = now;
+}
+
+KvStats KvManager::published() const {
+  std::lock_guard<std::mutex> lock(published_mutex_);
+  return published_;
 }
 
 }  // namespace omni::pipeline

@@ -4,11 +4,13 @@
 // a prompt that runs in chunks has its blocks promised from its admission; and when a step's
 // rows need more blocks than are free, the one admitted last is preempted (its blocks go back)
 // until the rest fit, to resume later by recomputing what it had cached. Without a budget each
-// sequence's cache grows on its own. Not thread-safe: the stage calls it under its own lock.
+// sequence's cache grows on its own. Not thread-safe (the stage calls it under its own lock),
+// except published().
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,8 @@ struct KvStats {
   int64_t reallocations = 0;  // growable caches' reallocations (none in a pool)
   uint64_t bytes_copied = 0;  // the history bytes those copied
   int64_t preemptions = 0, resumed = 0;
+  // Admissions refused for want of free blocks (a request that waits counts at every try).
+  int64_t admission_waits = 0;
 };
 
 class KvManager {
@@ -53,6 +57,10 @@ class KvManager {
   // the blocks of its prompt and first token are not free, or while a preempted sequence waits
   // to resume. Throws StageError kInvalidArgument when its worst case exceeds the pool.
   bool admit(KvSequence& seq, int64_t prompt_tokens, int64_t max_new_tokens);
+  // Admits `seq` only when its worst case (prompt plus max_new_tokens) fits beside the worst
+  // cases of those admitted so: it never needs preempting (for a sequence that cannot recompute
+  // its history). Throws like admit when the worst case exceeds the pool.
+  bool admit_worst_case(KvSequence& seq, int64_t prompt_tokens, int64_t max_new_tokens);
   // Its prompt has run: its blocks are its own now, no longer promised.
   void prompt_done(KvSequence& seq) { seq.prompt_length = 0; }
   // Before a step of `rows`: while they need more blocks at their next token than are free,
@@ -70,9 +78,15 @@ class KvManager {
   uint64_t device_bytes() const;
   uint64_t pool_bytes() const;  // the pool's size, allocated or not (the device ledger's line)
   KvStats stats() const;
+  // Keeps a copy of stats() for published(), which any thread may read: a stage publishes after
+  // each change it makes (an admission, a step, a release), so its stats never wait for a step.
+  void publish();
+  KvStats published() const;
 
  private:
   int64_t free_blocks() const;  // of the pool, less the blocks promised to prompts
+  void check_fits(int64_t need, int64_t prompt_tokens, int64_t max_new_tokens) const;
+  void add_running(KvSequence& seq, int64_t need, int64_t prompt_tokens);
   static int64_t next_token_blocks(const std::vector<KvSequence*>& rows);
   size_t admission_index(const KvSequence* seq) const;
 
@@ -86,6 +100,9 @@ class KvManager {
   int64_t reallocations_ = 0;  // of the caches already released
   uint64_t bytes_copied_ = 0;
   int64_t preemptions_ = 0, resumed_ = 0;
+  int64_t admission_waits_ = 0;
+  mutable std::mutex published_mutex_;
+  KvStats published_;
 };
 
 }  // namespace omni::pipeline

@@ -47,8 +47,12 @@ TalkerRunner::Session::Next TalkerRunner::Session::advance() {
       return end_without_frames("none");
     }
     const auto prompt = qwen3_omni::build_talker_prefill(h.handoff, *ids_);
-    decode_.emplace(runner_.cfg_, request_.talker, request_.code_predictor, request_.max_frames);
     state_.emplace(talker.new_state());
+    if (before_prefill && !before_prefill(*state_, static_cast<int64_t>(prompt.input_ids.size()))) {
+      state_.reset();
+      return Next::kInput;
+    }
+    decode_.emplace(runner_.cfg_, request_.talker, request_.code_predictor, request_.max_frames);
     decode_->start(talker.prefill(prompt, h.image_grids, *state_));
     state_->trailing_complete = false;
     if (decode_->done()) return Next::kDone;

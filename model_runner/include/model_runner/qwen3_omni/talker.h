@@ -148,6 +148,7 @@ class Talker : public offload::HookableModule {
   const TalkerConfig& config() const { return cfg_; }
   void set_device(c10::Device device) { device_ = device; }
   c10::Device device() const { return device_; }
+  at::ScalarType dtype() const { return dtype_; }
   TextModel& model() { return *model_; }
   CodePredictor& code_predictor() { return *code_predictor_; }
 

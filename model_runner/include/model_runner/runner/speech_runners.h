@@ -89,6 +89,10 @@ class TalkerRunner {
     qwen3_omni::TalkerRun run() const;
 
     StreamingHandoff h;  // the caller adds the thinker's packets
+    // Called with the new state just before the prefill (its `prompt_tokens` positions): the
+    // caller sets up the state's KV cache (a pool's) and admits it; false: not yet (advance()
+    // answers kInput and asks again next time). Unset: always.
+    std::function<bool(qwen3_omni::TalkerState& state, int64_t prompt_tokens)> before_prefill;
 
    private:
     friend class TalkerRunner;
