@@ -70,14 +70,19 @@ class LocalStageBase : public Stage {
       : name_(o.name), engine_(offload::make_transfer_engine(o.device, o.engine)) {}
   const std::string& name() const override { return name_; }
   // Only between requests: the stage's lock waits for a running one.
+  // Leaving the device, a KV pool goes with the weights (no request holds blocks then); both
+  // come back with the next request.
   uint64_t set_device_released(bool release) override {
-    if (!release) return 0;  // the weights come back with the next forward
+    if (!release) return 0;
     std::lock_guard<std::mutex> lock(mutex_);
-    return backend().release_device();
+    return backend().release_device() + (kv_ ? kv_->release_memory() : 0);
   }
+  // A KV pool is on the device whole from the start (until the stage leaves it); caches of
+  // their own only as they grow.
   uint64_t device_bytes() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    return backend().stats().current_device_bytes;
+    return backend().stats().current_device_bytes + extra_device_bytes() +
+           (kv_ ? kv_->device_bytes() : 0);
   }
   // Never waits for a running request (a /metrics scrape or the Stats RPC must answer at
   // once): while one runs, the figures taken when the stage was last idle.
@@ -101,8 +106,6 @@ class LocalStageBase : public Stage {
   // (the expert cache's slots). Measured with mutex_ held.
   virtual uint64_t weight_bytes_kept_off_device() { return 0; }
   virtual uint64_t extra_device_bytes() { return 0; }
-  // Device bytes of a KV pool the stage allocates at its start (the device ledger's KV line).
-  virtual uint64_t kv_pool_device_bytes() { return 0; }
   // `info` plus the weight bytes: all of them, those that can leave the device, and those the
   // device ledger accounts for the stage when it is loaded (device_weight_bytes: all weights,
   // less the experts and plus the expert cache under expert offload).
@@ -119,7 +122,7 @@ class LocalStageBase : public Stage {
           stats.param_bytes > stats.resident_bytes ? stats.param_bytes - stats.resident_bytes : 0;
       device_weight_bytes_ =
           stats.param_bytes - weight_bytes_kept_off_device() + extra_device_bytes();
-      device_kv_bytes_ = kv_pool_device_bytes();
+      device_kv_bytes_ = kv_ ? kv_->pool_bytes() : 0;  // the device ledger's KV line
     });
     info.param_bytes = param_bytes_;
     info.offloadable_bytes = offloadable_bytes_;
@@ -132,6 +135,9 @@ class LocalStageBase : public Stage {
   std::string name_;
   std::shared_ptr<offload::TransferEngine> engine_;
   std::mutex mutex_;
+  // The KV caches of a stage that has them (set up by its constructor); under mutex_, but
+  // published() from any thread.
+  std::unique_ptr<KvManager> kv_;
   std::mutex snapshot_mutex_;
   std::string snapshot_;  // the last stats_json taken between requests
 };

@@ -89,20 +89,6 @@ class TalkerStage : public LocalStageBase, private EngineModel {
   }
   ~TalkerStage() override { loop_.reset(); }  // before the model it steps
 
-  // Leaving the device, the KV pool goes too (no request holds blocks then).
-  uint64_t set_device_released(bool release) override {
-    uint64_t freed = LocalStageBase::set_device_released(release);
-    if (release) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      freed += kv_->release_memory();
-    }
-    return freed;
-  }
-  uint64_t device_bytes() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return backend().stats().current_device_bytes + kv_->device_bytes();
-  }
-
   StageInfo info() override {
     StageInfo i;
     i.model_stage = "talker";
@@ -185,8 +171,6 @@ class TalkerStage : public LocalStageBase, private EngineModel {
 
  protected:
   offload::OffloadBackend& backend() override { return runner_->offload(); }
-  // The device ledger's KV line: a pool is on the device whole from the start.
-  uint64_t kv_pool_device_bytes() override { return kv_->pool_bytes(); }
 
  private:
   // The offload figures (as of the last moment no step ran) and "engine": the loop's, live.
@@ -276,7 +260,6 @@ class TalkerStage : public LocalStageBase, private EngineModel {
   }
 
   std::unique_ptr<models::TalkerRunner> runner_;
-  std::unique_ptr<KvManager> kv_;     // under mutex_ (but published())
   std::unique_ptr<EngineLoop> loop_;  // last: stopped before the rest goes
 };
 

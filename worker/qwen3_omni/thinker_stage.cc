@@ -95,17 +95,6 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
   }
   ~ThinkerStage() override { loop_.reset(); }  // before the model it steps
 
-  // Leaving the device, the KV pool goes too (no request holds blocks then); the next request's
-  // first block brings it back.
-  uint64_t set_device_released(bool release) override {
-    uint64_t freed = LocalStageBase::set_device_released(release);
-    if (release) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      freed += kv_->release_memory();
-    }
-    return freed;
-  }
-
   StageInfo info() override {
     StageInfo i;
     i.model_stage = "thinker";
@@ -148,16 +137,8 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
     }
     return bytes;
   }
-  // What the device ledger counts beside the weights: the expert cache's slots, and under
-  // kv_cache_memory_bytes the whole KV pool (the most the batch's caches may hold).
+  // What the device ledger counts beside the weights and the KV pool: the expert cache's slots.
   uint64_t extra_device_bytes() override { return expert_device_bytes(); }
-  uint64_t kv_pool_device_bytes() override { return kv_->pool_bytes(); }
-  uint64_t device_bytes() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    // A pool is on the device whole from the start (until the stage leaves the device); caches
-    // of their own only as they grow.
-    return backend().stats().current_device_bytes + expert_device_bytes() + kv_->device_bytes();
-  }
   // The offload backend's figures (as of the last moment no step ran), and "engine": the
   // batching loop's, live (running, waiting, steps, batch sizes, queue time) with its KV blocks
   // (used: held now; reserved: what the running requests would hold at their longest, prompt
@@ -401,7 +382,6 @@ class ThinkerStage : public LocalStageBase, private EngineModel {
   std::atomic<uint64_t> tokens_{0};  // generated since the stage loaded
   int64_t capture_layer_ = -1;
   std::vector<int64_t> tts_ids_;
-  std::unique_ptr<KvManager> kv_;     // under mutex_ (but published())
   std::unique_ptr<EngineLoop> loop_;  // last: stopped before the rest goes
 };
 
