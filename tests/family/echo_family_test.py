@@ -1,7 +1,8 @@
 """A model family added without a line in the shared code: echo_family.cc registers itself and is
 linked only into vllm-omni-echo (vllm-omni's main plus that file). Its two stages run as two gRPC
-workers under `generate --stage-configs-path` and under `serve`; vllm-omni itself, without the
-family, refuses the same stage config. Standard library only.
+workers under `generate --stage-configs-path` and under `serve`, handing each other a typed
+payload (Letter) that crosses the wire as its tensor; vllm-omni itself, without the family,
+refuses the same stage config. Standard library only.
 
 Usage: echo_family_test.py VLLM_OMNI_ECHO VLLM_OMNI ECHO_YAML"""
 import json
