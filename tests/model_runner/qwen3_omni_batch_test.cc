@@ -4,26 +4,20 @@
 // round differently) and so the same greedy tokens and codes; the smallest decision margin of
 // the prompts is recorded.
 #include <ATen/ATen.h>
-#include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <array>
-#include <atomic>
-#include <chrono>
-#include <future>
 #include <iostream>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cpu_offload/offload_backend.h"
 #include "cpu_offload/transfer_engine.h"
 #include "model_runner/generation/token_sequence.h"
 #include "model_runner/kv/kv_block_pool.h"
-#include "model_runner/runner/code2wav_batcher.h"
+#include "model_runner/qwen3_omni/code2wav_windows.h"
 #include "model_runner/runner/speech_runners.h"
 #include "model_runner/runner/thinker_runner.h"
 #include "model_runner/weights/safetensors.h"
@@ -330,7 +324,7 @@ TEST(Qwen3OmniBatch, BatchedTalkerStepsGiveEachRowItsAloneFramesAndLogits) {
 }
 
 // Eight requests' code2wav windows (first chunks, later chunks with their left context, short
-// last chunks) decoded in one batch: each gets the samples it gets alone, and windows of far-apart
+// last chunks) decoded together: each gets the samples it gets alone, and windows of far-apart
 // lengths go to separate forwards (shortest first) rather than one padded to the longest.
 TEST(Qwen3OmniBatch, BatchedCode2WavWindowsGiveEachRequestItsAloneSamples) {
   SpeechRunnerOptions options;
@@ -338,7 +332,7 @@ TEST(Qwen3OmniBatch, BatchedCode2WavWindowsGiveEachRequestItsAloneSamples) {
   auto runner = Code2WavRunner::load(options, offload::make_cpu_sim_engine({}));
   auto& model = runner->model();
   at::NoGradGuard no_grad;
-  const std::vector<int64_t> lengths = {4, 50, 3, 30, 6, 24, 40, 5};
+  std::vector<int64_t> lengths = {4, 50, 3, 30, 6, 24, 40, 5};
   std::vector<at::Tensor> windows, alone;
   for (size_t i = 0; i < lengths.size(); ++i) {
     at::manual_seed(static_cast<uint64_t>(i));
@@ -346,92 +340,40 @@ TEST(Qwen3OmniBatch, BatchedCode2WavWindowsGiveEachRequestItsAloneSamples) {
                                   {model.config().num_quantizers, lengths[i]}, at::kLong));
     alone.push_back(model.forward_validated(windows.back()));
   }
-  std::mutex model_mutex;
-  // Stragglers are waited for as long as it takes: the batch holds all eight.
-  Code2WavBatcher batcher(model, runner->offload(), model_mutex, 8, std::chrono::seconds(60));
-  std::vector<std::unique_ptr<StepRendezvous::Member>> members;
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    members.push_back(std::make_unique<StepRendezvous::Member>(batcher.rendezvous()));
-  }
-  std::vector<at::Tensor> together(lengths.size());
-  std::vector<int> finished_as(lengths.size());
-  std::atomic<int> finished{0};
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    threads.emplace_back([&, i] {
-      together[i] = batcher.decode(windows[i]);
-      finished_as[i] = finished++;
-    });
-  }
-  for (auto& t : threads) t.join();
+  std::vector<size_t> order(lengths.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return lengths[a] < lengths[b]; });
+  // Sorted 3 4 | 5 6 | 24 30 | 40 50: no window joins one more than 1.5x its shortest.
+  std::vector<std::vector<int64_t>> forwards;
   double worst = 0;
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    ASSERT_EQ(together[i].sizes(), alone[i].sizes()) << "window of " << lengths[i] << " frames";
-    worst = std::max(worst, (together[i] - alone[i]).abs().max().item<double>());
+  for (size_t done = 0; done < order.size();) {
+    std::vector<int64_t> rest;
+    for (size_t i = done; i < order.size(); ++i) rest.push_back(lengths[order[i]]);
+    const size_t n = qwen3_omni::windows_in_forward(rest, 8);
+    std::vector<at::Tensor> group;
+    forwards.emplace_back();
+    for (size_t i = done; i < done + n; ++i) {
+      group.push_back(windows[order[i]]);
+      forwards.back().push_back(lengths[order[i]]);
+    }
+    const auto together = qwen3_omni::decode_windows(model, group);
+    for (size_t i = 0; i < n; ++i) {
+      const auto& expected = alone[order[done + i]];
+      ASSERT_EQ(together[i].sizes(), expected.sizes()) << "window of " << group[i].size(1);
+      worst = std::max(worst, (together[i] - expected).abs().max().item<double>());
+    }
+    done += n;
   }
   RecordProperty("code2wav_max_abs_sample_diff", std::to_string(worst));
   std::cout << "batched code2wav vs alone: max abs sample diff " << worst << "\n";
   EXPECT_LE(worst, 1e-4);
-  // Sorted 3 4 | 5 6 | 24 30 | 40 50: no window joins one more than 1.5x its shortest. Each
-  // group is a batch of its own, shortest first: the first chunks do not wait for the long ones.
-  const auto stats = batcher.stats();
-  EXPECT_EQ(batcher.forwards(), 4);
-  EXPECT_EQ(stats.steps, 4);
-  EXPECT_EQ(stats.largest_batch, 2);
-  EXPECT_EQ(stats.rows, 8);
-  EXPECT_LT(std::max(finished_as[0], finished_as[2]), 2) << "the 3 and 4 frame windows";
-  EXPECT_GE(std::min(finished_as[1], finished_as[6]), 6) << "the 40 and 50 frame windows";
-}
-
-// With resident weights a request's first chunk decodes at once, beside a batch that holds the
-// model (the stage's lock, held here by the test), and the batches of later chunks run on the
-// background worker; each gives the samples it gives alone. Where a forward moves weights
-// (component offload), the first chunk waits for the model like any other window.
-TEST(Qwen3OmniBatch, Code2WavFirstChunkDoesNotWaitForARunningBatch) {
-  for (bool offloaded : {false, true}) {
-    SCOPED_TRACE(offloaded ? "code2wav offloaded" : "resident");
-    SpeechRunnerOptions options;
-    options.model_dir = kDir;
-    if (offloaded) {
-      options.offload.cpu_offload_enabled = true;
-      options.offload.components = {"code2wav"};
-    }
-    auto runner = Code2WavRunner::load(options, offload::make_cpu_sim_engine({}));
-    auto& model = runner->model();
-    ASSERT_EQ(runner->offload().forwards_may_overlap(), !offloaded);
-    at::NoGradGuard no_grad;
-    at::manual_seed(11);
-    const auto first =
-        at::randint(model.config().codebook_size, {model.config().num_quantizers, 4}, at::kLong);
-    const auto later =
-        at::randint(model.config().codebook_size, {model.config().num_quantizers, 24}, at::kLong);
-    at::Tensor first_alone, later_alone;
-    {
-      auto forward = runner->offload().forward_scope();
-      first_alone = model.forward_validated(first);
-      later_alone = model.forward_validated(later);
-    }
-
-    std::mutex model_mutex;
-    Code2WavBatcher batcher(model, runner->offload(), model_mutex, 8);
-    EXPECT_EQ(batcher.batches_in_background(), !offloaded);
-    StepRendezvous::Member member(batcher.rendezvous());
-    std::unique_lock<std::mutex> batch_running(model_mutex);
-    auto first_chunk = std::async(std::launch::async, [&] {
-      c10::InferenceMode inference;
-      return batcher.decode_first_audio(first, member);
-    });
-    // Resident: it returns (allowing a slow machine plenty of time). Offloaded: it is still
-    // waiting a while later.
-    const auto wait = offloaded ? std::chrono::milliseconds(300) : std::chrono::milliseconds(20000);
-    const bool returned = first_chunk.wait_for(wait) == std::future_status::ready;
-    EXPECT_EQ(returned, !offloaded) << "the first chunk waits for the model only when offloaded";
-    batch_running.unlock();
-    EXPECT_TRUE(at::equal(first_chunk.get(), first_alone));
-    EXPECT_TRUE(at::equal(batcher.decode(later), later_alone));
-    EXPECT_EQ(batcher.forwards(), 2);
-    EXPECT_EQ(batcher.first_audio_forwards(), offloaded ? 0 : 1);
-  }
+  const std::vector<std::vector<int64_t>> expected = {{3, 4}, {5, 6}, {24, 30}, {40, 50}};
+  EXPECT_EQ(forwards, expected);
+  // The cap: one window a forward (the CPU's setting) takes the shortest alone.
+  EXPECT_EQ(qwen3_omni::windows_in_forward({3, 4, 5}, 1), 1u);
+  EXPECT_EQ(qwen3_omni::windows_in_forward({4, 4, 4, 4}, 3), 3u);
+  EXPECT_EQ(qwen3_omni::windows_in_forward({}, 8), 0u);
 }
 
 }  // namespace

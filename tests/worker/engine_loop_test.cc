@@ -7,8 +7,13 @@
 
 #include <gtest/gtest.h>
 #include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -56,6 +61,7 @@ class CountingModel : public EngineModel {
     char name[16] = {};
     pthread_getname_np(pthread_self(), name, sizeof name);
     step_thread_name_ = name;
+    step_nice_ = getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
     if (fail_next_step_.exchange(false)) throw std::runtime_error("the device fell over");
     for (auto* base : running) {
       auto& seq = static_cast<CountingSequence&>(*base);
@@ -88,6 +94,7 @@ class CountingModel : public EngineModel {
   int64_t free_slots() const { return free_; }
   int64_t largest_batch() const { return largest_batch_; }
   const std::string& step_thread_name() const { return step_thread_name_; }
+  int step_nice() const { return step_nice_; }
   std::atomic<bool> fail_next_step_{false};
 
  private:
@@ -104,6 +111,7 @@ class CountingModel : public EngineModel {
   int64_t admitted_ = 0;
   int64_t largest_batch_ = 0;
   std::string step_thread_name_;
+  int step_nice_ = 0;
   std::set<const EngineSequence*> released_;
 };
 
@@ -267,6 +275,29 @@ TEST(EngineLoop, TheLoopsThreadIsNamedAfterItsStage) {
     }
     EXPECT_EQ(model.step_thread_name(), thread) << stage;
   }
+}
+
+// A loop may name its thread and run it at a lower CPU priority (code2wav's later chunks).
+TEST(EngineLoop, ALoopThreadCanBeNamedAndRunNicer) {
+  errno = 0;
+  const int before = getpriority(PRIO_PROCESS, 0);
+  ASSERT_EQ(errno, 0);
+  for (const int increment : {0, 19}) {
+    CountingModel model(4);
+    int step_nice = 0;
+    {
+      EngineLoop loop("stage 2 (code2wav)", model, EngineLimits{4, 8192, 8},
+                      LoopThread{"code2wav later", increment});
+      EXPECT_EQ(loop.stats().priority_lowered, increment > 0);
+      auto seq = std::make_shared<CountingSequence>(1, 1);
+      loop.submit(seq);
+      EXPECT_EQ(drain(*seq).first, 1);
+      step_nice = model.step_nice();
+    }
+    EXPECT_EQ(model.step_thread_name(), "code2wav later");
+    EXPECT_EQ(step_nice, std::min(before + increment, 19)) << increment;
+  }
+  EXPECT_EQ(getpriority(PRIO_PROCESS, 0), before);  // the calling thread keeps its own
 }
 
 TEST(EngineLoop, ASequenceThatDoesNotFitWaitsForRoom) {

@@ -1,5 +1,5 @@
 // LibTorch's intra-op threads for a vllm-omni process: one, unless OMP_NUM_THREADS is set. The
-// stages' engine loops (and code2wav's background job) already run side by side, each on many
+// stages' engine loops already run side by side, each on many
 // small ops; a thread team per op only takes cores from them.
 #pragma once
 

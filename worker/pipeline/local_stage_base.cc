@@ -58,16 +58,6 @@ Json engine_stats(const EngineLoop& loop) {
           {"max_num_seqs", loop.limits().max_num_seqs}};
 }
 
-Json batching_stats(const models::StepRendezvous::Stats& s) {
-  return {{"running", s.members},
-          {"steps", s.steps},
-          {"batch_rows", s.rows},
-          {"last_batch", s.last_batch},
-          {"max_batch", s.largest_batch},
-          {"mean_batch", s.steps > 0 ? static_cast<double>(s.rows) / s.steps : 0.0},
-          {"busy_ms_total", s.busy_ms}};
-}
-
 std::string offload_stats_json(offload::OffloadBackend& backend) {
   return backend.stats().to_json();
 }

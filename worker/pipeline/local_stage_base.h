@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 
 #include <chrono>
@@ -14,7 +15,7 @@
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/offload_backend.h"
-#include "model_runner/runner/step_rendezvous.h"
+#include "model_runner/runner/exclusive_forward.h"
 #include "worker/pipeline/elapsed.h"
 #include "worker/pipeline/local_stages.h"
 #include "worker/pipeline/stage.h"
@@ -32,10 +33,6 @@ at::Tensor cpu(const at::Tensor& t);
 at::Tensor ids_tensor(const std::vector<int64_t>& ids);
 std::vector<int64_t> ids_from(const at::Tensor& t);
 std::string offload_stats_json(offload::OffloadBackend& backend);
-// A batching stage's "engine" figures, under the names an engine loop's stage uses: running
-// (requests in the stage now), steps, batch_rows, last_batch, max_batch, mean_batch,
-// busy_ms_total (time in batched calls).
-Json batching_stats(const models::StepRendezvous::Stats& s);
 // An engine loop's figures (EngineStats and max_num_seqs) as a stage's "engine" stats.
 Json engine_stats(const EngineLoop& loop);
 // A KV manager's figures under the names a stage's "engine" stats give them (kv_blocks_used,
@@ -99,6 +96,16 @@ class LocalStageBase : public Stage {
 
  protected:
   virtual offload::OffloadBackend& backend() = 0;
+  // A model call of an engine loop's thread: the stage's lock (stats and device release wait
+  // for it), the backend's forward scope, no autograd bookkeeping, the runner's errors as
+  // StageErrors.
+  template <typename Fn>
+  void run_model(Fn&& fn) {
+    translate_errors([&] {
+      c10::InferenceMode inference;
+      models::run_exclusive(mutex_, backend(), fn);
+    });
+  }
   // The stage's figures, taken with mutex_ held (no request running): the offload backend's.
   virtual std::string idle_stats_json() { return offload_stats_json(backend()); }
   // Weight bytes that never come to the device as such (with expert offload: the experts,

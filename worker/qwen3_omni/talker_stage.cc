@@ -1,17 +1,12 @@
 // The talker stage: the thinker's rows in, codec frames out as the talker speaks.
 #include <ATen/ATen.h>
-#include <c10/core/InferenceMode.h>
 
 #include <algorithm>
-#include <deque>
-#include <exception>
 #include <memory>
-#include <thread>
 #include <utility>
 
 #include "cpu_offload/logging.h"
 #include "model_runner/qwen3_omni/text_model.h"
-#include "model_runner/runner/exclusive_forward.h"
 #include "model_runner/runner/speech_runners.h"
 #include "worker/pipeline/local_stage_base.h"
 #include "worker/qwen3_omni/payloads.h"
@@ -19,6 +14,7 @@
 #include "worker/qwen3_omni/stages.h"
 #include "worker/runtime/engine_loop.h"
 #include "worker/runtime/kv_manager.h"
+#include "worker/runtime/streamed_sequence.h"
 
 namespace omni::pipeline::local {
 namespace {
@@ -41,22 +37,8 @@ void add_packet(models::TalkerRunner::StreamingHandoff& h, const StagePacket& p)
   }
 }
 
-// One request in the talker's engine loop. The request's thread puts the thinker's packets in
-// the inbox; the loop's thread moves them into the session before each step.
-struct TalkerSequence : EngineSequence {
-  // Any thread.
-  void deliver(std::optional<StagePacket> packet) {
-    std::lock_guard<std::mutex> lock(inbox_mutex);
-    if (packet) {
-      inbox.push_back(std::move(*packet));
-    } else {
-      input_ended = true;
-    }
-  }
-  std::mutex inbox_mutex;
-  std::deque<StagePacket> inbox;  // under inbox_mutex
-  bool input_ended = false;       // under inbox_mutex: the thinker's stream is closed
-
+// One request in the talker's engine loop: the thinker's packets come in as it speaks.
+struct TalkerSequence : StreamedSequence {
   // The loop's thread only (the request's thread reads them once `out` is closed).
   std::unique_ptr<models::TalkerRunner::Session> session;  // until the loop releases it
   KvSequence kv;  // the session's KV cache, as the stage's KV manager sees it (from its prefill)
@@ -126,35 +108,7 @@ class TalkerStage : public LocalStageBase, private EngineModel {
       return admitted;
     };
     seq->deadline = call.deadline;
-    loop_->submit(seq);
-    // The thinker's stream, read to its end (also what it sends after the last frame).
-    std::exception_ptr input_error;
-    std::thread reader([&] {
-      try {
-        while (true) {
-          auto packet = input.pop(&cancel);
-          const bool end = !packet;
-          seq->deliver(std::move(packet));
-          loop_->wake();
-          if (end) break;
-        }
-      } catch (...) {
-        input_error = std::current_exception();
-        seq->cancel();
-        loop_->wake();
-      }
-    });
-    std::exception_ptr output_error;
-    try {
-      while (auto packet = seq->out.pop(&cancel)) sink(std::move(*packet));
-    } catch (...) {
-      output_error = std::current_exception();
-      seq->cancel();  // the client went away or the request failed: leave the batch at once
-      loop_->wake();
-    }
-    reader.join();
-    if (input_error) std::rethrow_exception(input_error);
-    if (output_error) std::rethrow_exception(output_error);
+    run_streamed({{loop_.get(), seq}}, input, sink, cancel);
     const auto& run = seq->result;
     StagePacket last;
     last.finished = true;
@@ -181,16 +135,6 @@ class TalkerStage : public LocalStageBase, private EngineModel {
     return all.dump();
   }
 
-  // Model calls of the loop's thread: the stage's lock (stats and device release wait for it)
-  // and the backend's forward scope.
-  template <typename Fn>
-  void with_model(Fn&& fn) {
-    translate_errors([&] {
-      c10::InferenceMode inference;  // no autograd bookkeeping per op
-      models::run_exclusive(mutex_, backend(), fn);
-    });
-  }
-
   // ---- EngineModel: called on the loop's thread.
   int64_t prompt_tokens(const EngineSequence&) override { return 0; }  // known at prefill only
   bool admit(EngineSequence&) override { return true; }  // the prefill waits for the thinker
@@ -199,16 +143,13 @@ class TalkerStage : public LocalStageBase, private EngineModel {
   bool ready(EngineSequence& base) override {
     auto& seq = static_cast<TalkerSequence&>(base);
     auto& session = *seq.session;
-    {
-      std::lock_guard<std::mutex> lock(seq.inbox_mutex);
-      for (auto& packet : seq.inbox) add_packet(session.h, packet);
-      seq.inbox.clear();
-      if (seq.input_ended) session.h.finished = true;
-    }
+    bool ended = false;
+    for (const auto& packet : seq.take_input(&ended)) add_packet(session.h, packet);
+    if (ended) session.h.finished = true;
     using Next = models::TalkerRunner::Session::Next;
     Next next = Next::kInput;
     const auto start = Clock::now();
-    with_model([&] { next = session.advance(); });
+    run_model([&] { next = session.advance(); });
     seq.talker_ms += ms_since(start);
     seq.done = next == Next::kDone;
     return next == Next::kStep;
@@ -227,7 +168,7 @@ class TalkerStage : public LocalStageBase, private EngineModel {
     const auto start = Clock::now();
     at::Tensor logits;
     std::vector<std::vector<int64_t>> frames;
-    with_model([&] { frames = runner_->model().step_batch(codes, states, samplers, logits); });
+    run_model([&] { frames = runner_->model().step_batch(codes, states, samplers, logits); });
     const double took = ms_since(start);
     std::vector<models::qwen3_omni::TalkerDecode*> decodes;
     for (auto* base : batch)

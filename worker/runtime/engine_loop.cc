@@ -1,6 +1,12 @@
 #include "worker/runtime/engine_loop.h"
 
 #include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <future>
 
 #include <algorithm>
 #include <utility>
@@ -29,25 +35,43 @@ std::exception_ptr as_stage_error(std::exception_ptr error) {
 }
 
 // "stage 1 (talker)" -> "talker loop": what profilers and `top -H` show for the loop's thread
-// (15 characters at most).
-void name_this_thread(const std::string& stage) {
-  const auto open = stage.find('(');
-  const auto close = stage.rfind(')');
-  const std::string kind = open != std::string::npos && close != std::string::npos && close > open
-                               ? stage.substr(open + 1, close - open - 1)
-                               : stage;
-  const std::string name = (kind + " loop").substr(0, 15);
-  pthread_setname_np(pthread_self(), name.c_str());
+// (15 characters at most) unless `thread` names it. Then lowers its priority as asked: Linux
+// keeps a nice value per thread. True when lowered.
+bool set_up_this_thread(const std::string& stage, const LoopThread& thread) {
+  std::string name = thread.name;
+  if (name.empty()) {
+    const auto open = stage.find('(');
+    const auto close = stage.rfind(')');
+    const std::string kind = open != std::string::npos && close != std::string::npos && close > open
+                                 ? stage.substr(open + 1, close - open - 1)
+                                 : stage;
+    name = kind + " loop";
+  }
+  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+  if (thread.nice_increment <= 0) return false;
+  const auto tid = static_cast<id_t>(syscall(SYS_gettid));
+  errno = 0;
+  const int current = getpriority(PRIO_PROCESS, tid);
+  return errno == 0 && setpriority(PRIO_PROCESS, tid, current + thread.nice_increment) == 0;
 }
 
 }  // namespace
 
-EngineLoop::EngineLoop(std::string name, EngineModel& model, EngineLimits limits)
+EngineLoop::EngineLoop(std::string name, EngineModel& model, EngineLimits limits, LoopThread thread)
     : name_(std::move(name)), model_(model), limits_(limits) {
   limits_.max_num_seqs = std::max<int64_t>(1, limits_.max_num_seqs);
   limits_.max_num_batched_tokens = std::max<int64_t>(1, limits_.max_num_batched_tokens);
   limits_.max_waiting = std::max<int64_t>(1, limits_.max_waiting);
-  thread_ = std::thread([this] { run(); });
+  // The thread is set up before the first step, so stats() tells its priority from here on.
+  std::promise<bool> lowered;
+  auto set_up = lowered.get_future();
+  thread_ = std::thread([this, thread, &lowered] {
+    lowered.set_value(set_up_this_thread(name_, thread));
+    run();
+  });
+  const bool priority_lowered = set_up.get();
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.priority_lowered = priority_lowered;
 }
 
 EngineLoop::~EngineLoop() {
@@ -150,7 +174,6 @@ void EngineLoop::admit_waiting() {
 }
 
 void EngineLoop::run() {
-  name_this_thread(name_);
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
@@ -198,7 +221,7 @@ void EngineLoop::run() {
       if (model_.prefill_remaining(*seq) == 0 && !model_.finished(*seq)) ++decoding;
     }
     const bool prompts_ran = run_prompts(decoding);
-    const auto batch = ready_batch();
+    auto batch = ready_batch();
     const bool any_finished = std::any_of(running_.begin(), running_.end(),
                                           [&](const auto& seq) { return model_.finished(*seq); });
     if (batch.empty() && !any_finished && !running_.empty() && !prompts_ran) {
@@ -208,6 +231,7 @@ void EngineLoop::run() {
     std::exception_ptr step_error;
     if (!batch.empty()) {
       try {
+        batch = model_.select(std::move(batch));
         model_.step(batch);
       } catch (...) {
         step_error = as_stage_error(std::current_exception());

@@ -3,7 +3,8 @@
 // the batch and the step's prompt-token budget have room (the model may say "not yet", e.g. no
 // KV blocks: the sequence waits, nothing fails), runs the admitted sequences' prompts (whole,
 // or with chunked prefill as much as the step's token budget leaves beside the decoding rows),
-// runs one batched step over every running sequence, and retires the finished. Outputs go to each
+// runs one batched step over the ready running sequences (those the model selects), and
+// retires the finished. Outputs go to each
 // sequence's own queue, which the request's thread drains into its sink: a slow client never holds
 // up the batch.
 #pragma once
@@ -59,7 +60,10 @@ class EngineModel {
   // wake(). May prepare the sequence (read its input, run its prompt) or finish it. Throwing fails
   // `seq` only.
   virtual bool ready(EngineSequence& /*seq*/) { return true; }
-  // One step of every ready running sequence together (a batched forward, sampling, outputs).
+  // Which of the ready sequences (at least one) the next step runs; the others stay ready for a
+  // later step. Default: all of them.
+  virtual std::vector<EngineSequence*> select(std::vector<EngineSequence*> ready) { return ready; }
+  // One step of the selected ready sequences together (a batched forward, sampling, outputs).
   // Throwing fails the whole batch.
   virtual void step(const std::vector<EngineSequence*>& running) = 0;
   // Whether `seq` has emitted its last packet (its out queue is then closed by the loop).
@@ -77,6 +81,12 @@ struct EngineLimits {
   bool chunked_prefill = false;
 };
 
+// The loop's thread, as profilers and the CPU scheduler see it.
+struct LoopThread {
+  std::string name;        // empty: "<kind> loop", from the loop's stage name
+  int nice_increment = 0;  // > 0: the thread runs at that much lower CPU priority (Linux nice)
+};
+
 // Counters since the loop started (a snapshot).
 struct EngineStats {
   int64_t running = 0, waiting = 0;
@@ -85,15 +95,16 @@ struct EngineStats {
   int64_t last_batch = 0, max_batch = 0;
   int64_t batch_rows = 0;                          // sum of the steps' batch sizes
   int64_t prefill_chunks = 0, prefill_tokens = 0;  // prompt parts run through prefill()
-  double queue_ms_total = 0;  // submit to admission, summed over admitted sequences
-  double busy_ms_total = 0;   // time the loop spent admitting (prefills) and stepping
+  double queue_ms_total = 0;      // submit to admission, summed over admitted sequences
+  double busy_ms_total = 0;       // time the loop spent admitting (prefills) and stepping
+  bool priority_lowered = false;  // LoopThread::nice_increment took effect
   double mean_batch() const { return steps > 0 ? static_cast<double>(batch_rows) / steps : 0; }
 };
 
 class EngineLoop {
  public:
   // `model` must outlive the loop. `name` prefixes errors ("stage 0 (<its kind>)").
-  EngineLoop(std::string name, EngineModel& model, EngineLimits limits);
+  EngineLoop(std::string name, EngineModel& model, EngineLimits limits, LoopThread thread = {});
   // Fails whatever is waiting or running (kUnavailable) and joins the thread.
   ~EngineLoop();
   EngineLoop(const EngineLoop&) = delete;

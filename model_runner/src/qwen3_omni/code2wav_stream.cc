@@ -49,54 +49,73 @@ int64_t Code2WavStreamer::next_chunk_frames() const {
   return stats_.chunks == 0 ? options_.first_chunk_frames : options_.chunk_frames;
 }
 
-at::Tensor Code2WavStreamer::decode(const at::Tensor& window, int64_t context) {
-  const auto wav = decode_(window);  // push() checked the frames
-  const int64_t length = wav.size(-1);
-  const int64_t drop = std::min(context * model_.samples_per_frame(), length);
-  auto samples = wav.narrow(-1, drop, length - drop).reshape({-1}).to(at::kCPU, at::kFloat);
-  stats_.frames_decoded += window.size(1);
-  stats_.frames_emitted += window.size(1) - context;
-  stats_.chunks += 1;
-  stats_.samples += samples.numel();
-  return samples.contiguous();
+int64_t Code2WavStreamer::due_frames(bool last) const {
+  const int64_t pending = pending_frames();
+  if (pending >= next_chunk_frames()) return next_chunk_frames();
+  return last ? pending : 0;
 }
 
-at::Tensor Code2WavStreamer::push(const at::Tensor& frames) {
+void Code2WavStreamer::append(const at::Tensor& frames) {
   OMNI_CHECK(!finished_, "code2wav stream: push() after finish(); call reset() to start anew");
   validate_codes(model_.config(), frames, stats_.frames_received);
   OMNI_CHECK(frames.size(1) >= 1, "code2wav stream: push() needs at least one frame, got [",
              frames.size(0), ", ", frames.size(1), "]");
   const at::Tensor incoming =
       frames.to(buffer_.defined() ? buffer_.device() : frames.device(), at::kLong);
-  const at::Tensor all = buffer_.defined() ? at::cat({buffer_, incoming}, 1) : incoming;
+  // A new tensor: the storage of the frames already decoded goes with the old one.
+  buffer_ = buffer_.defined() ? at::cat({buffer_, incoming}, 1) : incoming.clone();
   stats_.frames_received += frames.size(1);
+  // Retained "between two calls": what stays once the chunks now due are decoded.
+  if (due_frames(false) == 0) note_buffered();
+}
 
-  // `all` = [context | pending]; decode every complete chunk with its context in front.
-  std::vector<at::Tensor> out;
-  int64_t offset = 0, context = context_;
-  int64_t pending = all.size(1) - context;
-  for (int64_t need = next_chunk_frames(); pending >= need; need = next_chunk_frames()) {
-    out.push_back(decode(all.narrow(1, offset, context + need), context));
-    const int64_t end = offset + context + need;
-    context = std::min(options_.left_context_frames, context + need);
-    offset = end - context;
-    pending -= need;
-  }
-  // Keep only what a future chunk can need: its left context and the pending frames.
-  buffer_ = all.narrow(1, offset, all.size(1) - offset).clone();
-  context_ = context;
+void Code2WavStreamer::note_buffered() {
   stats_.max_buffered_frames = std::max(stats_.max_buffered_frames, buffered_frames());
+}
+
+at::Tensor Code2WavStreamer::next_window(bool last) const {
+  const int64_t due = due_frames(last);
+  return due > 0 ? buffer_.narrow(1, 0, context_ + due) : at::Tensor();
+}
+
+at::Tensor Code2WavStreamer::accept(const at::Tensor& wav, bool last) {
+  const int64_t due = due_frames(last);
+  OMNI_CHECK(due > 0, "code2wav stream: accept() with no window due");
+  const int64_t length = wav.size(-1);
+  const int64_t drop = std::min(context_ * model_.samples_per_frame(), length);
+  auto samples = wav.narrow(-1, drop, length - drop).reshape({-1}).to(at::kCPU, at::kFloat);
+  stats_.frames_decoded += context_ + due;
+  stats_.frames_emitted += due;
+  stats_.chunks += 1;
+  stats_.samples += samples.numel();
+  // Keep only what a future chunk can need: its left context and the pending frames.
+  const int64_t context = std::min(options_.left_context_frames, context_ + due);
+  const int64_t offset = context_ + due - context;
+  buffer_ = buffer_.narrow(1, offset, buffer_.size(1) - offset);
+  context_ = context;
+  if (due_frames(last) == 0) note_buffered();
+  return samples.contiguous();
+}
+
+at::Tensor Code2WavStreamer::push(const at::Tensor& frames) {
+  append(frames);
+  std::vector<at::Tensor> out;
+  for (auto window = next_window(false); window.defined(); window = next_window(false)) {
+    out.push_back(accept(decode_(window), false));  // append() checked the frames
+  }
   return concat(out);
 }
 
 at::Tensor Code2WavStreamer::finish() {
   if (finished_) return empty_samples();
+  std::vector<at::Tensor> out;
+  for (auto window = next_window(true); window.defined(); window = next_window(true)) {
+    out.push_back(accept(decode_(window), true));
+  }
   finished_ = true;
-  at::Tensor out = empty_samples();
-  if (pending_frames() > 0) out = decode(buffer_, context_);
   buffer_ = at::Tensor();
   context_ = 0;
-  return out;
+  return concat(out);
 }
 
 void Code2WavStreamer::reset() {

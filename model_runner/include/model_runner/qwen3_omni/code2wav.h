@@ -85,7 +85,7 @@ class Code2Wav : public offload::HookableModule {
   // forward() for codes already checked with validate_codes (the streamer and chunked_decode
   // check each input once, not each chunk again). Also takes a batch, codes [B, num_quantizers,
   // T] -> [B, 1, T * samples_per_frame() - 555]: every layer is causal, so a row padded on the
-  // right keeps the samples of its own frames (Code2WavBatcher relies on it).
+  // right keeps the samples of its own frames (decode_windows relies on it).
   at::Tensor forward_validated(const at::Tensor& codes);
 
   int64_t samples_per_frame() const { return cfg_.samples_per_frame(); }

@@ -48,8 +48,7 @@ struct Code2WavStreamStats {
 
 class Code2WavStreamer {
  public:
-  // Decodes one checked window [num_quantizers, T] as Code2Wav::forward_validated does (a
-  // serving stage passes Code2WavBatcher::decode, to decode with other requests' windows).
+  // Decodes one checked window [num_quantizers, T] as Code2Wav::forward_validated does.
   using DecodeFn = std::function<at::Tensor(const at::Tensor& window)>;
 
   // `model` must outlive the streamer. Throws on invalid options. Without `decode`, windows go
@@ -64,6 +63,16 @@ class Code2WavStreamer {
   // Decodes the frames still pending (a partial last chunk) and returns their samples (empty
   // when none are pending). The stream then takes no more frames until reset().
   at::Tensor finish();
+
+  // push() in steps, for a caller that decodes the windows itself (a serving stage decodes
+  // those of several requests in one forward). append() takes frames as push() does, without
+  // decoding; next_window() is the next window to decode: a complete chunk with its left
+  // context in front, or with `last` (no more frames will come) also the partial last chunk;
+  // undefined when none is due. accept() takes its decoded samples (forward_validated's output)
+  // and returns the chunk's, as push() would have.
+  void append(const at::Tensor& frames);
+  at::Tensor next_window(bool last) const;
+  at::Tensor accept(const at::Tensor& wav, bool last);
   // Starts a new stream: drops every frame and zeroes the stats.
   void reset();
 
@@ -77,8 +86,9 @@ class Code2WavStreamer {
 
  private:
   int64_t next_chunk_frames() const;
-  // Decodes `window` and returns its samples after the first `context` frames', float32 CPU.
-  at::Tensor decode(const at::Tensor& window, int64_t context);
+  // Frames of the chunk next_window(last) holds after its context (0: none is due).
+  int64_t due_frames(bool last) const;
+  void note_buffered();  // max_buffered_frames
 
   Code2Wav& model_;
   Code2WavStreamOptions options_;
