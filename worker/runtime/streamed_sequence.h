@@ -1,6 +1,7 @@
-// A sequence fed by its source stage while it runs (the talker by the thinker, code2wav by the
-// talker): the request's thread delivers the source's packets, the loop's thread takes them
-// before a step. A request may pass through several loops in turn (legs), one inbox throughout.
+// A sequence fed by its source stage while it runs (a stage that speaks what its source writes,
+// as it writes): the request's thread delivers the source's packets, the loop's thread takes
+// them before a step. A request may pass through several loops in turn (legs), one inbox
+// throughout.
 #pragma once
 
 #include <deque>

@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "model_runner/preprocess/image.h"
-#include "worker/qwen3_omni/stage_params.h"
 #include "worker/wan/diffusers_folder.h"
 #include "worker/wan/diffusion_params.h"
 
