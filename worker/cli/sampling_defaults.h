@@ -1,6 +1,6 @@
 // A stage YAML's default_sampling_params applied to one request, where its sender gave no value:
-// sender > YAML > the runner's defaults. `generate` names what its flags gave, `serve` what the
-// request's fields gave, so both commands read a YAML the same way.
+// sender > YAML > the runner's defaults. `generate` names what its flags gave; `serve` gives none
+// (a request's own values are in Request::sampling, which wins over the YAML's).
 #pragma once
 
 #include <set>

@@ -10,7 +10,6 @@
 #include <filesystem>
 #include <functional>
 #include <ostream>
-#include <set>
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
@@ -184,11 +183,8 @@ std::string folder_name(const std::string& path) {
 
 // The stages' default_sampling_params (YAML or --stage-overrides) for what a request leaves
 // unset, as `generate` applies them.
-std::function<void(pipeline::Request&, const std::set<std::string>&)> yaml_sampling(
-    const config::PipelineConfig& config) {
-  return [config](pipeline::Request& request, const std::set<std::string>& given) {
-    apply_sampling_defaults(request, config, given);
-  };
+std::function<void(pipeline::Request&)> yaml_sampling(const config::PipelineConfig& config) {
+  return [config](pipeline::Request& request) { apply_sampling_defaults(request, config, {}); };
 }
 
 }  // namespace

@@ -5,7 +5,6 @@
 #include <atomic>
 #include <chrono>
 #include <map>
-#include <set>
 #include <sstream>
 #include <thread>
 
@@ -14,7 +13,6 @@
 
 #include "cpu_offload/check.h"
 #include "cpu_offload/logging.h"
-#include "model_runner/qwen3_omni/omni_options.h"
 #include "worker/http/admission_queue.h"
 #include "worker/http/api_error.h"
 #include "worker/http/ascii_text.h"
@@ -345,27 +343,16 @@ class ChatServer::Impl {
                       "modalities", "unsupported"));
     }
     o.voice = r.speaker;
-    auto& omni = o.parts.get<models::OmniOptions>();
-    if (r.seed) omni.sampling.set_seed(*r.seed);
-    auto& t = omni.sampling.thinker;
-    if (r.temperature) t.temperature = *r.temperature;
-    if (r.top_p) t.top_p = *r.top_p;
-    if (r.top_k) t.top_k = *r.top_k;
-    if (r.repetition_penalty) t.repetition_penalty = *r.repetition_penalty;
-    if (r.max_tokens) t.max_new_tokens = *r.max_tokens;
-    if (r.max_audio_frames) omni.max_audio_frames = *r.max_audio_frames;
+    o.sampling.temperature = r.temperature;
+    o.sampling.top_p = r.top_p;
+    o.sampling.top_k = r.top_k;
+    o.sampling.repetition_penalty = r.repetition_penalty;
+    o.sampling.max_tokens = r.max_tokens;
+    o.sampling.max_audio_frames = r.max_audio_frames;
+    o.sampling.seed = r.seed;
     o.stop_strings = r.stop;
-    if (options_.sampling_defaults) {
-      std::set<std::string> given;
-      if (r.temperature) given.insert("temperature");
-      if (r.top_p) given.insert("top_p");
-      if (r.top_k) given.insert("top_k");
-      if (r.repetition_penalty) given.insert("repetition_penalty");
-      if (r.max_tokens) given.insert("max_tokens");
-      if (r.seed) given.insert({"seed", "talker.seed"});
-      if (r.max_audio_frames) given.insert("talker.max_tokens");
-      options_.sampling_defaults(o, given);
-    }
+    // The request's own values win over these (Request::sampling).
+    if (options_.sampling_defaults) options_.sampling_defaults(o);
     return o;
   }
 

@@ -18,7 +18,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -54,9 +53,9 @@ struct ServerOptions {
   ConnectionLimits connections;
   // Per-request limits of the body's messages and media (media items, bytes, image pixels).
   ParseLimits limits;
-  // Fills the sampling values a request left unset (the stages' default_sampling_params);
-  // `given` names the ones it set (worker/cli/sampling_defaults.h's names).
-  std::function<void(pipeline::Request&, const std::set<std::string>& given)> sampling_defaults;
+  // Puts the stages' default_sampling_params in a request (its own values, Request::sampling,
+  // win over them).
+  std::function<void(pipeline::Request&)> sampling_defaults;
   // Health of the stages: true when every stage answers (why: what is wrong otherwise).
   std::function<bool(std::string* why)> healthy;
   // /v1/videos jobs (a pipeline with a diffusion stage; video_api.h).

@@ -3,6 +3,8 @@
 // as a part of their own type, which only that family's kinds read.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,6 +12,16 @@
 #include "worker/pipeline/family_parts.h"
 
 namespace omni::pipeline {
+
+// The caller's sampling of the answer (OpenAI's request fields), whatever the family; an unset
+// field keeps the family's and the stage config's defaults. The family maps them onto its
+// stages: the text's onto the stage that writes the text, `seed` onto every stage that samples,
+// `max_audio_frames` onto the one that speaks.
+struct AnswerSampling {
+  std::optional<double> temperature, top_p, repetition_penalty;
+  std::optional<int64_t> top_k, max_tokens, max_audio_frames;
+  std::optional<uint64_t> seed;
+};
 
 struct Request {
   models::ChatRequest chat;
@@ -25,6 +37,8 @@ struct Request {
   // Decode the result's whole waveform at the end. A caller that only sends the streamed chunks
   // (serve's streamed answers) turns it off: it would decode every frame a second time.
   bool waveform = true;
+  // Wins over the families' parts and the stage config's defaults.
+  AnswerSampling sampling;
   // The families' own parameters, by type (FamilyParts::get<T>).
   FamilyParts parts;
 };

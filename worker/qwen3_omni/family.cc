@@ -44,8 +44,20 @@ std::string lower(std::string s) {
 }
 
 // The request's Qwen3-Omni part (Request::parts), or its defaults.
+// The request's options: its part, with the caller's answer sampling on top (the text's is the
+// thinker's; a seed seeds every stage).
 models::OmniOptions options_of(const Request& request) {
-  return request.parts.value<models::OmniOptions>();
+  auto o = request.parts.value<models::OmniOptions>();
+  const auto& s = request.sampling;
+  if (s.seed) o.sampling.set_seed(*s.seed);
+  auto& t = o.sampling.thinker;
+  if (s.temperature) t.temperature = *s.temperature;
+  if (s.top_p) t.top_p = *s.top_p;
+  if (s.top_k) t.top_k = *s.top_k;
+  if (s.repetition_penalty) t.repetition_penalty = *s.repetition_penalty;
+  if (s.max_tokens) t.max_new_tokens = *s.max_tokens;
+  if (s.max_audio_frames) o.max_audio_frames = *s.max_audio_frames;
+  return o;
 }
 
 // The talker's frames of the answer as they come (PipelineResult::parts), for its codes.

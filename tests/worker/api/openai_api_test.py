@@ -404,15 +404,26 @@ def main():
          "--modalities", "text", "--max-tokens", "10", "--greedy", "--json"],
         capture_output=True, text=True, check=True)
     assert want != json.loads(greedy.stdout)["text"], "the YAML's sampling changed nothing"
+    # A request's own seed wins over the YAML's, as --seed does in generate.
+    reseeded = subprocess.run(
+        [VLLM_OMNI, "generate", "--stage-configs-path", yaml, "--stage-overrides", overrides,
+         "--prompt", PROMPT, "--modalities", "text", "--max-tokens", "10", "--seed", "8",
+         "--json"],
+        capture_output=True, text=True, check=True)
+    want_seed_8 = json.loads(reseeded.stdout)["text"]
+    assert want_seed_8 != want, "seed 8 and the YAML's seed 7 gave the same text"
     proc, port = start_server("--stage-overrides", overrides,
                               source=["serve", "--stage-configs-path", yaml])
     try:
-        body = json.dumps({"model": "tiny", "modalities": ["text"], "max_tokens": 10,
-                           "messages": [{"role": "user", "content": PROMPT}]}).encode()
-        status, data = raw(port, "/v1/chat/completions", body)
-        assert status == 200, data[:300]
-        got = json.loads(data)["choices"][0]["message"]["content"]
-        assert got == want, f"serve ignored the YAML's sampling: {got!r} != generate's {want!r}"
+        for extra, expected, what in (({}, want, "the YAML's sampling"),
+                                      ({"seed": 8}, want_seed_8, "the request's seed")):
+            body = json.dumps({"model": "tiny", "modalities": ["text"], "max_tokens": 10,
+                               "messages": [{"role": "user", "content": PROMPT}],
+                               **extra}).encode()
+            status, data = raw(port, "/v1/chat/completions", body)
+            assert status == 200, data[:300]
+            got = json.loads(data)["choices"][0]["message"]["content"]
+            assert got == expected, f"serve ignored {what}: {got!r} != generate's {expected!r}"
     finally:
         proc.terminate()
         proc.wait(timeout=60)
