@@ -526,6 +526,7 @@ class ChatServer::Impl {
                                                  media = std::move(media)]() mutable {
       bool first = true;
       bool first_audio = true;
+      int sample_rate = 0;  // the audio stage's, asked before the first chunk
       pipeline::PipelineCallbacks callbacks;
       callbacks.cancelled = [&] { return queue->gone(); };
       callbacks.on_text = [&](const std::string& text) {
@@ -538,15 +539,17 @@ class ChatServer::Impl {
         const auto s = samples.to(at::kFloat).contiguous();
         if (first_audio) metrics_.observe_ttfa(ms_since(start));
         first_audio = false;
-        queue->push(sse_event(chunk_json(
-            id, model, created, "audio",
-            base64_encode(wav_bytes(s.data_ptr<float>(), static_cast<size_t>(s.numel()), 24000)),
-            false, std::nullopt)));
+        queue->push(sse_event(
+            chunk_json(id, model, created, "audio",
+                       base64_encode(wav_bytes(s.data_ptr<float>(), static_cast<size_t>(s.numel()),
+                                               sample_rate)),
+                       false, std::nullopt)));
         return !queue->gone();
       };
       int status = 200;
       std::string tail;  // the events after the pipeline is done
       try {
+        if (request.audio_output) sample_rate = static_cast<int>(pipeline_.audio_sample_rate());
         const auto result =
             pipeline_.generate(request, callbacks, Clock::time_point::max(), &media);
         tail = sse_event(

@@ -158,6 +158,13 @@ std::vector<std::string> Pipeline::voices() { return voice_info().voices; }
 
 std::string Pipeline::default_voice() { return voice_info().default_voice; }
 
+int64_t Pipeline::audio_sample_rate() {
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    if (kinds_[i]->answers_audio) return info_of(i).audio_sample_rate;
+  }
+  return 0;
+}
+
 std::pair<uint64_t, int64_t> Pipeline::prompt_limit() {
   for (size_t i = 0; i < stages_.size(); ++i) {
     const StageInfo info = info_of(i);

@@ -113,6 +113,8 @@ class Pipeline {
   // The voices and default of the stage that chooses them (its info), empty without one.
   std::vector<std::string> voices();
   std::string default_voice();
+  // Samples per second of the stage that answers audio (its info); 0 without one.
+  int64_t audio_sample_rate();
   // The prompt limit of the first stage that reports one (StageInfo::max_prompt_bytes and
   // context_tokens); zeros when none does.
   std::pair<uint64_t, int64_t> prompt_limit();
