@@ -123,14 +123,21 @@ PacketQueue& with_values(PacketQueue& q, int64_t n) {
   return q;
 }
 
-TEST(StreamedSequence, ARequestPassesThroughItsLegsInOrderWithEveryValueOnce) {
-  TwoLoops loops;
+// One request of `values` source values, `first_leg` of them on the first loop: what it sent.
+std::vector<StagePacket> relay(TwoLoops& loops, int64_t values, int64_t first_leg) {
   PacketQueue input;
-  with_values(input, 5).close();
+  with_values(input, values).close();
   std::vector<StagePacket> out;
   CancelToken cancel;
   run_streamed(
-      loops.request(2), input, [&](StagePacket&& p) { out.push_back(std::move(p)); }, cancel);
+      loops.request(first_leg), input, [&](StagePacket&& p) { out.push_back(std::move(p)); },
+      cancel);
+  return out;
+}
+
+TEST(StreamedSequence, ARequestPassesThroughItsLegsInOrderWithEveryValueOnce) {
+  TwoLoops loops;
+  const auto out = relay(loops, 5, 2);
   ASSERT_EQ(out.size(), 6u);
   for (int64_t v = 1; v <= 5; ++v) {
     EXPECT_EQ(out[v - 1].tokens, std::vector<int64_t>{v});
@@ -145,12 +152,7 @@ TEST(StreamedSequence, ARequestPassesThroughItsLegsInOrderWithEveryValueOnce) {
 
 TEST(StreamedSequence, ARequestDoneOnItsFirstLegSkipsTheRest) {
   TwoLoops loops;
-  PacketQueue input;
-  with_values(input, 1).close();
-  std::vector<StagePacket> out;
-  CancelToken cancel;
-  run_streamed(
-      loops.request(2), input, [&](StagePacket&& p) { out.push_back(std::move(p)); }, cancel);
+  const auto out = relay(loops, 1, 2);
   ASSERT_EQ(out.size(), 2u);
   EXPECT_TRUE(out[1].finished);
   EXPECT_EQ(out[1].text, "first leg");

@@ -57,7 +57,8 @@ bool set_up_this_thread(const std::string& stage, const LoopThread& thread) {
 
 }  // namespace
 
-EngineLoop::EngineLoop(std::string name, EngineModel& model, EngineLimits limits, LoopThread thread)
+EngineLoop::EngineLoop(std::string name, EngineModel& model, EngineLimits limits,
+                       const LoopThread& thread)
     : name_(std::move(name)), model_(model), limits_(limits) {
   limits_.max_num_seqs = std::max<int64_t>(1, limits_.max_num_seqs);
   limits_.max_num_batched_tokens = std::max<int64_t>(1, limits_.max_num_batched_tokens);

@@ -104,7 +104,8 @@ struct EngineStats {
 class EngineLoop {
  public:
   // `model` must outlive the loop. `name` prefixes errors ("stage 0 (<its kind>)").
-  EngineLoop(std::string name, EngineModel& model, EngineLimits limits, LoopThread thread = {});
+  EngineLoop(std::string name, EngineModel& model, EngineLimits limits,
+             const LoopThread& thread = {});
   // Fails whatever is waiting or running (kUnavailable) and joins the thread.
   ~EngineLoop();
   EngineLoop(const EngineLoop&) = delete;
