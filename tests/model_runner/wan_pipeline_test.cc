@@ -330,6 +330,16 @@ TEST_F(WanPipelineBrokenFolder, ExpandTimestepsNeedsTheTwoByTwoPatch) {
       << load_error();
 }
 
+TEST_F(WanPipelineBrokenFolder, ASchedulerThatShiftsByTheImagesSizeIsRefused) {
+  write_json(
+      (dir_ / "scheduler" / "scheduler_config.json").string(),
+      Json{{"_class_name", "FlowMatchEulerDiscreteScheduler"}, {"use_dynamic_shifting", true}});
+  EXPECT_NE(load_error().find("scheduler_config.json: use_dynamic_shifting = true is not "
+                              "supported by the Wan pipeline"),
+            std::string::npos)
+      << load_error();
+}
+
 TEST_F(WanPipelineBrokenFolder, MissingSchedulerConfig) {
   fs::remove(dir_ / "scheduler" / "scheduler_config.json");
   EXPECT_NE(load_error().find("scheduler"), std::string::npos) << load_error();

@@ -1,7 +1,9 @@
 // The Wan2.1 / Wan2.2 flow schedulers against diffusers 0.42.1 (tests/fixtures/wan_schedulers,
 // written by make_wan_scheduler_fixture.py): timesteps, sigmas, every step's sample and
 // add_noise for UniPC (flow_shift 3 and 5, and order 3 / bh1 / a disabled corrector / final
-// sigma_min) and FlowMatchEuler (shift 7, and shift_terminal); then the config and call errors.
+// sigma_min) and FlowMatchEuler (shift 7, and shift_terminal); FlowMatchEuler's dynamic shift as
+// Qwen-Image's pipeline drives it (its released config, the pipeline's sigmas and mu) and a
+// linear one; then the config and call errors.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -96,6 +98,53 @@ INSTANTIATE_TEST_SUITE_P(Fixture, WanSchedulerParity, ::testing::ValuesIn(kCases
                            return param.param.name;
                          });
 
+struct DynamicRun {
+  int64_t steps;
+  int64_t image_seq_len;
+  bool pipeline_sigmas;  // linear_sigmas(steps), as Qwen-Image and FLUX pass; else the default
+};
+
+TEST(FlowMatchEulerDynamicShift, MatchesDiffusersAsThePipelinesCallIt) {
+  const auto ref = SafetensorsFile::open(kDir + "/reference.safetensors");
+  const at::Tensor sample = ref.tensor("sample");
+  const at::Tensor model_outputs = ref.tensor("model_outputs");
+  for (const auto& [name, runs] : std::vector<std::pair<std::string, std::vector<DynamicRun>>>{
+           {"flow_match_euler_qwen_image", {{5, 4096, true}, {3, 1296, true}}},
+           {"flow_match_euler_dynamic_linear", {{4, 1024, false}}}}) {
+    auto loaded = load_flow_scheduler(kDir + "/" + name);
+    auto* scheduler = dynamic_cast<FlowMatchEulerScheduler*>(loaded.get());
+    ASSERT_NE(scheduler, nullptr) << name;
+    EXPECT_TRUE(scheduler->config().dynamic_shifting) << name;
+    for (const auto& run : runs) {
+      const std::string key =
+          name + ".n" + std::to_string(run.steps) + ".l" + std::to_string(run.image_seq_len);
+      const double mu = scheduler->mu_for(run.image_seq_len);
+      EXPECT_EQ(mu, ref.tensor(key + ".mu").item<double>()) << key;
+      if (run.pipeline_sigmas) {
+        scheduler->set_sigmas(FlowMatchEulerScheduler::linear_sigmas(run.steps), mu);
+      } else {
+        scheduler->set_timesteps(run.steps, mu);
+      }
+      ASSERT_EQ(scheduler->num_inference_steps(), run.steps) << key;
+      const at::Tensor timesteps = ref.tensor(key + ".timesteps");
+      EXPECT_TRUE(at::equal(scheduler->timesteps(), timesteps))
+          << key << ": " << scheduler->timesteps() << " vs " << timesteps;
+      const at::Tensor sigmas = ref.tensor(key + ".sigmas");
+      EXPECT_TRUE(at::equal(scheduler->sigmas(), sigmas))
+          << key << ": " << scheduler->sigmas() << " vs " << sigmas;
+      const at::Tensor expected = ref.tensor(key + ".prev_samples");
+      at::Tensor x = sample.clone();
+      double step_diff = 0;
+      for (int64_t i = 0; i < run.steps; ++i) {
+        x = scheduler->step(model_outputs[i], i, x);
+        step_diff = std::max(step_diff, max_abs_diff(x, expected[i]));
+      }
+      EXPECT_LE(step_diff, 1e-5) << key;
+      std::cout << "[ max abs diff ] " << key << ": steps " << step_diff << "\n";
+    }
+  }
+}
+
 // A fixture config with one field changed (or removed, for a null value), written to a fresh
 // folder: what load_flow_scheduler says about it.
 class WanSchedulerConfigErrors : public testing::TempDirTest {
@@ -144,8 +193,8 @@ TEST_F(WanSchedulerConfigErrors, UniPCRejectsWhatTheFlowPathDoesNotCover) {
 
 TEST_F(WanSchedulerConfigErrors, FlowMatchEulerRejectsWhatWanDoesNotUse) {
   const std::string euler = "flow_match_euler_shift7";
-  for (const char* field : {"use_dynamic_shifting", "invert_sigmas", "use_karras_sigmas",
-                            "use_exponential_sigmas", "use_beta_sigmas", "stochastic_sampling"}) {
+  for (const char* field : {"invert_sigmas", "use_karras_sigmas", "use_exponential_sigmas",
+                            "use_beta_sigmas", "stochastic_sampling"}) {
     SCOPED_TRACE(field);
     const std::string error = load_error(euler, field, true);
     EXPECT_CONTAINS(error, std::string("'") + field + "' = true");
@@ -153,6 +202,32 @@ TEST_F(WanSchedulerConfigErrors, FlowMatchEulerRejectsWhatWanDoesNotUse) {
   EXPECT_CONTAINS(load_error(euler, "time_shift_type", "cubic"), "'time_shift_type'");
   EXPECT_CONTAINS(load_error(euler, "flow_shift", 3.0), "'flow_shift'");  // UniPC's name
   EXPECT_CONTAINS(load_error(euler, "shift", 0.0), "shift must be finite and > 0");
+  EXPECT_CONTAINS(load_error("flow_match_euler_qwen_image", "max_image_seq_len", 256),
+                  "max_image_seq_len and base_image_seq_len must differ");
+}
+
+// Dynamic shifting needs the image's mu; the caller's sigmas must be noise levels.
+TEST(WanSchedulerCalls, DynamicShiftingNeedsMuAndSigmasInRange) {
+  FlowMatchEulerScheduler::Config config;
+  config.dynamic_shifting = true;
+  FlowMatchEulerScheduler dynamic(config);
+  EXPECT_CONTAINS(error_of([&] { dynamic.set_timesteps(4); }), "needs mu");
+  EXPECT_CONTAINS(error_of([&] { dynamic.set_sigmas({1.0, 0.5}); }), "needs mu");
+  EXPECT_CONTAINS(error_of([&] {
+                    dynamic.set_sigmas({1.0, 0.0}, 1.0);
+                  }),
+                  "sigmas must be in (0, 1], sigma 1 is 0");
+  EXPECT_CONTAINS(error_of([&] { dynamic.set_sigmas({1.5}, 1.0); }), "sigma 0 is 1.5");
+  EXPECT_CONTAINS(error_of([&] { dynamic.set_sigmas({}, 1.0); }), "at least one sigma");
+  EXPECT_CONTAINS(error_of([&] { FlowMatchEulerScheduler::linear_sigmas(0); }), "got 0");
+  dynamic.set_sigmas(FlowMatchEulerScheduler::linear_sigmas(3), 1.0);
+  EXPECT_EQ(dynamic.num_inference_steps(), 3);
+  // Without dynamic shifting mu changes nothing, as in diffusers.
+  FlowMatchEulerScheduler fixed(FlowMatchEulerScheduler::Config{});
+  fixed.set_timesteps(3);
+  const at::Tensor without = fixed.sigmas().clone();
+  fixed.set_timesteps(3, 2.0);
+  EXPECT_TRUE(at::equal(fixed.sigmas(), without));
 }
 
 TEST_F(WanSchedulerConfigErrors, ClassNameIsRequiredAndKnown) {

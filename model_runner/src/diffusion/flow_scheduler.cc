@@ -124,13 +124,14 @@ std::vector<double> linspace(double start, double stop, int64_t num) {
   return out;
 }
 
-void shift_sigmas(std::vector<double>& sigmas, double shift) {
-  for (double& s : sigmas) s = shift * s / (1.0 + (shift - 1.0) * s);
+at::Tensor shift_sigmas(const at::Tensor& s, double shift) {
+  return shift * s / (1 + (shift - 1) * s);
 }
 
-void stretch_to_terminal(std::vector<double>& sigmas, double terminal) {
-  const double scale = (1.0 - sigmas.back()) / (1.0 - terminal);
-  for (double& s : sigmas) s = 1.0 - (1.0 - s) / scale;
+at::Tensor stretch_to_terminal(const at::Tensor& s, double terminal) {
+  const at::Tensor one_minus = 1 - s;
+  const at::Tensor scale = one_minus[-1] / (1 - terminal);
+  return 1 - one_minus / scale;
 }
 
 }  // namespace flow_util

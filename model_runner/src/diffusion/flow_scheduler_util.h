@@ -1,6 +1,8 @@
 // Helpers the flow schedulers share: reading diffusers' scheduler_config.json strictly, and the
-// float64 sigma arithmetic diffusers does in numpy before it rounds to float32.
+// sigma arithmetic diffusers does in numpy before it rounds to float32.
 #pragma once
+
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <initializer_list>
@@ -36,9 +38,11 @@ void check_num_steps(const char* scheduler, int64_t num_inference_steps);
 
 // numpy.linspace(start, stop, num) in float64, element for element.
 std::vector<double> linspace(double start, double stop, int64_t num);
-// The static time shift of flow matching: shift * s / (1 + (shift - 1) * s), in place.
-void shift_sigmas(std::vector<double>& sigmas, double shift);
+// The static time shift of flow matching: shift * s / (1 + (shift - 1) * s). Both compute in the
+// dtype of `sigmas` (float64, or float32 for a caller's sigmas), operation for operation as numpy
+// does (a Python float meeting a float32 array is rounded to float32 first).
+at::Tensor shift_sigmas(const at::Tensor& sigmas, double shift);
 // diffusers' stretch_shift_to_terminal: rescales 1 - s so the last sigma is `terminal`.
-void stretch_to_terminal(std::vector<double>& sigmas, double terminal);
+at::Tensor stretch_to_terminal(const at::Tensor& sigmas, double terminal);
 
 }  // namespace omni::models::flow_util

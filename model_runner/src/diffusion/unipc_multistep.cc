@@ -110,8 +110,11 @@ void UniPCMultistepScheduler::set_timesteps(int64_t num_inference_steps) {
   const double n = static_cast<double>(config_.num_train_timesteps);
   std::vector<double> s = flow_util::linspace(1.0, 1.0 / n, num_inference_steps + 1);
   s.pop_back();
-  flow_util::shift_sigmas(s, config_.flow_shift);
-  if (config_.shift_terminal) flow_util::stretch_to_terminal(s, *config_.shift_terminal);
+  at::Tensor shifted = flow_util::shift_sigmas(at::tensor(s, at::kDouble), config_.flow_shift);
+  if (config_.shift_terminal) {
+    shifted = flow_util::stretch_to_terminal(shifted, *config_.shift_terminal);
+  }
+  s.assign(shifted.data_ptr<double>(), shifted.data_ptr<double>() + shifted.numel());
   // sigma 1 would make log(alpha) = -inf in the first step.
   constexpr double kEps = 1e-6;
   if (std::fabs(s[0] - 1.0) < kEps) s[0] -= kEps;

@@ -122,8 +122,13 @@ std::unique_ptr<FlowScheduler> WanPipeline::make_scheduler(std::optional<double>
 std::shared_ptr<WanPipeline> load_wan_pipeline(const std::string& dir, at::ScalarType dtype) {
   const auto config = read_model_index(dir);
   const auto sub = [&](const char* name) { return (fs::path(dir) / name).string(); };
-  // The scheduler first: a bad scheduler_config.json fails before the weights load.
-  load_flow_scheduler(sub("scheduler"));
+  // The scheduler first: a bad scheduler_config.json fails before the weights load. diffusers'
+  // WanPipeline gives the scheduler no mu, so one that shifts by the image's size cannot run.
+  const auto scheduler = load_flow_scheduler(sub("scheduler"));
+  const auto* euler = dynamic_cast<const FlowMatchEulerScheduler*>(scheduler.get());
+  OMNI_CHECK(euler == nullptr || !euler->config().dynamic_shifting, sub("scheduler"),
+             "/scheduler_config.json: use_dynamic_shifting = true is not supported by the Wan "
+             "pipeline (it passes no mu, the shift of the image's size)");
   const auto text_config = UMT5Config::parse(HfConfig::load(sub("text_encoder")));
   const auto vae_config = WanVAEConfig::load(sub("vae"));
   const auto t_config = WanTransformerConfig::load(sub("transformer"));

@@ -1,7 +1,8 @@
-// The flow-matching schedulers of diffusers that Wan2.1 / Wan2.2 use:
-// FlowMatchEulerDiscreteScheduler and UniPCMultistepScheduler with flow prediction (Wan2.2's
-// official sampler). Each is built from a diffusers scheduler_config.json and gives the
-// timesteps, sigmas and step results diffusers gives (tests/fixtures/wan_schedulers). A setting
+// The flow-matching schedulers of diffusers: FlowMatchEulerDiscreteScheduler (Wan2.1's, and with
+// the shift the image's size gives, Qwen-Image's and FLUX's) and UniPCMultistepScheduler with
+// flow prediction (Wan2.2's official sampler). Each is built from a diffusers
+// scheduler_config.json and gives the timesteps, sigmas and step results diffusers gives
+// (tests/fixtures/wan_schedulers). A setting
 // outside the flow path is rejected with an error naming the file, the field and its value, so
 // a config that would sample differently never loads silently.
 #pragma once
@@ -58,13 +59,23 @@ class FlowScheduler {
   at::Tensor sigmas_;
 };
 
-// diffusers' FlowMatchEulerDiscreteScheduler without dynamic shifting (a fixed `shift`), as
-// Wan2.1 configures it: x_{i+1} = x_i + (sigma_{i+1} - sigma_i) * v_i.
+// diffusers' FlowMatchEulerDiscreteScheduler: x_{i+1} = x_i + (sigma_{i+1} - sigma_i) * v_i, on
+// sigmas shifted by a fixed `shift` (Wan2.1) or, with dynamic shifting, by the `mu` the image's
+// size gives (Qwen-Image, FLUX).
 class FlowMatchEulerScheduler : public FlowScheduler {
  public:
   struct Config {
     int64_t num_train_timesteps = 1000;
-    double shift = 1.0;
+    double shift = 1.0;  // the fixed shift, without dynamic shifting
+    // use_dynamic_shifting: the shift is the caller's `mu`, through e^mu / (e^mu + 1/s - 1)
+    // (time_shift_type "exponential") or mu / (mu + 1/s - 1) ("linear").
+    bool dynamic_shifting = false;
+    bool exponential_time_shift = true;
+    // What mu_for turns an image's latent sequence length into mu with.
+    int64_t base_image_seq_len = 256;
+    int64_t max_image_seq_len = 4096;
+    double base_shift = 0.5;
+    double max_shift = 1.15;
     // Stretches the shifted sigmas so that the last one is this value.
     std::optional<double> shift_terminal;
   };
@@ -72,15 +83,32 @@ class FlowMatchEulerScheduler : public FlowScheduler {
   // Reads the fields of a FlowMatchEulerDiscreteScheduler scheduler_config.json.
   static Config parse_config(const HfConfig& json);
 
+  // Evenly spaced training sigmas; with dynamic shifting it throws (the shift needs mu).
   void set_timesteps(int64_t num_inference_steps) override;
+  // With dynamic shifting: the same steps shifted by `mu` (without, `mu` is ignored, as in
+  // diffusers).
+  void set_timesteps(int64_t num_inference_steps, double mu);
+  // A schedule of the caller's sigmas (each in (0, 1], rounded to float32 as diffusers does),
+  // shifted as set_timesteps shifts; `mu` is needed with dynamic shifting.
+  void set_sigmas(const std::vector<double>& sigmas, std::optional<double> mu = std::nullopt);
+  // The sigmas the Qwen-Image and FLUX pipelines pass: numpy.linspace(1, 1 / n, n).
+  static std::vector<double> linear_sigmas(int64_t num_inference_steps);
+  // diffusers' calculate_shift with this config's values, as those pipelines call it: the mu of
+  // an image of `image_seq_len` latent tokens (linear between base and max).
+  double mu_for(int64_t image_seq_len) const;
   at::Tensor step(const at::Tensor& model_output, int64_t step_index,
                   const at::Tensor& sample) override;
   const char* name() const override { return "FlowMatchEulerDiscreteScheduler"; }
   const Config& config() const { return config_; }
 
  private:
+  // Shifts `sigmas` (float64 or float32: diffusers computes in the dtype they have), stretches
+  // them to shift_terminal, and makes them the schedule.
+  void set_schedule(at::Tensor sigmas, std::optional<double> mu);
+
   Config config_;
-  // The ends of the training schedule (shifted), where set_timesteps spaces its steps.
+  // The ends of the training schedule (shifted unless dynamic), where set_timesteps spaces its
+  // steps.
   double sigma_max_ = 1.0;
   double sigma_min_ = 0.0;
 };
