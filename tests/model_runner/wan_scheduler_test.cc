@@ -111,7 +111,9 @@ TEST(FlowMatchEulerDynamicShift, MatchesDiffusersAsThePipelinesCallIt) {
   for (const auto& [name, runs] : std::vector<std::pair<std::string, std::vector<DynamicRun>>>{
            {"flow_match_euler_qwen_image", {{5, 4096, true}, {3, 1296, true}}},
            {"flow_match_euler_dynamic_linear", {{4, 1024, false}}}}) {
-    auto loaded = load_flow_scheduler(kDir + "/" + name);
+    std::string folder = kDir + "/";
+    folder += name;
+    auto loaded = load_flow_scheduler(folder);
     auto* scheduler = dynamic_cast<FlowMatchEulerScheduler*>(loaded.get());
     ASSERT_NE(scheduler, nullptr) << name;
     EXPECT_TRUE(scheduler->config().dynamic_shifting) << name;
