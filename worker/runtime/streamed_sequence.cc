@@ -1,5 +1,6 @@
 #include "worker/runtime/streamed_sequence.h"
 
+#include <atomic>
 #include <exception>
 #include <thread>
 #include <utility>
@@ -24,13 +25,15 @@ std::deque<StagePacket> StreamInbox::take(bool* ended) {
 void run_streamed(const std::vector<StreamLeg>& legs, PacketQueue& input, const PacketSink& sink,
                   const CancelToken& cancel) {
   const auto& inbox = legs.front().seq->inbox();
-  // Waking a loop the request is not on costs a look at its sequences, no more.
-  const auto wake_all = [&] {
-    for (const auto& leg : legs) leg.loop->wake();
-  };
+  // The leg the request is on: a packet wakes its loop only (a wake makes a loop look at every
+  // sequence it holds). Set before the leg is submitted, and read after a packet is delivered,
+  // so a leg submitted meanwhile finds the packet in the inbox when it starts.
+  std::atomic<size_t> current{0};
   const auto cancel_all = [&] {
-    for (const auto& leg : legs) leg.seq->cancel();
-    wake_all();
+    for (const auto& leg : legs) {
+      leg.seq->cancel();
+      leg.loop->wake();
+    }
   };
   std::exception_ptr input_error;
   std::thread reader([&] {
@@ -39,7 +42,7 @@ void run_streamed(const std::vector<StreamLeg>& legs, PacketQueue& input, const 
         auto packet = input.pop(&cancel);
         const bool end = !packet;
         inbox->deliver(std::move(packet));
-        wake_all();
+        legs[current.load()].loop->wake();
         if (end) break;
       }
     } catch (...) {
@@ -49,7 +52,9 @@ void run_streamed(const std::vector<StreamLeg>& legs, PacketQueue& input, const 
   });
   std::exception_ptr output_error;
   try {
-    for (const auto& leg : legs) {
+    for (size_t i = 0; i < legs.size(); ++i) {
+      const auto& leg = legs[i];
+      current.store(i);
       leg.loop->submit(leg.seq);
       while (auto packet = leg.seq->out.pop(&cancel)) sink(std::move(*packet));
       if (leg.seq->request_done()) break;

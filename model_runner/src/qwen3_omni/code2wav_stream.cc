@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <utility>
 #include <vector>
 
 #include "cpu_offload/check.h"
@@ -33,12 +32,9 @@ void Code2WavStreamOptions::validate() const {
   }
 }
 
-Code2WavStreamer::Code2WavStreamer(Code2Wav& model, Code2WavStreamOptions options, DecodeFn decode)
-    : model_(model), options_(options), decode_(std::move(decode)) {
+Code2WavStreamer::Code2WavStreamer(Code2Wav& model, Code2WavStreamOptions options)
+    : model_(model), options_(options) {
   options_.validate();
-  if (!decode_) {
-    decode_ = [&model](const at::Tensor& window) { return model.forward_validated(window); };
-  }
 }
 
 int64_t Code2WavStreamer::buffered_frames() const {
@@ -101,7 +97,7 @@ at::Tensor Code2WavStreamer::push(const at::Tensor& frames) {
   append(frames);
   std::vector<at::Tensor> out;
   for (auto window = next_window(false); window.defined(); window = next_window(false)) {
-    out.push_back(accept(decode_(window), false));  // append() checked the frames
+    out.push_back(accept(model_.forward_validated(window), false));  // append() checked them
   }
   return concat(out);
 }
@@ -110,7 +106,7 @@ at::Tensor Code2WavStreamer::finish() {
   if (finished_) return empty_samples();
   std::vector<at::Tensor> out;
   for (auto window = next_window(true); window.defined(); window = next_window(true)) {
-    out.push_back(accept(decode_(window), true));
+    out.push_back(accept(model_.forward_validated(window), true));
   }
   finished_ = true;
   buffer_ = at::Tensor();

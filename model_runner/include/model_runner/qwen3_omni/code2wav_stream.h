@@ -22,7 +22,6 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <functional>
 
 #include "model_runner/qwen3_omni/code2wav.h"
 
@@ -48,13 +47,8 @@ struct Code2WavStreamStats {
 
 class Code2WavStreamer {
  public:
-  // Decodes one checked window [num_quantizers, T] as Code2Wav::forward_validated does.
-  using DecodeFn = std::function<at::Tensor(const at::Tensor& window)>;
-
-  // `model` must outlive the streamer. Throws on invalid options. Without `decode`, windows go
-  // to model.forward_validated.
-  explicit Code2WavStreamer(Code2Wav& model, Code2WavStreamOptions options = {},
-                            DecodeFn decode = {});
+  // `model` must outlive the streamer. Throws on invalid options.
+  explicit Code2WavStreamer(Code2Wav& model, Code2WavStreamOptions options = {});
 
   // frames [num_quantizers, n] (integer, n >= 1, any device). Returns the samples (float32,
   // CPU, [k], possibly k = 0) of every chunk that became complete, in order. Throws after
@@ -92,7 +86,6 @@ class Code2WavStreamer {
 
   Code2Wav& model_;
   Code2WavStreamOptions options_;
-  DecodeFn decode_;
   at::Tensor buffer_;    // [num_quantizers, context_ + pending] int64, or undefined
   int64_t context_ = 0;  // frames at the front of buffer_ already emitted
   bool finished_ = false;
