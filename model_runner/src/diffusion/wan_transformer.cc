@@ -24,18 +24,6 @@ at::Tensor fp32_layer_norm(const at::Tensor& x, const at::Tensor& weight, const 
   return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, w, b, eps).to(x.scalar_type());
 }
 
-// diffusers' Timesteps(flip_sin_to_cos=True, downscale_freq_shift=0): [N] -> [N, dim] float32,
-// cos first.
-at::Tensor timestep_embedding(const at::Tensor& t, int64_t dim) {
-  const int64_t half = dim / 2;
-  auto exponent = at::arange(half, t.options().dtype(at::kFloat)) * (-std::log(10000.0));
-  exponent = exponent / static_cast<double>(half);
-  auto args = t.to(at::kFloat).unsqueeze(1) * at::exp(exponent).unsqueeze(0);
-  auto emb = at::cat({at::cos(args), at::sin(args)}, -1);
-  if (dim % 2 == 1) emb = at::constant_pad_nd(emb, {0, 1, 0, 0});
-  return emb;
-}
-
 // get_1d_rotary_pos_embed(dim, max_seq_len, use_real, repeat_interleave_real) in float64,
 // returned as float32 [max_seq_len, dim] cos and sin.
 std::pair<at::Tensor, at::Tensor> rotary_table(int64_t dim, int64_t max_seq_len, double theta) {
@@ -164,21 +152,6 @@ at::Tensor WanAttention::forward(const at::Tensor& x, const at::Tensor& context,
       .toTensor();
 }
 
-WanFeedForward::WanFeedForward(int64_t dim, int64_t inner, at::ScalarType dtype)
-    : HookableModule("WanFeedForward") {
-  auto net = group(*this, "net");
-  proj_ = child<Linear>(*group(*net, "0"), "proj", dim, inner, dtype, true);
-  out_ = child<Linear>(*net, "2", inner, dim, dtype, true);
-}
-
-at::Tensor WanFeedForward::forward(const at::Tensor& x) {
-  return invoke("forward", {x},
-                [this](offload::HookArgs& a) -> c10::IValue {
-                  return out_->forward(at::gelu(proj_->forward(a[0].toTensor()), "tanh"));
-                })
-      .toTensor();
-}
-
 WanTransformerBlock::WanTransformerBlock(const WanTransformerConfig& c, at::ScalarType dtype)
     : HookableModule("WanTransformerBlock"), eps_(c.eps), cross_attn_norm_(c.cross_attn_norm) {
   const int64_t d = c.inner_dim();
@@ -189,7 +162,7 @@ WanTransformerBlock::WanTransformerBlock(const WanTransformerConfig& c, at::Scal
     norm2_weight_ = norm2->register_parameter("weight", uninitialized({d}, at::kFloat), false);
     norm2_bias_ = norm2->register_parameter("bias", uninitialized({d}, at::kFloat), false);
   }
-  ffn_ = child<WanFeedForward>(*this, "ffn", d, c.ffn_dim, dtype);
+  ffn_ = child<GeluFeedForward>(*this, "ffn", d, c.ffn_dim, dtype);
   scale_shift_table_ =
       register_parameter("scale_shift_table", uninitialized({1, 6, d}, at::kFloat), false);
 }
@@ -339,7 +312,7 @@ at::Tensor WanTransformer3DModel::forward_impl(const at::Tensor& hidden_states,
                "], got ", timestep.sizes());
     flat_t = timestep;
   }
-  auto t_freq = timestep_embedding(flat_t, c_.freq_dim).view({batch, t_len, c_.freq_dim});
+  auto t_freq = sinusoidal_timesteps(flat_t, c_.freq_dim).view({batch, t_len, c_.freq_dim});
   t_freq = t_freq.to(time_linear_1_->weight.scalar_type());
   auto temb = time_linear_2_->forward(at::silu(time_linear_1_->forward(t_freq)))
                   .to(encoder_hidden_states.scalar_type());                   // [B, T, D]

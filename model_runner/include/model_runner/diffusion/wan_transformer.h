@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "cpu_offload/hooks.h"
+#include "model_runner/diffusion/dit_layers.h"
 #include "model_runner/layers.h"
 
 namespace omni::models {
@@ -62,7 +63,7 @@ class WanRMSNorm : public torch::nn::Module {
 };
 
 // WanAttention without image k/v: to_q/to_k/to_v/to_out.0 and norm_q/norm_k over all heads.
-// Hookable, like WanFeedForward: the offload engine's phase granularity streams attn1, attn2
+// Hookable, like GeluFeedForward: the offload engine's phase granularity streams attn1, attn2
 // and ffn of each block as units of their own.
 class WanAttention : public offload::HookableModule {
  public:
@@ -78,16 +79,6 @@ class WanAttention : public offload::HookableModule {
   std::shared_ptr<WanRMSNorm> norm_q_, norm_k_;
 };
 
-// FeedForward(activation "gelu-approximate"): net.0.proj, gelu tanh, net.2.
-class WanFeedForward : public offload::HookableModule {
- public:
-  WanFeedForward(int64_t dim, int64_t inner, at::ScalarType dtype);
-  at::Tensor forward(const at::Tensor& x);
-
- private:
-  std::shared_ptr<Linear> proj_, out_;  // "net.0.proj", "net.2"
-};
-
 class WanTransformerBlock : public offload::HookableModule {
  public:
   WanTransformerBlock(const WanTransformerConfig& c, at::ScalarType dtype);
@@ -101,7 +92,7 @@ class WanTransformerBlock : public offload::HookableModule {
   bool cross_attn_norm_;
   std::shared_ptr<WanAttention> attn1_, attn2_;
   at::Tensor norm2_weight_, norm2_bias_;  // cross_attn_norm: FP32LayerNorm with affine
-  std::shared_ptr<WanFeedForward> ffn_;
+  std::shared_ptr<GeluFeedForward> ffn_;
   at::Tensor scale_shift_table_;  // [1, 6, D] float32
 };
 
