@@ -3,7 +3,9 @@
 // diffusers' Wan tests: wan_vae_tiny (Wan2.1, z_dim 16) and wan22_vae_tiny (Wan2.2-TI2V, z_dim
 // 48, residual blocks, patch_size 2); and on wan22_vae_wide_tiny (the Wan2.2 design with unequal
 // channel widths). Decode of a 3-frame latent (float32 and bfloat16), encode of a short video;
-// encoder / decoder are hookable units; bad config values name their field.
+// encoder / decoder are hookable units; bad config values name their field. And diffusers'
+// AutoencoderKLQwenImage (qwen_image_vae_tiny, make_qwen_image_vae_fixture.py) on one frame, as
+// Qwen-Image uses it, through the same class.
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
@@ -30,6 +32,7 @@ const std::string kWan22 = std::string(OMNI_FIXTURES_DIR) + "/wan22_vae_tiny";
 // Not a diffusers test config: Wan2.2's unequal widths (dim_mult [1, 2, 4, 4], decoder_base_dim),
 // where AvgDown3D / DupUp3D mix channels.
 const std::string kWan22Wide = std::string(OMNI_FIXTURES_DIR) + "/wan22_vae_wide_tiny";
+const std::string kQwenImage = std::string(OMNI_FIXTURES_DIR) + "/qwen_image_vae_tiny";
 
 double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
@@ -186,6 +189,98 @@ TEST_F(WanVaeConfigErrors, NamesTheField) {
   EXPECT_EQ(WanVAEConfig::load(dir()).patch_size, 1);
   EXPECT_EQ(WanVAEConfig::load(kWan22).patch_size, 2);
   EXPECT_TRUE(WanVAEConfig::load(kWan22).is_residual);
+}
+
+// AutoencoderKLQwenImage: an image [1, 3, 1, H, W] to its latent mean, a one-frame latent
+// [1, 16, 1, h, w] to an image.
+TEST(WanVae, QwenImageEncodeAndDecodeMatchDiffusers) {
+  const auto vae = load_wan_vae(kQwenImage, at::kFloat);
+  const auto& c = vae->config();
+  EXPECT_EQ(c.in_channels, 3);
+  EXPECT_EQ(c.out_channels, 3);
+  EXPECT_FALSE(c.is_residual);
+  EXPECT_EQ(c.patch_size, 1);
+  EXPECT_EQ(c.decoder_base_dim, c.base_dim);
+  EXPECT_EQ(c.scale_factor_spatial, 8);
+  EXPECT_EQ(c.scale_factor_temporal, 4);
+  const auto ref = SafetensorsFile::open(kQwenImage + "/reference.safetensors");
+  c10::InferenceMode guard;
+
+  const auto dist = vae->encode(ref.tensor("image"));
+  const auto mean = ref.tensor("mean");
+  ASSERT_EQ(dist.mode().sizes(), mean.sizes());
+  const double diff_mean = max_abs_diff(dist.mode(), mean);
+  const double diff_logvar = max_abs_diff(dist.logvar, ref.tensor("logvar"));
+  std::cout << "qwen_image_vae_tiny encode max abs diff: mean " << diff_mean << ", logvar "
+            << diff_logvar << " (mean |mean| " << mean.abs().mean().item<double>() << ", "
+            << mean.sizes() << ")\n";
+  EXPECT_LE(diff_mean, 1e-4);
+  EXPECT_LE(diff_logvar, 1e-4);
+
+  const auto out = vae->decode(ref.tensor("latents"));
+  const auto expected = ref.tensor("decoded");
+  ASSERT_EQ(out.sizes(), expected.sizes());
+  const double diff = max_abs_diff(out, expected);
+  std::cout << "qwen_image_vae_tiny decode max abs diff: " << diff << " (mean |x| "
+            << expected.abs().mean().item<double>() << ", " << expected.sizes() << ")\n";
+  EXPECT_LE(diff, 1e-4);
+  EXPECT_GT((expected.abs() < 0.999).to(at::kFloat).mean().item<double>(), 0.3);
+}
+
+class WanVaeQwenImageConfig : public testing::TempDirTest {
+ protected:
+  // The fixture's config with `edit` applied, written to the temporary folder.
+  template <typename Edit>
+  std::string write(Edit edit) {
+    std::ifstream in(kQwenImage + "/config.json");
+    nlohmann::json config = nlohmann::json::parse(in);
+    edit(config);
+    std::ofstream(path("config.json")) << config.dump(2);
+    return dir();
+  }
+};
+
+TEST_F(WanVaeQwenImageConfig, BadFieldsNameTheFieldAndClass) {
+  for (const auto& [field, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"input_channels", 0},
+           {"z_dim", -1},
+           {"attn_scales", nlohmann::json::array({0.25})},
+           {"temperal_downsample", nlohmann::json::array({false})},
+           {"latents_std", nlohmann::json::array({1.0, 2.0})}}) {
+    const std::string dir = write([&](nlohmann::json& j) { j[field] = value; });
+    const std::string error = error_of([&] { WanVAEConfig::load(dir); });
+    EXPECT_CONTAINS(error, "'" + field + "'");
+    EXPECT_CONTAINS(error, "config.json");
+    EXPECT_CONTAINS(error, "AutoencoderKLQwenImage");
+  }
+  const std::string dir = write([](nlohmann::json& j) { j["input_channels"] = "three"; });
+  EXPECT_CONTAINS(error_of([&] { WanVAEConfig::load(dir); }), "input_channels");
+}
+
+// input_channels sets both ends; AutoencoderKLWan's fields are not read (diffusers ignores them
+// for this class too); absent tables are diffusers' defaults.
+TEST_F(WanVaeQwenImageConfig, FieldMapping) {
+  const auto c = WanVAEConfig::load(write([](nlohmann::json& j) {
+    j["input_channels"] = 4;
+    j["in_channels"] = 12;
+    j["out_channels"] = 12;
+    j["is_residual"] = true;
+    j["patch_size"] = 2;
+    j["decoder_base_dim"] = 7;
+    j.erase("latents_mean");
+    j.erase("latents_std");
+  }));
+  EXPECT_EQ(c.in_channels, 4);
+  EXPECT_EQ(c.out_channels, 4);
+  EXPECT_FALSE(c.is_residual);
+  EXPECT_EQ(c.patch_size, 1);
+  EXPECT_EQ(c.decoder_base_dim, 3);
+  ASSERT_EQ(c.latents_mean.size(), 16u);
+  EXPECT_DOUBLE_EQ(c.latents_mean[0], -0.7571);
+  EXPECT_DOUBLE_EQ(c.latents_std[15], 1.9160);
+  const auto fixture = WanVAEConfig::load(kQwenImage);
+  EXPECT_EQ(fixture.latents_mean, c.latents_mean);
+  EXPECT_EQ(fixture.latents_std, c.latents_std);
 }
 
 }  // namespace

@@ -373,43 +373,69 @@ at::Tensor unpatchify(const at::Tensor& x, int64_t p) {
       .view({b, c, t, h * p, w * p});
 }
 
-void check_field(const HfConfig& json, bool ok, const std::string& field, const std::string& value,
-                 const std::string& why) {
-  OMNI_CHECK(ok, json.source(), ": field '", field, "' = ", value, " is not supported by ",
-             "AutoencoderKLWan: ", why);
+void check_field(const HfConfig& json, const std::string& cls, bool ok, const std::string& field,
+                 const std::string& value, const std::string& why) {
+  OMNI_CHECK(ok, json.source(), ": field '", field, "' = ", value, " is not supported by ", cls,
+             ": ", why);
 }
 
 std::string dump(const HfConfig& json, const std::string& field) {
   return json.raw().contains(field) ? json.raw()[field].dump() : "(absent)";
 }
 
+// The latents_mean / latents_std defaults of both diffusers classes (Wan2.1's tables, z_dim 16).
+constexpr double kDefaultLatentsMean[] = {-0.7571, -0.7089, -0.9113, 0.1075,  -0.1745, 0.9653,
+                                          -0.1517, 1.5508,  0.4134,  -0.0715, 0.5517,  -0.3632,
+                                          -0.1922, -0.9497, 0.2503,  -0.2921};
+constexpr double kDefaultLatentsStd[] = {2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708,
+                                         2.6052, 2.0743, 3.2687, 2.1526, 2.8652, 1.5579,
+                                         1.6382, 1.1253, 2.8251, 1.9160};
+
 }  // namespace
 
 WanVAEConfig WanVAEConfig::from_hf(const HfConfig& json) {
   const std::string cls = json.get_string("_class_name", "AutoencoderKLWan");
-  check_field(json, cls == "AutoencoderKLWan", "_class_name", "\"" + cls + "\"",
-              "expected \"AutoencoderKLWan\"");
+  const bool qwen = cls == "AutoencoderKLQwenImage";
+  // Names the class the config declares (the Wan one when it is neither).
+  const std::string model = qwen ? cls : "AutoencoderKLWan";
+  auto check = [&json, &model](bool ok, const std::string& field, const std::string& value,
+                               const std::string& why) {
+    check_field(json, model, ok, field, value, why);
+  };
+  check(cls == "AutoencoderKLWan" || qwen, "_class_name", "\"" + cls + "\"",
+        "expected \"AutoencoderKLWan\" or \"AutoencoderKLQwenImage\"");
   WanVAEConfig c;
-  auto positive = [&json](const char* field, int64_t fallback) {
+  auto positive = [&json, &check](const char* field, int64_t fallback) {
     const int64_t v = json.get_int(field, fallback);
-    check_field(json, v > 0, field, std::to_string(v), "must be positive");
+    check(v > 0, field, std::to_string(v), "must be positive");
     return v;
   };
   c.base_dim = positive("base_dim", 96);
-  c.decoder_base_dim = json.has("decoder_base_dim") ? positive("decoder_base_dim", 96) : c.base_dim;
   c.z_dim = positive("z_dim", 16);
   c.dim_mult = json.get_int_list("dim_mult", std::vector<int64_t>{1, 2, 4, 4});
-  check_field(json,
-              !c.dim_mult.empty() && std::all_of(c.dim_mult.begin(), c.dim_mult.end(),
-                                                 [](int64_t m) { return m > 0; }),
-              "dim_mult", dump(json, "dim_mult"), "expected a non-empty list of positive integers");
+  check(!c.dim_mult.empty() &&
+            std::all_of(c.dim_mult.begin(), c.dim_mult.end(), [](int64_t m) { return m > 0; }),
+        "dim_mult", dump(json, "dim_mult"), "expected a non-empty list of positive integers");
   c.num_res_blocks = positive("num_res_blocks", 2);
-  c.is_residual = json.get_bool("is_residual", false);
-  c.in_channels = positive("in_channels", 3);
-  c.out_channels = positive("out_channels", 3);
-  c.patch_size = json.has("patch_size") ? positive("patch_size", 1) : 1;
-  c.scale_factor_temporal = positive("scale_factor_temporal", 4);
-  c.scale_factor_spatial = positive("scale_factor_spatial", 8);
+  if (qwen) {
+    // AutoencoderKLQwenImage is the Wan2.1 design: one `input_channels` for the encoder's input
+    // and the decoder's output, and none of AutoencoderKLWan's Wan2.2 fields (decoder_base_dim,
+    // is_residual, in/out_channels, patch_size, scale_factor_*), which diffusers ignores in its
+    // config as we do here.
+    c.in_channels = c.out_channels = positive("input_channels", 3);
+    c.decoder_base_dim = c.base_dim;
+    c.is_residual = false;
+    c.patch_size = 1;
+  } else {
+    c.decoder_base_dim =
+        json.has("decoder_base_dim") ? positive("decoder_base_dim", 96) : c.base_dim;
+    c.is_residual = json.get_bool("is_residual", false);
+    c.in_channels = positive("in_channels", 3);
+    c.out_channels = positive("out_channels", 3);
+    c.patch_size = json.has("patch_size") ? positive("patch_size", 1) : 1;
+    c.scale_factor_temporal = positive("scale_factor_temporal", 4);
+    c.scale_factor_spatial = positive("scale_factor_spatial", 8);
+  }
 
   if (json.has("temperal_downsample")) {
     const auto& raw = json.raw()["temperal_downsample"];
@@ -421,21 +447,34 @@ WanVAEConfig WanVAEConfig::from_hf(const HfConfig& json) {
         if (ok) c.temperal_downsample.push_back(v.get<bool>());
       }
     }
-    check_field(json, ok, "temperal_downsample", raw.dump(), "expected a list of booleans");
+    check(ok, "temperal_downsample", raw.dump(), "expected a list of booleans");
   }
-  check_field(json, c.temperal_downsample.size() + 1 >= c.dim_mult.size(), "temperal_downsample",
-              dump(json, "temperal_downsample"),
-              "needs an entry for each of the len(dim_mult) - 1 = " +
-                  std::to_string(c.dim_mult.size() - 1) + " downsampling stages");
+  check(c.temperal_downsample.size() + 1 >= c.dim_mult.size(), "temperal_downsample",
+        dump(json, "temperal_downsample"),
+        "needs an entry for each of the len(dim_mult) - 1 = " +
+            std::to_string(c.dim_mult.size() - 1) + " downsampling stages");
+  if (qwen) {
+    // Not config fields there: the factors the stages give (diffusers' spatial ratio,
+    // 2 ** len(temperal_downsample), is the same with one entry per downsampling stage).
+    c.scale_factor_spatial = int64_t{1} << (c.dim_mult.size() - 1);
+    c.scale_factor_temporal = 1;
+    for (size_t i = 0; i + 1 < c.dim_mult.size(); ++i) {
+      if (c.temperal_downsample[i]) c.scale_factor_temporal *= 2;
+    }
+  }
 
   if (json.has("attn_scales")) {
     const auto& raw = json.raw()["attn_scales"];
-    check_field(json, raw.is_array() && raw.empty(), "attn_scales", raw.dump(),
-                "attention in the down blocks is not implemented; expected []");
+    check(raw.is_array() && raw.empty(), "attn_scales", raw.dump(),
+          "attention in the down blocks is not implemented; expected []");
   }
 
-  auto read_floats = [&](const char* field, double fallback) {
+  // Absent tables: diffusers' defaults (Wan2.1's, in both classes) when z_dim is their 16;
+  // identity scaling otherwise (diffusers' 16-entry defaults cannot scale other latents).
+  const bool default_tables = c.z_dim == 16;
+  auto read_floats = [&](const char* field, const double* defaults, double fallback) {
     std::vector<double> out(static_cast<size_t>(c.z_dim), fallback);
+    if (default_tables) out.assign(defaults, defaults + 16);
     if (!json.has(field)) return out;
     const auto& raw = json.raw()[field];
     bool ok = raw.is_array() && raw.size() == static_cast<size_t>(c.z_dim);
@@ -443,17 +482,14 @@ WanVAEConfig WanVAEConfig::from_hf(const HfConfig& json) {
       ok = raw[i].is_number();
       if (ok) out[i] = raw[i].get<double>();
     }
-    check_field(json, ok, field, raw.dump(),
-                "expected a list of z_dim = " + std::to_string(c.z_dim) + " numbers");
+    check(ok, field, raw.dump(),
+          "expected a list of z_dim = " + std::to_string(c.z_dim) + " numbers");
     return out;
   };
-  // diffusers' defaults are Wan2.1's tables; a config without them is not a Wan checkpoint's,
-  // so fall back to identity scaling.
-  c.latents_mean = read_floats("latents_mean", 0.0);
-  c.latents_std = read_floats("latents_std", 1.0);
+  c.latents_mean = read_floats("latents_mean", kDefaultLatentsMean, 0.0);
+  c.latents_std = read_floats("latents_std", kDefaultLatentsStd, 1.0);
   for (double s : c.latents_std) {
-    check_field(json, s != 0.0, "latents_std", dump(json, "latents_std"),
-                "entries must be non-zero");
+    check(s != 0.0, "latents_std", dump(json, "latents_std"), "entries must be non-zero");
   }
   return c;
 }

@@ -1,6 +1,10 @@
 // diffusers' AutoencoderKLWan, the causal 3-D video VAE of Wan2.1 (z_dim 16, 8x spatial) and
 // Wan2.2-TI2V (z_dim 48, residual down/up blocks with the avg-down / dup-up shortcuts, a 2x2
-// patchify around the encoder and decoder: 16x spatial), both 4x temporal.
+// patchify around the encoder and decoder: 16x spatial), both 4x temporal. It also loads
+// diffusers' AutoencoderKLQwenImage (Qwen-Image's VAE, fine-tuned from Wan2.1's): the same
+// network, parameter names and forward (checked equal bit for bit in diffusers 0.42.1); its
+// config names one `input_channels` in place of in_channels / out_channels and has none of the
+// Wan2.2 fields. Qwen-Image runs it on single frames ([B, 3, 1, H, W] <-> [B, 16, 1, H/8, W/8]).
 //
 // Video runs through it causally, chunk by chunk, as diffusers' _encode / _decode do: the
 // encoder takes the first frame, then groups of 4; the decoder one latent frame at a time
@@ -14,13 +18,16 @@
 // quant_conv / post_quant_conv, diffusers' group-offload units); so is the whole model.
 //
 // latents_mean / latents_std are NOT applied by encode() or decode(), as in diffusers: the
-// pipelines scale (WanPipeline: latents / (1 / std) + mean before vae.decode; the I2V / TI2V
-// image conditioning: (mean - latents_mean) / std after vae.encode). normalize_latents /
-// denormalize_latents do exactly that for the caller.
+// pipelines scale (WanPipeline and QwenImagePipeline: latents / (1 / std) + mean before
+// vae.decode; the I2V / TI2V image conditioning: (mean - latents_mean) * (1 / std) after
+// vae.encode, QwenImageEditPipeline's: (mean - latents_mean) / std, the same to rounding).
+// normalize_latents / denormalize_latents do that for the caller.
 //
 // Not supported (rejected by the config reader): attn_scales (diffusers' own encoder cannot run
 // with attention in its down blocks either). Tiling and slicing are not implemented (not needed
-// for equality: diffusers' default decode does neither).
+// for equality: diffusers' default decode does neither). The untiled decode clamps to [-1, 1]
+// in both diffusers classes (only their tiled decodes differ: AutoencoderKLQwenImage's does not
+// clamp).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -47,13 +54,16 @@ struct WanVAEConfig {
   std::vector<bool> temperal_downsample{false, true, true};  // diffusers' spelling
   std::vector<double> latents_mean, latents_std;             // z_dim each
   bool is_residual = false;
-  int64_t in_channels = 3;
-  int64_t out_channels = 3;
-  int64_t patch_size = 1;  // 1 when the config has null (no patchify)
+  int64_t in_channels = 3;   // AutoencoderKLQwenImage: input_channels
+  int64_t out_channels = 3;  // AutoencoderKLQwenImage: input_channels
+  int64_t patch_size = 1;    // 1 when the config has null (no patchify)
+  // AutoencoderKLQwenImage has no such fields: there, the factors of the stages (8 and 4).
   int64_t scale_factor_temporal = 4;
   int64_t scale_factor_spatial = 8;
 
-  // From a diffusers vae/config.json; an unsupported value throws naming the file and field.
+  // From a diffusers vae/config.json of _class_name AutoencoderKLWan (the default) or
+  // AutoencoderKLQwenImage; an unsupported value throws naming the file and field. Absent
+  // latents_mean / latents_std: diffusers' default tables when z_dim is 16, else 0 / 1.
   static WanVAEConfig from_hf(const HfConfig& config);
   // `path`: the config.json or the folder holding it.
   static WanVAEConfig load(const std::string& path);
