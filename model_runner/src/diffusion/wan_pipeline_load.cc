@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "cpu_offload/check.h"
+#include "model_index.h"
 #include "model_runner/diffusion/wan_pipeline.h"
 #include "model_runner/weights/hf_config.h"
 
@@ -15,26 +16,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// model_index.json names a part as ["library", "Class"]; [null, null] (or an absent key) is
-// "not there".
-bool component_present(const HfConfig& index, const std::string& name) {
-  const auto& raw = index.raw();
-  if (!raw.contains(name) || raw.at(name).is_null()) return false;
-  const auto& entry = raw.at(name);
-  OMNI_CHECK(entry.is_array() && entry.size() == 2, index.source(), ": field '", name,
-             "' must be [library, class], got ", entry.dump());
-  return !entry.at(1).is_null();
-}
-
-void require_folder(const std::string& dir, const std::string& name) {
-  OMNI_CHECK(fs::is_directory(fs::path(dir) / name), dir, "/model_index.json names '", name,
-             "' but the folder ", dir, "/", name, " is missing");
-}
-
 WanPipelineConfig read_model_index(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "model_index.json").string();
-  OMNI_CHECK(fs::exists(path), "not a diffusers pipeline folder: ", path, " is missing");
-  const auto index = HfConfig::load(path);
+  const auto index = load_model_index(dir);
+  const std::string& path = index.source();
   const auto cls = index.get_string("_class_name");
   OMNI_CHECK(cls != "WanImageToVideoPipeline", path,
              ": _class_name WanImageToVideoPipeline is not ",

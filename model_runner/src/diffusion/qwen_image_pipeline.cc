@@ -1,0 +1,147 @@
+// QwenImagePipeline::generate: diffusers' pipeline_qwenimage.py __call__, line for line where
+// the numbers depend on it.
+#include "model_runner/diffusion/qwen_image_pipeline.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/InferenceMode.h>
+
+#include <vector>
+
+#include "cpu_offload/check.h"
+
+namespace omni::models {
+namespace {
+
+// The VAE's 8 times the transformer's 2 x 2 packing.
+constexpr int64_t kPixelsPerPatch = 16;
+
+// _pack_latents: [N, C, h, w] -> [N, (h / 2) (w / 2), 4 C].
+at::Tensor pack(const at::Tensor& x) {
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+  return x.view({n, c, h / 2, 2, w / 2, 2})
+      .permute({0, 2, 4, 1, 3, 5})
+      .reshape({n, (h / 2) * (w / 2), c * 4});
+}
+
+// _unpack_latents: [N, (h / 2) (w / 2), 4 C] -> [N, C, 1, h, w].
+at::Tensor unpack(const at::Tensor& x, int64_t h, int64_t w) {
+  const int64_t n = x.size(0), c = x.size(2) / 4;
+  return x.view({n, h / 2, w / 2, c, 2, 2}).permute({0, 3, 1, 4, 2, 5}).reshape({n, c, 1, h, w});
+}
+
+}  // namespace
+
+void QwenImagePipeline::validate(const QwenImageRequest& r) const {
+  OMNI_CHECK(r.height > 0 && r.height % kPixelsPerPatch == 0,
+             "QwenImageRequest.height must be a positive multiple of ", kPixelsPerPatch, ", got ",
+             r.height);
+  OMNI_CHECK(r.width > 0 && r.width % kPixelsPerPatch == 0,
+             "QwenImageRequest.width must be a positive multiple of ", kPixelsPerPatch, ", got ",
+             r.width);
+  OMNI_CHECK(r.num_inference_steps >= 1, "QwenImageRequest.num_inference_steps must be >= 1, got ",
+             r.num_inference_steps);
+  OMNI_CHECK(r.num_images >= 1, "QwenImageRequest.num_images must be >= 1, got ", r.num_images);
+  // diffusers' check_inputs: the tokenizer's window is 1024 tokens.
+  OMNI_CHECK(r.max_sequence_length >= 1 && r.max_sequence_length <= 1024,
+             "QwenImageRequest.max_sequence_length must be in [1, 1024], got ",
+             r.max_sequence_length);
+}
+
+QwenImageResult QwenImagePipeline::generate(const QwenImageRequest& r,
+                                            const QwenImageStepCallback& on_step,
+                                            c10::Device device) {
+  validate(r);
+  c10::InferenceMode guard;
+  const auto conditioning = encode(r, device);
+  const auto latents = denoise(r, conditioning, on_step, device);
+  if (!latents.defined()) return QwenImageResult{at::Tensor(), true};
+  return QwenImageResult{decode_latents(latents, r.height, r.width), false};
+}
+
+QwenImageConditioning QwenImagePipeline::encode(const QwenImageRequest& r, c10::Device device) {
+  c10::InferenceMode guard;
+  QwenImageConditioning c;
+  c.prompt = encode_qwen_image_prompts(tokenizer_, *text_encoder_, {r.prompt},
+                                       r.max_sequence_length, device);
+  if (r.trace && r.trace->prompt) r.trace->prompt(false, c.prompt);
+  if (r.true_cfg()) {
+    c.negative = encode_qwen_image_prompts(tokenizer_, *text_encoder_, {*r.negative_prompt},
+                                           r.max_sequence_length, device);
+    if (r.trace && r.trace->prompt) r.trace->prompt(true, c.negative);
+  }
+  return c;
+}
+
+at::Tensor QwenImagePipeline::denoise(const QwenImageRequest& r,
+                                      const QwenImageConditioning& conditioning,
+                                      const QwenImageStepCallback& on_step, c10::Device device) {
+  c10::InferenceMode guard;
+  const QwenImageTrace* trace = r.trace;
+  const bool cfg = r.true_cfg();
+  OMNI_CHECK(conditioning.prompt.embeds.defined(), "QwenImageConditioning.prompt is missing");
+  OMNI_CHECK(!cfg || conditioning.negative.embeds.defined(),
+             "QwenImageConditioning.negative is missing: true_cfg_scale ", r.true_cfg_scale,
+             " with a negative prompt runs classifier-free guidance");
+  const auto on_device = [&](QwenImagePromptEmbeds e) {
+    e.embeds = e.embeds.to(device);
+    if (e.mask.defined()) e.mask = e.mask.to(device);
+    return repeat_qwen_image_prompt_embeds(std::move(e), r.num_images);
+  };
+  const auto prompt = on_device(conditioning.prompt);
+  QwenImagePromptEmbeds negative;
+  if (cfg) negative = on_device(conditioning.negative);
+
+  // prepare_latents: randn_tensor with a CPU generator draws on the CPU in the prompt
+  // embeddings' dtype, [N, 1, C, h, w], then packs.
+  const int64_t h = r.height / kPixelsPerPatch * 2, w = r.width / kPixelsPerPatch * 2;
+  const int64_t channels = transformer_->config().in_channels / 4;
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(r.seed);
+  auto latents = at::randn({r.num_images, 1, channels, h, w}, generator,
+                           at::TensorOptions().dtype(prompt.embeds.scalar_type()));
+  latents = pack(latents.select(1, 0)).to(device);
+  if (trace && trace->initial_latents) trace->initial_latents(latents);
+  const std::vector<QwenImageShape> shapes = {{1, h / 2, w / 2}};
+
+  auto scheduler = make_scheduler();
+  scheduler->set_sigmas(FlowMatchEulerScheduler::linear_sigmas(r.num_inference_steps),
+                        scheduler->mu_for(latents.size(1)));
+  const auto timesteps = scheduler->timesteps();
+  const int64_t total = timesteps.size(0);
+  for (int64_t i = 0; i < total; ++i) {
+    const auto timestep =
+        timesteps[i].to(device).expand({latents.size(0)}).to(latents.scalar_type()) / 1000;
+    auto noise_pred = transformer_->forward(latents, prompt.embeds, prompt.mask, timestep, shapes);
+    if (trace && trace->transformer) trace->transformer(i, true, timestep, noise_pred);
+    if (cfg) {
+      const auto neg_pred =
+          transformer_->forward(latents, negative.embeds, negative.mask, timestep, shapes);
+      if (trace && trace->transformer) trace->transformer(i, false, timestep, neg_pred);
+      // True CFG, then each token's prediction rescaled to the conditional one's norm.
+      const auto combined = neg_pred + r.true_cfg_scale * (noise_pred - neg_pred);
+      const auto cond_norm = at::linalg_vector_norm(noise_pred, 2, {-1}, true);
+      const auto combined_norm = at::linalg_vector_norm(combined, 2, {-1}, true);
+      noise_pred = combined * (cond_norm / combined_norm);
+    }
+    latents = scheduler->step(noise_pred, i, latents);
+    if (trace && trace->step_latents) trace->step_latents(i, latents);
+    if (on_step) {
+      const QwenImageStep step{i, total, timesteps[i].to(at::kDouble).item<double>()};
+      if (!on_step(step)) return at::Tensor();
+    }
+  }
+  return latents;
+}
+
+at::Tensor QwenImagePipeline::decode_latents(const at::Tensor& latents, int64_t height,
+                                             int64_t width) {
+  c10::InferenceMode guard;
+  const int64_t h = height / kPixelsPerPatch * 2, w = width / kPixelsPerPatch * 2;
+  const auto dtype = vae_->parameters().front().scalar_type();
+  const auto z = vae_->denormalize_latents(unpack(latents, h, w).to(dtype));
+  const auto images = vae_->decode(z).select(2, 0);  // [N, 3, H, W]
+  // VaeImageProcessor.postprocess(output_type="np"): denormalize, then [N, H, W, 3] float32.
+  return (images * 0.5 + 0.5).clamp(0, 1).cpu().permute({0, 2, 3, 1}).to(at::kFloat).contiguous();
+}
+
+}  // namespace omni::models
