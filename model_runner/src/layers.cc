@@ -130,4 +130,33 @@ at::Tensor merge_heads(const at::Tensor& x) {
   return x.transpose(1, 2).reshape({b, l, h * d});
 }
 
+at::Tensor segment_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const std::vector<int64_t>& cu_seqlens) {
+  const int64_t heads = q.size(0), total = q.size(1), head_dim = q.size(2);
+  OMNI_CHECK(!cu_seqlens.empty() && cu_seqlens.front() == 0 && cu_seqlens.back() == total,
+             "attention segments must cover the ", total, " tokens exactly");
+  const double scaling = std::pow(static_cast<double>(head_dim), -0.5);
+  std::vector<at::Tensor> outputs;
+  size_t i = 0;
+  while (i + 1 < cu_seqlens.size()) {
+    // A run of `count` consecutive segments of `n` tokens each: one batched product.
+    const int64_t start = cu_seqlens[i], n = cu_seqlens[i + 1] - cu_seqlens[i];
+    OMNI_CHECK(n >= 0, "attention segment bounds must not decrease");
+    size_t j = i + 1;
+    while (j + 1 < cu_seqlens.size() && cu_seqlens[j + 1] - cu_seqlens[j] == n) ++j;
+    const int64_t count = static_cast<int64_t>(j - i);
+    i = j;
+    if (n == 0) continue;
+    auto segments = [&](const at::Tensor& t) {  // [count, heads, n, head_dim]
+      return t.narrow(1, start, count * n).reshape({heads, count, n, head_dim}).transpose(0, 1);
+    };
+    auto qs = segments(q), ks = segments(k), vs = segments(v);
+    auto scores = at::matmul(qs, ks.transpose(-2, -1)) * scaling;
+    auto probs = at::softmax(scores, -1, at::kFloat).to(qs.scalar_type());
+    // [count, heads, n, head_dim] -> [count * n, heads, head_dim]
+    outputs.push_back(at::matmul(probs, vs).transpose(1, 2).reshape({count * n, heads, head_dim}));
+  }
+  return at::cat(outputs, 0).reshape({total, heads * head_dim});
+}
+
 }  // namespace omni::models

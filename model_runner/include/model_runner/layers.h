@@ -7,6 +7,8 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
+#include <vector>
+
 #include "cpu_offload/hooks.h"
 
 namespace omni::models {
@@ -77,6 +79,13 @@ class RMSNorm : public torch::nn::Module {
 
 // softmax(q k^T / sqrt(d)) v over [B, heads, L, d] tensors, in a deterministic order.
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+// Attention of the encoders (audio, vision): q, k, v [heads, N, head_dim] attend only inside each
+// segment [cu_seqlens[i], cu_seqlens[i+1]) (cu_seqlens from 0 to N); returns [N, heads * head_dim].
+// The reference's eager path: scores * head_dim^-0.5, softmax in float32, probabilities back
+// to the input dtype, no mask. Consecutive segments of equal length run as one batch.
+at::Tensor segment_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const std::vector<int64_t>& cu_seqlens);
 // [B, L, heads*d] -> [B, heads, L, d] and back.
 at::Tensor split_heads(const at::Tensor& x, int64_t heads);
 at::Tensor merge_heads(const at::Tensor& x);

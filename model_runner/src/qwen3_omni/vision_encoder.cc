@@ -10,6 +10,7 @@
 #include "attention_ops.h"
 #include "cpu_offload/check.h"
 #include "model_runner/qwen3_omni/audio_encoder.h"  // hf_activation
+#include "qwen2_5/vision_ops.h"
 
 namespace omni::models::qwen3_omni {
 
@@ -57,16 +58,9 @@ at::Tensor VisionBlock::attention(const at::Tensor& x, const at::Tensor& cos, co
   const int64_t n = x.size(0);
   // [N, 3 * d] -> 3 x [N, heads, head_dim]
   auto qkv = qkv_->forward(x).reshape({n, 3, heads_, -1}).permute({1, 0, 2, 3});
-  auto q = qkv[0], k = qkv[1], v = qkv[2];
-  // apply_rotary_pos_emb_vision: in float32, back to the input dtype.
-  const auto c = cos.unsqueeze(-2).to(at::kFloat), s = sin.unsqueeze(-2).to(at::kFloat);
-  auto rope = [&](const at::Tensor& t) {
-    auto f = t.to(at::kFloat);
-    return ((f * c) + (rotate_half(f) * s)).to(t.scalar_type());
-  };
-  q = rope(q).transpose(0, 1);  // [heads, N, head_dim]
-  k = rope(k).transpose(0, 1);
-  v = v.transpose(0, 1);
+  const auto q = qwen2_5::apply_vision_rope(qkv[0], cos, sin).transpose(0, 1);  // [heads, N, d]
+  const auto k = qwen2_5::apply_vision_rope(qkv[1], cos, sin).transpose(0, 1);
+  const auto v = qkv[2].transpose(0, 1);
   return proj_->forward(segment_attention(q, k, v, cu_seqlens));
 }
 
@@ -170,77 +164,31 @@ VisionOutput VisionEncoder::forward(const at::Tensor& pixel_values,
 
 c10::IValue VisionEncoder::forward_impl(const at::Tensor& pixel_values,
                                         const std::vector<int64_t>& grid) {
-  const int64_t m = cfg_.spatial_merge_size;
-  const int64_t patch_dim =
-      cfg_.in_channels * cfg_.temporal_patch_size * cfg_.patch_size * cfg_.patch_size;
-  OMNI_CHECK(!grid.empty() && grid.size() % 3 == 0, "vision grid_thw needs (t, h, w) per image");
-  OMNI_CHECK(pixel_values.dim() == 2 && pixel_values.size(1) == patch_dim,
-             "pixel_values must be [patches, ", patch_dim, "], got sizes ", pixel_values.sizes());
-
-  // Per patch, in the processor's order (frames, then m x m merge blocks row-major, then the
-  // patches of a block row-major): its row and column in the image's patch grid, and the grid
-  // size. get_vision_position_ids and get_vision_interpolation_indices_and_weights both
+  // Per patch, in the processor's order: its row and column in the image's patch grid, and the
+  // grid size. get_vision_position_ids and get_vision_interpolation_indices_and_weights both
   // decode this order.
-  std::vector<int64_t> rows, cols, heights, widths, cu_seqlens = {0};
-  for (size_t i = 0; i < grid.size(); i += 3) {
-    const int64_t t = grid[i], h = grid[i + 1], w = grid[i + 2];
-    OMNI_CHECK(t > 0 && h > 0 && w > 0 && h % m == 0 && w % m == 0, "vision grid (", t, ", ", h,
-               ", ", w, ") of image ", i / 3, " must be positive with h and w multiples of ",
-               "spatial_merge_size ", m);
-    for (int64_t f = 0; f < t; ++f) {
-      for (int64_t br = 0; br < h / m; ++br) {
-        for (int64_t bc = 0; bc < w / m; ++bc) {
-          for (int64_t ir = 0; ir < m; ++ir) {
-            for (int64_t ic = 0; ic < m; ++ic) {
-              rows.push_back(br * m + ir);
-              cols.push_back(bc * m + ic);
-              heights.push_back(h);
-              widths.push_back(w);
-            }
-          }
-        }
-      }
-      cu_seqlens.push_back(cu_seqlens.back() + h * w);  // one attention segment per frame
-    }
-  }
-  const int64_t n = static_cast<int64_t>(rows.size());
-  OMNI_CHECK(n == pixel_values.size(0), "grid_thw describes ", n, " patches but pixel_values has ",
-             pixel_values.size(0));
+  const qwen2_5::VisionPatchLayout layout =
+      qwen2_5::vision_patch_layout(grid, cfg_.spatial_merge_size);
+  const int64_t n = static_cast<int64_t>(layout.rows.size());
+  auto hidden = qwen2_5::embed_patches(pixel_values, patch_weight_, patch_bias_);
+  OMNI_CHECK(n == hidden.size(0), "grid_thw describes ", n, " patches but pixel_values has ",
+             hidden.size(0));
 
-  const auto dtype = patch_weight_.scalar_type();
   const auto device = patch_weight_.device();
   const auto longs = at::TensorOptions(at::kLong);
-  const auto row_t = at::tensor(rows, longs), col_t = at::tensor(cols, longs);
-
-  // Patch embedding: Conv3d with kernel = stride over each patch.
-  auto hidden = at::conv3d(pixel_values.to(device)
-                               .view({-1, cfg_.in_channels, cfg_.temporal_patch_size,
-                                      cfg_.patch_size, cfg_.patch_size})
-                               .to(dtype),
-                           patch_weight_, patch_bias_,
-                           /*stride=*/{cfg_.temporal_patch_size, cfg_.patch_size, cfg_.patch_size})
-                    .view({-1, cfg_.hidden_size});
+  const auto row_t = at::tensor(layout.rows, longs), col_t = at::tensor(layout.cols, longs);
 
   // Learned positions: the square table resampled to each grid (bilinear, align_corners).
-  auto [h_taps, h_weights] = bilinear_axis(row_t, at::tensor(heights, longs), grid_side_);
-  auto [w_taps, w_weights] = bilinear_axis(col_t, at::tensor(widths, longs), grid_side_);
+  auto [h_taps, h_weights] = bilinear_axis(row_t, at::tensor(layout.heights, longs), grid_side_);
+  auto [w_taps, w_weights] = bilinear_axis(col_t, at::tensor(layout.widths, longs), grid_side_);
   auto indices = (h_taps.unsqueeze(2) * grid_side_ + w_taps.unsqueeze(1)).reshape({-1, 4});
   auto weights = (h_weights.unsqueeze(2) * w_weights.unsqueeze(1)).reshape({-1, 4});
   auto pos = (pos_embed_->forward(indices.to(device)) * weights.to(device).unsqueeze(2)).sum(1);
   hidden = hidden + pos.to(hidden.scalar_type());
 
-  // Axial rope: angles of the row on the first quarter of the head dim, of the column on the
-  // second, repeated for the second half. float32 throughout.
-  const int64_t spatial_dim = head_dim_ / 2;
-  auto exponents = at::arange(0, spatial_dim, 2, longs).to(at::kFloat) / spatial_dim;
-  auto inv_freq = (1.0 / at::pow(cfg_.rope_theta, exponents)).to(device);
-  auto position_ids = at::stack({row_t, col_t}, 1).to(device);        // [N, 2]
-  auto freqs = position_ids.unsqueeze(-1).to(at::kFloat) * inv_freq;  // [N, 2, head_dim / 4]
-  auto recompose = [](const at::Tensor& f) {
-    auto hw = at::cat({f.select(1, 0), f.select(1, 1)}, -1);
-    return at::cat({hw, hw}, -1);
-  };
-  const auto cos = recompose(freqs.cos()), sin = recompose(freqs.sin());
+  const auto [cos, sin] =
+      qwen2_5::vision_rope_cos_sin(row_t, col_t, head_dim_, cfg_.rope_theta, device);
+  const auto& cu_seqlens = layout.frame_bounds;  // one attention segment per frame
 
   const auto& indexes = cfg_.deepstack_visual_indexes;
   std::vector<c10::IValue> outputs(1);

@@ -78,11 +78,6 @@ class AudioEncoder : public offload::HookableModule {
 at::Tensor hf_activation(const std::string& name, const at::Tensor& x);
 void check_hf_activation(const std::string& name, const char* field);
 
-// Attention of both encoders: q, k, v [heads, N, head_dim] attend only inside each segment
-// [cu_seqlens[i], cu_seqlens[i+1]) (cu_seqlens from 0 to N); returns [N, heads * head_dim].
-// The reference's eager path: scores * head_dim^-0.5, softmax in float32, probabilities back
-// to the input dtype, no mask. Consecutive segments of equal length run as one batch.
-at::Tensor segment_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const std::vector<int64_t>& cu_seqlens);
+using models::segment_attention;  // model_runner/layers.h
 
 }  // namespace omni::models::qwen3_omni
