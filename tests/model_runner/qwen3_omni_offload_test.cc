@@ -211,7 +211,7 @@ TEST_P(Qwen3OmniOffload, EnsureOnDeviceForAHandOff) {
   EXPECT_EQ(after.current_device_bytes, after.resident_bytes + unit_bytes(after, "audio_tower"));
 }
 
-// Every name the README documents for the thinker works as a component (these failed with "not
+// Every name docs/offload.md documents for the thinker works as a component (these failed with "not
 // a HookableModule" before the text decoder and lm_head became hookable components).
 TEST_P(Qwen3OmniOffload, EveryDocumentedComponentNameKeepsTheTokens) {
   OMNI_SKIP_IF_DEVICE_MISSING(GetParam());

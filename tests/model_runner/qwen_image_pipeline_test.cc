@@ -196,6 +196,13 @@ TEST_F(QwenImagePipelineBrokenFolder, WrongPipelineClass) {
   EXPECT_CONTAINS(load_error(), "QwenImagePipeline");
 }
 
+TEST_F(QwenImagePipelineBrokenFolder, EditPipelineIsRefusedByName) {
+  edit_json("model_index.json", [](Json& j) { j["_class_name"] = "QwenImageEditPlusPipeline"; });
+  const auto error = load_error();
+  EXPECT_CONTAINS(error, "QwenImageEditPlusPipeline");
+  EXPECT_CONTAINS(error, "not supported yet");
+}
+
 TEST_F(QwenImagePipelineBrokenFolder, TextWidthDisagrees) {
   edit_json("transformer/config.json", [](Json& j) { j["joint_attention_dim"] = 48; });
   const auto error = load_error();

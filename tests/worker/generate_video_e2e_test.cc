@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../common/diffusers_reference.h"
+#include "../common/npy_reader.h"
 #include "model_runner/output/frames_writer.h"
 #include "model_runner/weights/safetensors.h"
 #include "process.h"
@@ -28,6 +29,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
+using omni::testing::read_npy;
 
 std::string fixture(const std::string& name) { return std::string(OMNI_FIXTURES_DIR) + "/" + name; }
 
@@ -62,29 +64,6 @@ std::vector<std::string> reference_args(const std::string& dir) {
 
 at::Tensor reference_frames(const std::string& dir) {
   return models::SafetensorsFile::open(dir + "/reference.safetensors").tensor("frames");
-}
-
-// A float32 C-order .npy as numpy.save writes it.
-at::Tensor read_npy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_GE(bytes.size(), 10u);
-  EXPECT_EQ(bytes.substr(0, 6), "\x93NUMPY");
-  const size_t header_len = static_cast<uint8_t>(bytes[8]) | (static_cast<uint8_t>(bytes[9]) << 8);
-  const std::string header = bytes.substr(10, header_len);
-  EXPECT_NE(header.find("'descr': '<f4'"), std::string::npos) << header;
-  const auto open = header.find("'shape': (") + 10;
-  std::vector<int64_t> shape;
-  for (size_t i = open; header[i] != ')';) {
-    size_t used = 0;
-    shape.push_back(std::stoll(header.substr(i), &used));
-    i += used;
-    while (header[i] == ',' || header[i] == ' ') ++i;
-  }
-  auto t = at::empty(shape, at::kFloat);
-  EXPECT_EQ(bytes.size() - 10 - header_len, static_cast<size_t>(t.nbytes()));
-  std::memcpy(t.data_ptr<float>(), bytes.data() + 10 + header_len, t.nbytes());
-  return t;
 }
 
 double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {

@@ -18,7 +18,7 @@
 #include "model_runner/weights/safetensors.h"
 #include "worker/pipeline/local_pipeline.h"
 #include "worker/pipeline/pipeline.h"
-#include "worker/wan/diffusion_params.h"
+#include "worker/diffusers/diffusion_params.h"
 
 #ifdef OMNI_STAGE_YAML
 #include "worker/config/stage_yaml.h"

@@ -1,5 +1,5 @@
 // Offload of the whole Qwen3-Omni model through the stage pipeline as `generate --model` and
-// `serve --model` run it: every component name the README documents, whole stages taking turns
+// `serve --model` run it: every component name docs/offload.md documents, whole stages taking turns
 // on their device, and layerwise streaming of both decoders give the same text, codes and
 // waveform (bitwise) as no offload, on the simulated device and on CUDA; the stage holding the
 // named parts streamed them, and its device peak fell.

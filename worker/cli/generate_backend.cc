@@ -19,6 +19,7 @@ class PipelineBackend : public GenerateBackend {
 
   bool answers_audio() override { return pipeline_.has_speech(); }
   bool answers_video() override { return pipeline_.has_video(); }
+  bool answers_images() override { return pipeline_.has_images(); }
   void set_progress(std::function<void(const std::map<std::string, double>&)> fn) override {
     progress_ = std::move(fn);
   }

@@ -129,8 +129,12 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
     // A checkpoint's family is known before it loads; a stage config's once its stages are up.
     if (o.stage_configs_path.empty()) {
       const auto& kinds = pipeline::family_of_checkpoint(o.model).stage_kinds();
-      check_flags_apply(o, std::any_of(kinds.begin(), kinds.end(),
-                                       [](const auto& k) { return k.answers_video; }));
+      const auto any = [&](bool pipeline::StageKind::*answers) {
+        return std::any_of(kinds.begin(), kinds.end(), [&](const auto& k) { return k.*answers; });
+      };
+      check_flags_apply(o, any(&pipeline::StageKind::answers_video)    ? DiffusionOutput::kVideo
+                           : any(&pipeline::StageKind::answers_images) ? DiffusionOutput::kImages
+                                                                       : DiffusionOutput::kNone);
     }
     pipeline::Request request = to_request(o);
     std::vector<pipeline::MediaFile> media;
@@ -151,9 +155,14 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
     const double load_ms = ms_since(load_start);
     progress("ready in " + std::to_string(static_cast<int64_t>(load_ms)) + " ms");
     const std::string source = o.stage_configs_path.empty() ? o.model : o.stage_configs_path;
-    if (!o.stage_configs_path.empty()) check_flags_apply(o, backend->answers_video());
-    if (backend->answers_video()) {
+    const DiffusionOutput output = diffusion_output(*backend);
+    if (!o.stage_configs_path.empty()) check_flags_apply(o, output);
+    if (output == DiffusionOutput::kVideo) {
       run_video(o, io, *backend, load_ms);
+      return 0;
+    }
+    if (output == DiffusionOutput::kImages) {
+      run_images(o, io, *backend, load_ms);
       return 0;
     }
 

@@ -31,6 +31,8 @@ class GenerateBackend {
   virtual bool answers_audio() = 0;
   // The pipeline answers with video (a diffusion stage).
   virtual bool answers_video() = 0;
+  // The pipeline answers with still images (an image diffusion stage).
+  virtual bool answers_images() = 0;
   // Called with each diffusion step's metrics (step, steps, timestep, step_ms) during generate.
   virtual void set_progress(std::function<void(const std::map<std::string, double>&)> fn) = 0;
   // `on_text` gets the text as it is generated (whole UTF-8 characters). `media`: the inputs as

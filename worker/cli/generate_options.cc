@@ -66,21 +66,23 @@ std::string lower_extension(const std::string& path) {
   return ext;
 }
 
-// The video diffusion flags (a diffusers folder as --model); defaults are diffusers' WanPipeline
-// call defaults, which models::WanRequest keeps.
+// The diffusion flags (a diffusers folder as --model); defaults are the diffusers pipeline's call
+// defaults, which models::WanRequest and models::QwenImageRequest keep.
 void add_diffusion_options(CLI::App& app, GenerateOptions& o) {
   auto& d = o.diffusion;
-  app.add_option("--negative-prompt", d.negative_prompt,
-                 "video: what the video should not show (classifier-free guidance)")
-      ->type_name("TEXT");
-  add_optional(app, "--height", d.height, "video: frame height in pixels (default 480)", "N")
+  add_optional(app, "--negative-prompt", d.negative_prompt,
+               "diffusion: what the video or image should not show (classifier-free guidance)",
+               "TEXT");
+  add_optional(app, "--height", d.height,
+               "diffusion: height in pixels (default: video 480, image 1024)", "N")
       ->check(integer_at_least(16));
-  add_optional(app, "--width", d.width, "video: frame width in pixels (default 832)", "N")
+  add_optional(app, "--width", d.width,
+               "diffusion: width in pixels (default: video 832, image 1024)", "N")
       ->check(integer_at_least(16));
   add_optional(app, "--num-frames", d.num_frames, "video: frames, 4k + 1 (default 81)", "N")
       ->check(integer_at_least(1));
   add_optional(app, "--num-inference-steps", d.num_inference_steps,
-               "video: denoising steps (default 50)", "N")
+               "diffusion: denoising steps (default 50)", "N")
       ->check(integer_at_least(1));
   add_optional(app, "--guidance-scale", d.guidance_scale,
                "video: classifier-free guidance scale, > 1 uses --negative-prompt (default 5)", "X")
@@ -95,16 +97,24 @@ void add_diffusion_options(CLI::App& app, GenerateOptions& o) {
                "training timesteps (default: model_index.json's)",
                "X")
       ->check(number_in(0, 1));
+  add_optional(app, "--true-cfg-scale", d.true_cfg_scale,
+               "image: true classifier-free guidance scale; guides only with --negative-prompt "
+               "and a scale > 1, as diffusers (default 4)",
+               "X")
+      ->check(number_in(0, HUGE_VAL));
+  add_optional(app, "--num-images", d.num_images, "image: images per prompt (default 1)", "N")
+      ->check(integer_at_least(1));
   add_optional(app, "--flow-shift", d.flow_shift,
                "video: the scheduler's flow shift (default: scheduler_config.json's)", "X")
       ->check(number_in(0, HUGE_VAL, /*min_open=*/true));
   add_optional(app, "--max-sequence-length", d.max_sequence_length,
-               "video: prompt tokens the text encoder sees, padded (default 512)", "N")
+               "diffusion: prompt tokens the text encoder sees (default 512)", "N")
       ->check(integer_at_least(1));
   app.add_option("--output", o.output,
-                 "video: write the frames here, by extension: .mp4 (H.264 at the model's frame "
-                 "rate), .png (one file per frame: NAME_0000.png, ...) or .npy (float32 "
-                 "[F, H, W, 3] in [0, 1], as diffusers' output_type=\"np\")")
+                 "diffusion: write the frames or images here, by extension: .mp4 (video: H.264 at "
+                 "the model's frame rate), .png (one file per frame or image: NAME_0000.png, ... "
+                 "when several) or .npy (float32 [N, H, W, 3] in [0, 1], as diffusers' "
+                 "output_type=\"np\")")
       ->type_name("FILE.mp4|.png|.npy")
       ->check(
           [](const std::string& path) -> std::string {
@@ -122,7 +132,7 @@ const std::vector<std::string>& diffusion_only_flags() {
   static const std::vector<std::string> flags = {
       "--negative-prompt", "--height", "--width", "--num-frames", "--num-inference-steps",
       "--guidance-scale", "--guidance-scale-2", "--boundary-ratio", "--flow-shift",
-      "--max-sequence-length", "--output"};
+      "--true-cfg-scale", "--num-images", "--max-sequence-length", "--output"};
   return flags;
 }
 

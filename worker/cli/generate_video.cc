@@ -72,26 +72,117 @@ uint64_t peak_host_bytes() {
   return static_cast<uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
+// The flags of the other kinds of model, and what this one reads.
+const std::vector<std::string>& video_only_flags() {
+  static const std::vector<std::string> flags = {
+      "--num-frames", "--guidance-scale", "--guidance-scale-2", "--boundary-ratio", "--flow-shift"};
+  return flags;
+}
+
+const std::vector<std::string>& image_only_flags() {
+  static const std::vector<std::string> flags = {"--true-cfg-scale", "--num-images"};
+  return flags;
+}
+
+struct Generated {
+  pipeline::PipelineResult answer;
+  std::vector<double> step_ms;
+};
+
+// The request with a progress bar on a terminal; each step's time kept for the report.
+Generated generate_with_progress(const GenerateOptions& o, const CommandIo& io,
+                                 GenerateBackend& backend, const char* what) {
+  pipeline::Request request = to_request(o);
+  request.audio_output = false;
+  request.text_output = true;
+  if (o.output.empty()) {
+    io.err << "vllm-omni: note: no --output: the " << what << " are not written" << std::endl;
+  }
+  if (io.progress) io.err << "vllm-omni: generating" << std::endl;
+  Generated g;
+  ProgressBar bar(io.err);  // its line ends when it goes out of scope
+  backend.set_progress([&](const std::map<std::string, double>& m) {
+    const auto at = [&](const char* key) { return m.count(key) ? m.at(key) : 0.0; };
+    g.step_ms.push_back(at("step_ms"));
+    if (io.progress) {
+      bar.step(static_cast<int64_t>(at("step")), static_cast<int64_t>(at("steps")), at("step_ms"));
+    }
+  });
+  g.answer = backend.generate(request, [](const std::string&) {});
+  backend.set_progress({});
+  return g;
+}
+
+// The --json fields both outputs share: finish_reason, timings, peaks, offload.
+Json report(const GenerateOptions& o, GenerateBackend& backend, Generated& g, double load_ms,
+            double write_ms) {
+  // The diffusion stage's figures (the first stage that reports generate_ms).
+  std::map<std::string, double> stage;
+  for (const auto& [name, metrics] : g.answer.stage_metrics) {
+    if (metrics.count("generate_ms")) {
+      stage = metrics;
+      break;
+    }
+  }
+  const auto metric = [&](const char* key) { return stage.count(key) ? stage.at(key) : 0.0; };
+  const Json offload = Json::parse(backend.offload_json());
+  Json j;
+  j["output"] = o.output.empty() ? Json(nullptr) : Json(o.output);
+  j["finish_reason"] = g.answer.finish_reason;
+  j["timings"] = Json{{"load_ms", load_ms},
+                      {"total_ms", g.answer.timings["total_ms"]},
+                      {"generate_ms", metric("generate_ms")},
+                      {"step_ms", g.step_ms},
+                      {"step_ms_mean", metric("step_ms_mean")},
+                      {"decode_ms", metric("decode_ms")},
+                      {"write_ms", write_ms}};
+  j["peak_device_bytes"] = peak_device_bytes(offload);
+  j["peak_host_bytes"] = peak_host_bytes();
+  j["offload"] = offload;
+  return j;
+}
+
+void print(const CommandIo& io, const Json& j) {
+  io.out << j.dump(-1, ' ', false, Json::error_handler_t::replace) << std::endl;
+}
+
 }  // namespace
 
-void check_flags_apply(const GenerateOptions& o, bool video) {
-  const auto& wrong = video ? omni_only_flags() : diffusion_only_flags();
+DiffusionOutput diffusion_output(GenerateBackend& backend) {
+  if (backend.answers_video()) return DiffusionOutput::kVideo;
+  if (backend.answers_images()) return DiffusionOutput::kImages;
+  return DiffusionOutput::kNone;
+}
+
+void check_flags_apply(const GenerateOptions& o, DiffusionOutput output) {
+  const bool diffusion = output != DiffusionOutput::kNone;
+  std::vector<std::string> wrong = diffusion ? omni_only_flags() : diffusion_only_flags();
+  const auto& other = output == DiffusionOutput::kVideo ? image_only_flags() : video_only_flags();
+  if (diffusion) wrong.insert(wrong.end(), other.begin(), other.end());
+  const std::string what =
+      output == DiffusionOutput::kVideo
+          ? "it is a video diffusion model (flags: --prompt, --negative-prompt, --height, "
+            "--width, --num-frames, --num-inference-steps, --guidance-scale, --seed, --image, "
+            "--output, ...)"
+      : output == DiffusionOutput::kImages
+          ? "it is an image diffusion model (flags: --prompt, --negative-prompt, --height, "
+            "--width, --num-inference-steps, --true-cfg-scale, --num-images, --seed, --output, "
+            "...)"
+          : "it is not a diffusion model (a diffusers folder with model_index.json)";
   for (const auto& flag : wrong) {
     if (o.given.count(flag) == 0) continue;
     const std::string source = o.stage_configs_path.empty() ? o.model : o.stage_configs_path;
-    std::string message = flag;
-    message += " does not apply to '";
-    message += source;
-    message += "': ";
-    message += video ? "it is a video diffusion model (flags: --prompt, --negative-prompt, "
-                       "--height, --width, --num-frames, --num-inference-steps, --seed, "
-                       "--image, --output, ...)"
-                     : "it is not a video diffusion model (a diffusers folder with "
-                       "model_index.json)";
-    throw BadInput(message);
+    throw BadInput(flag + " does not apply to '" + source + "': " + what);
   }
-  if (!video) return;
-  if (o.image.size() > 1) throw BadInput("--image: a video model takes one image");
+  if (!diffusion) return;
+  if (output == DiffusionOutput::kVideo && o.image.size() > 1) {
+    throw BadInput("--image: a video model takes one image");
+  }
+  if (output == DiffusionOutput::kImages && !o.image.empty()) {
+    throw BadInput(
+        "--image: this image model makes images from text only (Qwen-Image-Edit "
+        "folders take images)");
+  }
   if (!o.output.empty()) {
     std::error_code ec;
     const fs::path out(o.output);
@@ -101,37 +192,19 @@ void check_flags_apply(const GenerateOptions& o, bool video) {
                      "' does not exist");
     }
     if (fs::is_directory(out, ec)) throw BadInput("--output '" + o.output + "' is a directory");
+    if (output == DiffusionOutput::kImages && out.extension() == ".mp4") {
+      throw BadInput("--output '" + o.output + "': an image model writes .png or .npy");
+    }
   }
 }
 
 void run_video(const GenerateOptions& o, const CommandIo& io, GenerateBackend& backend,
                double load_ms) {
-  pipeline::Request request = to_request(o);
-  request.audio_output = false;
-  request.text_output = true;
-  if (o.output.empty()) {
-    io.err << "vllm-omni: note: no --output: the frames are not written" << std::endl;
-  }
-  if (io.progress) io.err << "vllm-omni: generating" << std::endl;
-  std::vector<double> step_ms;
-  pipeline::PipelineResult answer;
-  {
-    ProgressBar bar(io.err);  // its line ends when it goes out of scope
-    backend.set_progress([&](const std::map<std::string, double>& m) {
-      const auto at = [&](const char* key) { return m.count(key) ? m.at(key) : 0.0; };
-      step_ms.push_back(at("step_ms"));
-      if (io.progress) {
-        bar.step(static_cast<int64_t>(at("step")), static_cast<int64_t>(at("steps")),
-                 at("step_ms"));
-      }
-    });
-    answer = backend.generate(request, [](const std::string&) {});
-    backend.set_progress({});
-  }
-  OMNI_CHECK(answer.video.defined(), "the diffusion stage returned no frames (finish reason ",
-             answer.finish_reason, ")");
-  const at::Tensor& frames = answer.video;
-  const int64_t fps = answer.video_fps > 0 ? answer.video_fps : 16;
+  Generated g = generate_with_progress(o, io, backend, "frames");
+  OMNI_CHECK(g.answer.video.defined(), "the diffusion stage returned no frames (finish reason ",
+             g.answer.finish_reason, ")");
+  const at::Tensor& frames = g.answer.video;
+  const int64_t fps = g.answer.video_fps > 0 ? g.answer.video_fps : 16;
   double write_ms = 0;
   if (!o.output.empty()) {
     const auto start = Clock::now();
@@ -145,34 +218,46 @@ void run_video(const GenerateOptions& o, const CommandIo& io, GenerateBackend& b
     }
   }
   if (!o.json) return;
-  // The diffusion stage's figures (the first stage that reports generate_ms).
-  std::map<std::string, double> stage;
-  for (const auto& [name, metrics] : answer.stage_metrics) {
-    if (metrics.count("generate_ms")) {
-      stage = metrics;
-      break;
-    }
-  }
-  const auto metric = [&](const char* key) { return stage.count(key) ? stage.at(key) : 0.0; };
-  const Json offload = Json::parse(backend.offload_json());
-  Json j;
-  j["output"] = o.output.empty() ? Json(nullptr) : Json(o.output);
+  Json j = report(o, backend, g, load_ms, write_ms);
   j["frames"] = frames.size(0);
   j["height"] = frames.size(1);
   j["width"] = frames.size(2);
   j["fps"] = fps;
-  j["finish_reason"] = answer.finish_reason;
-  j["timings"] = Json{{"load_ms", load_ms},
-                      {"total_ms", answer.timings["total_ms"]},
-                      {"generate_ms", metric("generate_ms")},
-                      {"step_ms", step_ms},
-                      {"step_ms_mean", metric("step_ms_mean")},
-                      {"decode_ms", metric("decode_ms")},
-                      {"write_ms", write_ms}};
-  j["peak_device_bytes"] = peak_device_bytes(offload);
-  j["peak_host_bytes"] = peak_host_bytes();
-  j["offload"] = offload;
-  io.out << j.dump(-1, ' ', false, Json::error_handler_t::replace) << std::endl;
+  print(io, j);
+}
+
+void run_images(const GenerateOptions& o, const CommandIo& io, GenerateBackend& backend,
+                double load_ms) {
+  Generated g = generate_with_progress(o, io, backend, "images");
+  OMNI_CHECK(g.answer.images.defined(), "the diffusion stage returned no images (finish reason ",
+             g.answer.finish_reason, ")");
+  const at::Tensor& images = g.answer.images;
+  std::vector<std::string> written;
+  double write_ms = 0;
+  if (!o.output.empty()) {
+    const auto start = Clock::now();
+    models::write_frames(o.output, images, /*fps=*/1);  // .png or .npy: no frame rate
+    write_ms = ms_since(start);
+    written = fs::path(o.output).extension() == ".npy"
+                  ? std::vector<std::string>{o.output}
+                  : models::png_frame_paths(o.output, images.size(0));
+    if (io.progress) {
+      std::ostringstream line;
+      line << "vllm-omni: wrote "
+           << (written.size() == 1 ? written[0]
+                                   : o.output + " as " + std::to_string(written.size()) + " files")
+           << " (" << images.size(0) << (images.size(0) == 1 ? " image, " : " images, ")
+           << images.size(2) << "x" << images.size(1) << ")";
+      io.err << line.str() << std::endl;
+    }
+  }
+  if (!o.json) return;
+  Json j = report(o, backend, g, load_ms, write_ms);
+  j["files"] = written;
+  j["images"] = images.size(0);
+  j["height"] = images.size(1);
+  j["width"] = images.size(2);
+  print(io, j);
 }
 
 }  // namespace omni::cli

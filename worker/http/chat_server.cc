@@ -357,6 +357,12 @@ class ChatServer::Impl {
   }
 
   void check_model_and_speaker(const ChatCompletionRequest& r) {
+    if (pipeline_.has_images()) {
+      throw ApiException(bad_request("the model '" + options_.model_name +
+                                         "' makes images, not chat answers (the images API is "
+                                         "not served yet: use vllm-omni generate)",
+                                     "model", "unsupported"));
+    }
     if (pipeline_.has_video()) {
       // A diffusion pipeline would make a whole default-sized video and answer no text.
       throw ApiException(bad_request("the model '" + options_.model_name +

@@ -376,8 +376,8 @@ class VideoApi::Impl {
       return;
     }
     job->stored = budget_.lease();
-    const uint64_t stored_bytes =
-        kJobBytes + job->request.prompt.size() + job->request.diffusion.negative_prompt.size();
+    const uint64_t stored_bytes = kJobBytes + job->request.prompt.size() +
+                                  job->request.diffusion.negative_prompt.value_or("").size();
     if (!job->stored.grow(stored_bytes)) {
       send(res, video_error(503, "server_error", "server_busy",
                             "the server holds as many request bytes as --max-inflight-bytes "

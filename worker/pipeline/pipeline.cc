@@ -154,6 +154,11 @@ bool Pipeline::has_video() const {
                      [](const StageKind* k) { return k->answers_video; });
 }
 
+bool Pipeline::has_images() const {
+  return std::any_of(kinds_.begin(), kinds_.end(),
+                     [](const StageKind* k) { return k->answers_images; });
+}
+
 std::vector<std::string> Pipeline::voices() { return voice_info().voices; }
 
 std::string Pipeline::default_voice() { return voice_info().default_voice; }

@@ -72,6 +72,9 @@ struct PipelineResult {
   // the frame rate its folder names, and the steps it reported.
   at::Tensor video;
   int64_t video_fps = 0;
+  // An image stage's images: [N, H, W, 3] float32 in [0, 1] (CPU), undefined if
+  // cancelled.
+  at::Tensor images;
   int64_t progress_packets = 0;
   // Figures of the request by name: total_ms, time_to_first_audio_ms, and each family's own.
   std::map<std::string, double> timings;
@@ -110,6 +113,8 @@ class Pipeline {
   bool has_speech() const;
   // A stage of the pipeline answers with video frames (a denoising stage).
   bool has_video() const;
+  // A stage of the pipeline answers with still images.
+  bool has_images() const;
   // The voices and default of the stage that chooses them (its info), empty without one.
   std::vector<std::string> voices();
   std::string default_voice();

@@ -51,6 +51,8 @@ struct StageKind {
   bool answers_audio = false;
   // Its stages answer with video frames (PipelineResult::video).
   bool answers_video = false;
+  // Its stages answer with still images (PipelineResult::images).
+  bool answers_images = false;
   // Its info lists voices and a default voice.
   bool has_voices = false;
   // The stage's parameters for `request` (StageCall::params); `speak`: audio was asked for.

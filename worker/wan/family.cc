@@ -4,10 +4,10 @@
 // (diffusion_split_stages.cc). Step packets become on_progress calls, the frames of the last
 // packet the result's video.
 #include "model_runner/diffusion/wan_pipeline.h"
+#include "worker/diffusers/diffusers_folder.h"
+#include "worker/diffusers/diffusion_params.h"
 #include "worker/pipeline/model_family.h"
 #include "worker/pipeline/pipeline.h"
-#include "worker/wan/diffusers_folder.h"
-#include "worker/wan/diffusion_params.h"
 #include "worker/wan/payloads.h"
 #include "worker/wan/stages.h"
 
@@ -115,8 +115,12 @@ class WanFamily : public ModelFamily {
     return kinds;
   }
 
+  // Wan's pipelines (WanPipeline; WanImageToVideoPipeline, which the loader refuses by name),
+  // and a folder whose model_index.json names no class, as before other diffusion families.
   bool claims_checkpoint(const std::string& model_dir) const override {
-    return is_diffusers_folder(model_dir);
+    if (!is_diffusers_folder(model_dir)) return false;
+    const std::string cls = diffusers_pipeline_class(model_dir);
+    return cls.empty() || cls.rfind("Wan", 0) == 0;
   }
   std::string checkpoint_marker() const override { return "model_index.json"; }
 

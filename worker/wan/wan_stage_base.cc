@@ -5,28 +5,12 @@
 #include <cstring>
 
 #include "model_runner/preprocess/image.h"
-#include "worker/wan/diffusers_folder.h"
-#include "worker/wan/diffusion_params.h"
+#include "worker/diffusers/diffusers_folder.h"
+#include "worker/diffusers/diffusion_offload.h"
+#include "worker/diffusers/diffusion_params.h"
 
 namespace omni::pipeline::local {
 namespace {
-
-// The engine strategy the stage's options name (vLLM-Omni's keys: enable_cpu_offload is
-// model-level offload of the parts, as its diffusion engine does).
-offload::OffloadConfig offload_config(const LocalStageOptions& o) {
-  OMNI_CHECK(!o.offload.cpu_offload_enabled, o.name,
-             ": cpu_offload_enabled (component offload) does not apply to a diffusion ",
-             "stage; use enable_cpu_offload (model-level) or enable_layerwise_offload");
-  OMNI_CHECK(!(o.offload_stage && o.offload.layerwise), o.name,
-             ": enable_cpu_offload and enable_layerwise_offload exclude each other");
-  auto strategy = offload::Strategy::kNone;
-  if (o.offload_stage) strategy = offload::Strategy::kModelLevel;
-  if (o.offload.layerwise) strategy = offload::Strategy::kLayerwise;
-  auto config = offload::OffloadConfig::for_strategy(strategy);
-  config.pin_memory = o.offload.pin_memory;
-  if (o.offload.layerwise) config.num_gpu_layers = o.offload.num_gpu_layers;
-  return config;
-}
 
 // The request's image (the first image file) as [H, W, 3] uint8; undefined without one.
 at::Tensor request_image(const StageCall& call) {
@@ -50,8 +34,11 @@ at::Tensor request_image(const StageCall& call) {
 models::WanRequest wan_request(const DiffusionParams& p, const StageCall& call) {
   models::WanRequest r;
   const auto& d = p.request;
+  OMNI_CHECK(!d.true_cfg_scale && !d.num_images,
+             "true_cfg_scale and num_images are Qwen-Image's; a Wan pipeline makes one video with "
+             "guidance_scale");
   r.prompt = p.prompt;
-  r.negative_prompt = d.negative_prompt;
+  r.negative_prompt = d.negative_prompt.value_or("");
   r.height = d.height.value_or(r.height);
   r.width = d.width.value_or(r.width);
   r.num_frames = d.num_frames.value_or(r.num_frames);
@@ -78,7 +65,7 @@ WanStageBase::WanStageBase(const LocalStageOptions& o, std::string model_stage)
     : LocalStageBase(o), model_stage_(std::move(model_stage)) {
   const auto start = Clock::now();
   const auto dtype = o.dtype == at::ScalarType::Undefined ? at::kFloat : o.dtype;
-  const auto config = offload_config(o);
+  const auto config = diffusion_offload_config(o);
   fps_ = diffusers_frame_rate(o.model_dir);
   pipe_ = models::load_wan_pipeline(o.model_dir, dtype);
   backend_ = offload::apply_offload(*pipe_, pipe_->offload_spec(), config, engine_);

@@ -12,9 +12,7 @@ at::Tensor sinusoidal_timesteps(const at::Tensor& t, int64_t dim, double scale) 
   const int64_t half = dim / 2;
   auto exponent = at::arange(half, t.options().dtype(at::kFloat)) * (-std::log(10000.0));
   exponent = exponent / static_cast<double>(half);
-  // The frequencies are rounded to the timesteps' dtype first, as the reference does.
-  auto freqs = at::exp(exponent).to(t.scalar_type());
-  auto args = t.to(at::kFloat).unsqueeze(1) * freqs.unsqueeze(0);
+  auto args = t.to(at::kFloat).unsqueeze(1) * at::exp(exponent).unsqueeze(0);
   if (scale != 1.0) args = args * scale;  // after the product, as diffusers orders it
   auto emb = at::cat({at::cos(args), at::sin(args)}, -1);
   if (dim % 2 == 1) emb = at::constant_pad_nd(emb, {0, 1, 0, 0});

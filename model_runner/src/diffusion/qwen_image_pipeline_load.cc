@@ -20,6 +20,9 @@ void read_model_index(const std::string& dir) {
   const auto index = load_model_index(dir);
   const std::string& path = index.source();
   const auto cls = index.get_string("_class_name");
+  OMNI_CHECK(cls.rfind("QwenImageEdit", 0) != 0, path, ": _class_name ", cls,
+             " is not supported yet (Qwen-Image-Edit needs the Qwen2.5-VL vision tower and the "
+             "condition image's latents); QwenImagePipeline folders are");
   OMNI_CHECK(cls == "QwenImagePipeline", path, ": _class_name must be QwenImagePipeline, got '",
              cls, "'");
   for (const char* part : {"tokenizer", "text_encoder", "transformer", "vae", "scheduler"}) {

@@ -1,4 +1,4 @@
-#include "worker/wan/diffusion_params.h"
+#include "worker/diffusers/diffusion_params.h"
 
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -22,7 +22,8 @@ void get(const Json& j, const char* key, std::optional<T>& value) {
 
 std::string DiffusionParams::to_json() const {
   const auto& r = request;
-  Json j{{"prompt", prompt}, {"negative_prompt", r.negative_prompt}};
+  Json j{{"prompt", prompt}};
+  put(j, "negative_prompt", r.negative_prompt);
   put(j, "height", r.height);
   put(j, "width", r.width);
   put(j, "num_frames", r.num_frames);
@@ -32,6 +33,8 @@ std::string DiffusionParams::to_json() const {
   put(j, "guidance_scale_2", r.guidance_scale_2);
   put(j, "boundary_ratio", r.boundary_ratio);
   put(j, "flow_shift", r.flow_shift);
+  put(j, "true_cfg_scale", r.true_cfg_scale);
+  put(j, "num_images", r.num_images);
   put(j, "seed", r.seed);
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
@@ -42,7 +45,7 @@ DiffusionParams diffusion_params(const std::string& json) {
     DiffusionParams p;
     auto& r = p.request;
     p.prompt = j.at("prompt").get<std::string>();
-    r.negative_prompt = j.value("negative_prompt", std::string());
+    get(j, "negative_prompt", r.negative_prompt);
     get(j, "height", r.height);
     get(j, "width", r.width);
     get(j, "num_frames", r.num_frames);
@@ -52,6 +55,8 @@ DiffusionParams diffusion_params(const std::string& json) {
     get(j, "guidance_scale_2", r.guidance_scale_2);
     get(j, "boundary_ratio", r.boundary_ratio);
     get(j, "flow_shift", r.flow_shift);
+    get(j, "true_cfg_scale", r.true_cfg_scale);
+    get(j, "num_images", r.num_images);
     get(j, "seed", r.seed);
     return p;
   } catch (const Json::exception& e) {

@@ -1,4 +1,4 @@
-#include "worker/wan/diffusers_folder.h"
+#include "worker/diffusers/diffusers_folder.h"
 
 #include <filesystem>
 #include <fstream>
@@ -11,6 +11,14 @@ namespace omni::pipeline {
 bool is_diffusers_folder(const std::string& dir) {
   std::error_code ec;
   return std::filesystem::is_regular_file(std::filesystem::path(dir) / "model_index.json", ec);
+}
+
+std::string diffusers_pipeline_class(const std::string& dir) {
+  if (!is_diffusers_folder(dir)) return "";
+  std::ifstream in(std::filesystem::path(dir) / "model_index.json");
+  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("_class_name") || !j.at("_class_name").is_string()) return "";
+  return j.at("_class_name").get<std::string>();
 }
 
 int64_t diffusers_frame_rate(const std::string& dir) {

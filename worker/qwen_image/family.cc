@@ -1,0 +1,88 @@
+// The Qwen-Image family (a diffusers QwenImagePipeline folder): its stage kind `qwen_image`, an
+// entry stage that turns the request's prompt into images (image_stage.cc). Step packets become
+// on_progress calls, the images of the last packet the result's images.
+#include "worker/diffusers/diffusers_folder.h"
+#include "worker/diffusers/diffusion_params.h"
+#include "worker/pipeline/model_family.h"
+#include "worker/pipeline/pipeline.h"
+#include "worker/qwen_image/image_stage.h"
+
+namespace omni::pipeline {
+namespace {
+
+// engine_args keys the image stage does not read: it runs one request at a time with no KV
+// cache, and its pipeline has no experts nor disk tier.
+const std::vector<std::string> kIgnoredKeys = {
+    "cpu_offload_experts", "expert_cache_budget",   "expert_prefetch",
+    "expert_miss_policy",  "expert_eviction",       "host_memory_budget",
+    "disk_read",           "max_num_seqs",          "max_num_batched_tokens",
+    "block_size",          "kv_cache_memory_bytes", "enable_chunked_prefill"};
+
+std::shared_ptr<const StageParams> params(const Request& request, bool) {
+  DiffusionParams p;
+  p.prompt = request.chat.text;
+  p.request = request.parts.value<models::DiffusionRequest>();
+  return std::make_shared<const DiffusionParams>(std::move(p));
+}
+
+bool collect(const StagePacket& p, StageAnswer& a) {
+  if (!p.finished) {
+    if (!a.primary || !p.metrics.count("step")) return true;
+    ++a.result.progress_packets;
+    return !a.callbacks.on_progress || a.callbacks.on_progress(p.metrics);
+  }
+  const auto still = payload_as<StillImages>(p, &StillImages::read);
+  const at::Tensor images = still ? still->images : at::Tensor();
+  if (!a.primary) {
+    if (images.defined()) a.result.branch_outputs[a.stage] = images;
+    return true;
+  }
+  if (images.defined()) a.result.images = images;
+  a.result.finish_reason = p.finish_reason;
+  return true;
+}
+
+StageKind image_stage() {
+  StageKind k;
+  k.name = "qwen_image";
+  k.answers_images = true;
+  k.params = &params;
+  k.collect = &collect;
+  k.make_local = &local::make_image_stage;
+  k.ignored_keys = kIgnoredKeys;
+  return k;
+}
+
+class QwenImageFamily : public ModelFamily {
+ public:
+  std::string name() const override { return "qwen_image"; }
+
+  const std::vector<StageKind>& stage_kinds() const override {
+    static const std::vector<StageKind> kinds = {image_stage()};
+    return kinds;
+  }
+
+  bool claims_checkpoint(const std::string& model_dir) const override {
+    // Edit folders too, so that the loader refuses them by name.
+    return diffusers_pipeline_class(model_dir).rfind("QwenImage", 0) == 0;
+  }
+  std::string checkpoint_marker() const override {
+    return "model_index.json naming QwenImagePipeline";
+  }
+
+  // As vLLM-Omni: one diffusion stage, one request at a time, answering with images.
+  config::PipelineConfig checkpoint_graph(const CheckpointGraphOptions& o) const override {
+    config::PipelineConfig c;
+    c.path = o.where;
+    auto s = checkpoint_stage(o, 0, "qwen_image", {}, "image");
+    s.stage_type = "diffusion";
+    s.runtime.max_batch_size = 1;
+    c.stages.push_back(std::move(s));
+    return c;
+  }
+};
+
+const RegisterModelFamily<QwenImageFamily> registered;
+
+}  // namespace
+}  // namespace omni::pipeline
