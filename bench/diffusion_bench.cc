@@ -1,9 +1,17 @@
-// diffusion-bench: Wan2.2-T2V-A14B at its real widths (issue 25, point 7) under each offload
-// strategy on one engine. It writes a synthetic diffusers folder (seeded random weights: the
-// A14B transformer dims with a few layers per expert, a UMT5-XXL-shaped encoder with a layer
-// or two, the real Wan2.1 VAE), loads it with load_wan_pipeline as a user's folder would load,
-// and prints one JSON line per strategy: loading time and RSS, peak device bytes, mean step
-// time, host-to-device bytes per step, and whether the frames equal the resident run's.
+// diffusion-bench: a diffusion pipeline at its real widths under each offload strategy on one
+// engine (issue 25, point 7). It writes a synthetic diffusers folder (seeded random weights:
+// the real widths with a few layers), loads it with the pipeline's loader as a user's folder
+// would load, and prints one JSON line per strategy: loading time and RSS, peak device bytes,
+// mean step time, host-to-device bytes per step, and whether the output equals the resident
+// run's. The presets (--model):
+//   wan-a14b (default): Wan2.2-T2V-A14B: the A14B transformer dims with a few layers per
+//     expert, a UMT5-XXL-shaped encoder with a layer or two, the real Wan2.1 VAE; run through
+//     load_wan_pipeline with guidance 4.0 / 3.0; the fields name "frames".
+//   qwen-image: Qwen-Image: the 3,072-wide transformer (24 heads of 128) with a few of its 60
+//     blocks, a Qwen2.5-VL-7B-shaped text encoder with a layer or two, the real
+//     AutoencoderKLQwenImage; run through load_qwen_image_pipeline with true CFG 4.0 (a
+//     negative prompt: two transformer passes a step); the fields name "images".
+// Each preset takes its tokenizer, scheduler and model_index.json from a tiny fixture folder.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -13,6 +21,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -28,18 +37,27 @@
 #include "bench_args.h"
 #include "cpu_offload/check.h"
 #include "cpu_offload/disk_tier.h"
+#include "cpu_offload/hooks.h"
+#include "cpu_offload/model_spec.h"
 #include "cpu_offload/offload_backend.h"
 #include "cpu_offload/transfer_engine.h"
+#include "model_runner/diffusion/qwen_image_pipeline.h"
+#include "model_runner/diffusion/qwen_image_transformer.h"
 #include "model_runner/diffusion/umt5_encoder.h"
 #include "model_runner/diffusion/wan_pipeline.h"
 #include "model_runner/diffusion/wan_transformer.h"
 #include "model_runner/diffusion/wan_vae.h"
+#include "model_runner/qwen2_5/config.h"
+#include "model_runner/qwen2_5/decoder.h"
 #include "model_runner/weights/hf_config.h"
 #include "model_runner/weights/load_weights.h"
 #include "model_runner/weights/safetensors.h"
 
 #ifndef OMNI_WAN_TEMPLATE
 #error "OMNI_WAN_TEMPLATE must name a tiny Wan2.2 A14B fixture folder (tokenizer, scheduler)"
+#endif
+#ifndef OMNI_QWEN_IMAGE_TEMPLATE
+#error "OMNI_QWEN_IMAGE_TEMPLATE must name a tiny QwenImagePipeline fixture folder"
 #endif
 
 namespace {
@@ -51,16 +69,18 @@ using omni::offload::Strategy;
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
 
+// Unset values take the preset's default (Preset below).
 struct Options {
+  std::string model = "wan-a14b";
   int layers = 2;
   int text_layers = 1;
-  int64_t vocab = 256384;
+  std::optional<int64_t> vocab;
   std::string dtype = "bf16";
-  int64_t frames = 1;
-  int64_t height = 64;
-  int64_t width = 64;
+  std::optional<int64_t> frames;
+  std::optional<int64_t> height;
+  std::optional<int64_t> width;
   int steps = 4;
-  int64_t max_sequence_length = 16;
+  std::optional<int64_t> max_sequence_length;
   std::string strategies = "resident,model,layerwise,phase,disk";
   int disk_units = 3;
   std::string work_dir;
@@ -73,31 +93,44 @@ struct Options {
 void add_options(CLI::App& app, Options& o) {
   using omni::bench::at_least;
   app.option_defaults()->always_capture_default();
-  app.add_option("--layers", o.layers, "transformer blocks per expert (A14B has 40)")
+  app.add_option("--model", o.model,
+                 "preset: Wan2.2-T2V-A14B (video, two experts) or Qwen-Image (text-to-image)")
+      ->type_name("wan-a14b|qwen-image")
+      ->check(CLI::IsMember({"wan-a14b", "qwen-image"}));
+  app.add_option("--layers", o.layers,
+                 "transformer blocks (per expert; A14B has 40 per expert, Qwen-Image 60)")
       ->type_name("N")
       ->check(at_least(1));
-  app.add_option("--text-layers", o.text_layers, "UMT5 encoder layers (UMT5-XXL has 24)")
+  app.add_option("--text-layers", o.text_layers,
+                 "text encoder layers (UMT5-XXL has 24, Qwen2.5-VL-7B 28)")
       ->type_name("N")
       ->check(at_least(1));
-  app.add_option("--vocab", o.vocab, "UMT5 vocabulary (UMT5-XXL: 256384)")
-      ->type_name("V")
-      ->check(at_least(384));
+  const auto optional_int = [&app](const char* name, std::optional<int64_t>& value,
+                                   const char* help, const char* type, double min) {
+    app.add_option_function<int64_t>(
+           name, [&value](const int64_t& v) { value = v; }, help)
+        ->type_name(type)
+        ->check(at_least(min));
+  };
+  optional_int("--vocab", o.vocab,
+               "text encoder vocabulary, at least the template tokenizer's (default the real "
+               "one: UMT5-XXL 256384, Qwen2.5-VL 152064)",
+               "V", 384);
   app.add_option("--dtype", o.dtype, "weights and compute dtype")
       ->type_name("bf16|fp32")
       ->check(CLI::IsMember({"bf16", "bfloat16", "fp32", "float32"}));
-  app.add_option("--frames", o.frames, "video frames (4k + 1)")->type_name("F")->check(at_least(1));
-  app.add_option("--height", o.height, "pixels (multiple of 16)")
-      ->type_name("H")
-      ->check(at_least(16));
-  app.add_option("--width", o.width, "pixels (multiple of 16)")
-      ->type_name("W")
-      ->check(at_least(16));
+  optional_int("--frames", o.frames, "video frames, 4k + 1 (wan-a14b only; default 1)", "F", 1);
+  optional_int("--height", o.height,
+               "pixels, a multiple of 16 (default 64 for wan-a14b, 256 for qwen-image)", "H", 16);
+  optional_int("--width", o.width,
+               "pixels, a multiple of 16 (default 64 for wan-a14b, 256 for qwen-image)", "W", 16);
   app.add_option("--steps", o.steps, "denoising steps (>= 2: the mean leaves out the first)")
       ->type_name("S")
       ->check(at_least(2));
-  app.add_option("--max-sequence-length", o.max_sequence_length, "prompt tokens (A14B: 512)")
-      ->type_name("L")
-      ->check(at_least(1));
+  optional_int("--max-sequence-length", o.max_sequence_length,
+               "prompt tokens: wan-a14b pads to it (default 16; A14B's is 512), qwen-image cuts "
+               "to it (default 512, the pipeline's)",
+               "L", 1);
   app.add_option("--strategies", o.strategies,
                  "comma-separated: resident, model, layerwise, phase, ratio, disk")
       ->type_name("LIST");
@@ -119,6 +152,8 @@ void add_options(CLI::App& app, Options& o) {
       ->check(at_least(1));
 }
 
+// ---- Shared by the presets: the folder's files, random weights ----
+
 Json read_json(const fs::path& path) {
   std::ifstream in(path);
   OMNI_CHECK(in.good(), "cannot read ", path.string());
@@ -130,6 +165,28 @@ void write_json(const fs::path& path, const Json& j) {
   std::ofstream out(path);
   out << j.dump(2) << "\n";
   OMNI_CHECK(out.good(), "cannot write ", path.string());
+}
+
+at::ScalarType weights_dtype(const Options& o) {
+  return omni::bench::parse_dtype(o.dtype) == at::kBFloat16 ? at::kBFloat16 : at::kFloat;
+}
+
+// The template's tokenizer, scheduler and model_index.json, as they are.
+void copy_template(const fs::path& tpl, const fs::path& dir) {
+  fs::create_directories(dir);
+  for (const char* part : {"tokenizer", "scheduler"}) {
+    fs::copy(tpl / part, dir / part,
+             fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  }
+  fs::copy_file(tpl / "model_index.json", dir / "model_index.json",
+                fs::copy_options::overwrite_existing);
+}
+
+// The synthetic encoder keeps the template's tokenizer, whose ids must index its embeddings.
+void check_vocab(int64_t vocab, int64_t template_vocab, const fs::path& tpl) {
+  OMNI_CHECK(vocab >= template_vocab, "--vocab ", vocab, " is below the vocabulary of ",
+             (tpl / "text_encoder").string(), " (", template_vocab,
+             "), whose tokenizer the synthetic folder keeps");
 }
 
 // Seeded weights that keep activations finite through a real-width model: norm scales 1,
@@ -152,39 +209,57 @@ void fill_random(torch::nn::Module& module, at::Generator& gen) {
   }
 }
 
-int64_t write_module(torch::nn::Module& module, const fs::path& file) {
+// The module's parameters under `prefix` (where the checkpoint keeps it); returns their bytes.
+int64_t write_module(torch::nn::Module& module, const fs::path& file,
+                     const std::string& prefix = "") {
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   int64_t bytes = 0;
   for (const auto& item : module.named_parameters()) {
-    tensors.emplace_back(item.key(), item.value());
+    tensors.emplace_back(prefix + item.key(), item.value());
     bytes += static_cast<int64_t>(item.value().nbytes());
   }
   omni::models::write_safetensors(file.string(), tensors);
   return bytes;
 }
 
-// The synthetic folder: the template's tokenizer, scheduler and model_index.json, real-width
-// configs, random weights. Returns the bytes of weights written.
-int64_t write_folder(const Options& o, const fs::path& dir) {
-  const fs::path tpl = OMNI_WAN_TEMPLATE;
-  const bool bf16 = omni::bench::parse_dtype(o.dtype) == at::kBFloat16;
-  const at::ScalarType dtype = bf16 ? at::kBFloat16 : at::kFloat;
-  fs::create_directories(dir);
-  for (const char* part : {"tokenizer", "scheduler"}) {
-    fs::copy(tpl / part, dir / part,
-             fs::copy_options::recursive | fs::copy_options::overwrite_existing);
-  }
-  fs::copy_file(tpl / "model_index.json", dir / "model_index.json",
-                fs::copy_options::overwrite_existing);
+// One part at a time: each is freed once written. Returns the bytes written.
+template <typename Module, typename... Args>
+int64_t write_random(at::Generator& gen, const fs::path& file, const std::string& prefix,
+                     Args&&... args) {
+  Module m(std::forward<Args>(args)...);
+  fill_random(m, gen);
+  return write_module(m, file, prefix);
+}
 
+constexpr const char* kPrompt = "a red fox runs through fresh snow at dawn";
+constexpr const char* kNegativePrompt = "blurry, low quality";
+
+// ---- The presets ----
+
+// What the shared measuring needs of a loaded pipeline.
+using StepFn = std::function<void(const std::string& transformer)>;
+struct Loaded {
+  std::shared_ptr<torch::nn::Module> root;  // the offload engine's root: the pipeline
+  omni::offload::ModelSpec spec;
+  // Runs the preset's request on `device`, calling on_step after each denoising step with the
+  // transformer that ran it; returns the frames or images (float32 in [0, 1], CPU).
+  std::function<at::Tensor(const StepFn& on_step, c10::Device device)> generate;
+};
+
+// Wan2.2-T2V-A14B.
+int64_t write_wan_folder(const Options& o, const fs::path& dir) {
+  const fs::path tpl = OMNI_WAN_TEMPLATE;
+  const bool bf16 = weights_dtype(o) == at::kBFloat16;
   Json text = read_json(tpl / "text_encoder" / "config.json");  // UMT5-XXL widths
+  check_vocab(*o.vocab, text.at("vocab_size").get<int64_t>(), tpl);
+  copy_template(tpl, dir);
   text["d_model"] = 4096;
   text["d_ff"] = 10240;
   text["d_kv"] = 64;
   text["num_heads"] = 64;
   text["num_layers"] = o.text_layers;
   text["num_decoder_layers"] = o.text_layers;
-  text["vocab_size"] = o.vocab;
+  text["vocab_size"] = *o.vocab;
   text["dtype"] = bf16 ? "bfloat16" : "float32";
   write_json(dir / "text_encoder" / "config.json", text);
 
@@ -205,30 +280,161 @@ int64_t write_folder(const Options& o, const fs::path& dir) {
   vae["num_res_blocks"] = 2;
   write_json(dir / "vae" / "config.json", vae);
 
-  // One part at a time: each is freed once written.
+  namespace m = omni::models;
+  const at::ScalarType dtype = weights_dtype(o);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
-  int64_t bytes = 0;
-  {
-    const auto c = omni::models::UMT5Config::parse(
-        omni::models::HfConfig::load((dir / "text_encoder").string()));
-    omni::models::UMT5Encoder m(c, dtype);
-    fill_random(m, gen);
-    bytes += write_module(m, dir / "text_encoder" / "model.safetensors");
-  }
+  int64_t bytes = write_random<m::UMT5Encoder>(
+      gen, dir / "text_encoder" / "model.safetensors", "",
+      m::UMT5Config::parse(m::HfConfig::load((dir / "text_encoder").string())), dtype);
   for (const char* part : {"transformer", "transformer_2"}) {
-    omni::models::WanTransformer3DModel m(
-        omni::models::WanTransformerConfig::load((dir / part).string()), dtype);
-    fill_random(m, gen);
-    bytes += write_module(m, dir / part / "diffusion_pytorch_model.safetensors");
+    bytes += write_random<m::WanTransformer3DModel>(
+        gen, dir / part / "diffusion_pytorch_model.safetensors", "",
+        m::WanTransformerConfig::load((dir / part).string()), dtype);
   }
-  {
-    omni::models::AutoencoderKLWan m(omni::models::WanVAEConfig::load((dir / "vae").string()),
-                                     dtype);
-    fill_random(m, gen);
-    bytes += write_module(m, dir / "vae" / "diffusion_pytorch_model.safetensors");
-  }
+  bytes +=
+      write_random<m::AutoencoderKLWan>(gen, dir / "vae" / "diffusion_pytorch_model.safetensors",
+                                        "", m::WanVAEConfig::load((dir / "vae").string()), dtype);
   return bytes;
 }
+
+Loaded load_wan(const Options& o, const fs::path& dir) {
+  auto pipe = omni::models::load_wan_pipeline(dir.string(), omni::bench::parse_dtype(o.dtype));
+  omni::models::WanRequest request;
+  request.prompt = kPrompt;
+  request.negative_prompt = kNegativePrompt;
+  request.height = *o.height;
+  request.width = *o.width;
+  request.num_frames = *o.frames;
+  request.num_inference_steps = o.steps;
+  request.guidance_scale = 4.0;  // A14B's official high-noise / low-noise guidance
+  request.guidance_scale_2 = 3.0;
+  request.seed = o.seed;
+  request.max_sequence_length = *o.max_sequence_length;
+  Loaded loaded{pipe, pipe->offload_spec(), nullptr};
+  loaded.generate = [pipe, request](const StepFn& on_step, c10::Device device) {
+    const auto on_wan_step = [&](const omni::models::WanStep& step) {
+      on_step(step.transformer);
+      return true;
+    };
+    return pipe->generate(request, on_wan_step, device).frames;
+  };
+  return loaded;
+}
+
+// Qwen-Image.
+int64_t write_qwen_image_folder(const Options& o, const fs::path& dir) {
+  const fs::path tpl = OMNI_QWEN_IMAGE_TEMPLATE;
+  Json text = read_json(tpl / "text_encoder" / "config.json");  // Qwen2.5-VL-7B's decoder
+  Json& decoder = text.at("text_config");
+  check_vocab(*o.vocab, decoder.at("vocab_size").get<int64_t>(), tpl);
+  copy_template(tpl, dir);
+  decoder["hidden_size"] = 3584;
+  decoder["intermediate_size"] = 18944;
+  decoder["num_attention_heads"] = 28;
+  decoder["num_key_value_heads"] = 4;
+  decoder["num_hidden_layers"] = o.text_layers;
+  decoder["layer_types"] =
+      std::vector<std::string>(static_cast<size_t>(o.text_layers), "full_attention");
+  decoder["max_position_embeddings"] = 128000;
+  decoder["rms_norm_eps"] = 1e-6;
+  decoder["rope_parameters"]["mrope_section"] = {16, 24, 24};
+  decoder["rope_parameters"]["rope_theta"] = 1000000.0;
+  decoder["vocab_size"] = *o.vocab;
+  text["vision_config"]["out_hidden_size"] = 3584;  // not loaded; kept consistent
+  text["dtype"] = weights_dtype(o) == at::kBFloat16 ? "bfloat16" : "float32";
+  write_json(dir / "text_encoder" / "config.json", text);
+
+  Json dit = read_json(tpl / "transformer" / "config.json");  // QwenImageTransformer2DModel
+  dit["num_attention_heads"] = 24;
+  dit["attention_head_dim"] = 128;
+  dit["joint_attention_dim"] = 3584;
+  dit["in_channels"] = 64;
+  dit["out_channels"] = 16;
+  dit["axes_dims_rope"] = {16, 56, 56};
+  dit["num_layers"] = o.layers;
+  write_json(dir / "transformer" / "config.json", dit);
+
+  Json vae = read_json(tpl / "vae" / "config.json");  // AutoencoderKLQwenImage
+  vae["base_dim"] = 96;
+  vae["z_dim"] = 16;
+  vae["dim_mult"] = {1, 2, 4, 4};
+  vae["num_res_blocks"] = 2;
+  vae["temperal_downsample"] = {false, true, true};
+  write_json(dir / "vae" / "config.json", vae);
+
+  namespace m = omni::models;
+  const at::ScalarType dtype = weights_dtype(o);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  // The decoder only, under the released checkpoint's "model." (no visual.*, no lm_head: the
+  // pipeline reads neither).
+  int64_t bytes = write_random<m::qwen2_5::TextDecoder>(
+      gen, dir / "text_encoder" / "model.safetensors", "model.",
+      m::qwen2_5::TextConfig::load((dir / "text_encoder").string()), dtype);
+  bytes += write_random<m::QwenImageTransformer2DModel>(
+      gen, dir / "transformer" / "diffusion_pytorch_model.safetensors", "",
+      m::QwenImageTransformerConfig::load((dir / "transformer").string()), dtype);
+  bytes +=
+      write_random<m::AutoencoderKLWan>(gen, dir / "vae" / "diffusion_pytorch_model.safetensors",
+                                        "", m::WanVAEConfig::load((dir / "vae").string()), dtype);
+  return bytes;
+}
+
+Loaded load_qwen_image(const Options& o, const fs::path& dir) {
+  auto pipe =
+      omni::models::load_qwen_image_pipeline(dir.string(), omni::bench::parse_dtype(o.dtype));
+  omni::models::QwenImageRequest request;
+  request.prompt = kPrompt;
+  request.negative_prompt = kNegativePrompt;
+  request.true_cfg_scale = 4.0;  // Qwen-Image's recommended setting: both passes each step
+  request.height = *o.height;
+  request.width = *o.width;
+  request.num_inference_steps = o.steps;
+  request.seed = o.seed;
+  request.max_sequence_length = *o.max_sequence_length;
+  Loaded loaded{pipe, pipe->offload_spec(), nullptr};
+  loaded.generate = [pipe, request](const StepFn& on_step, c10::Device device) {
+    const auto on_qwen_step = [&](const omni::models::QwenImageStep&) {
+      on_step("transformer");
+      return true;
+    };
+    return pipe->generate(request, on_qwen_step, device).images;
+  };
+  return loaded;
+}
+
+struct Preset {
+  const char* name;        // --model
+  const char* output;      // what generate() gives: "frames" or "images" (names the JSON fields)
+  const char* layers_key;  // the header line's name for --layers
+  bool video;              // takes --frames
+  int64_t vocab, height, width, max_sequence_length;  // defaults
+  int64_t (*write_folder)(const Options& o, const fs::path& dir);
+  Loaded (*load)(const Options& o, const fs::path& dir);
+};
+
+const Preset kPresets[] = {
+    {"wan-a14b", "frames", "layers_per_expert", true, 256384, 64, 64, 16, write_wan_folder,
+     load_wan},
+    {"qwen-image", "images", "layers", false, 152064, 256, 256, 512, write_qwen_image_folder,
+     load_qwen_image},
+};
+
+// The preset of --model, with its defaults filled into `o`.
+const Preset& resolve_preset(Options& o) {
+  for (const Preset& p : kPresets) {
+    if (o.model != p.name) continue;
+    OMNI_CHECK(p.video || !o.frames, "--frames: ", p.name, " makes images, not video");
+    o.frames = o.frames.value_or(1);
+    o.vocab = o.vocab.value_or(p.vocab);
+    o.height = o.height.value_or(p.height);
+    o.width = o.width.value_or(p.width);
+    o.max_sequence_length = o.max_sequence_length.value_or(p.max_sequence_length);
+    return p;
+  }
+  OMNI_THROW("unknown --model '", o.model, "' (expected wan-a14b or qwen-image)");
+}
+
+// ---- Shared by the presets: the strategies and the measuring ----
 
 // kB fields of /proc/self/status, in bytes (0 where absent).
 size_t status_bytes(const std::string& field) {
@@ -259,16 +465,24 @@ OffloadConfig config_for(const std::string& name) {
              "' (expected resident, model, layerwise, phase, ratio or disk)");
 }
 
+// The root's children whose blocks stream ("transformer", "transformer_2"): the first part of
+// each block list's path, once each.
+std::vector<std::string> streamed_parts(const omni::offload::ModelSpec& spec) {
+  std::vector<std::string> parts;
+  for (const auto& list : spec.block_lists) {
+    const std::string part = list.path.substr(0, list.path.find('.'));
+    if (std::find(parts.begin(), parts.end(), part) == parts.end()) parts.push_back(part);
+  }
+  return parts;
+}
+
 // Slab bytes of the largest block: its tensors plus the engine's alignment padding for each.
-size_t block_slab_bytes(omni::models::WanPipeline& pipe) {
+size_t block_slab_bytes(torch::nn::Module& root, const omni::offload::ModelSpec& spec) {
   size_t bytes = 0;
-  for (const auto& child : pipe.transformer().named_children()) {
-    if (child.key() != "blocks") continue;
-    for (const auto& block : child.value()->named_children()) {
+  for (const auto& list : spec.block_lists) {
+    for (const auto& block : omni::offload::find_module(root, list.path)->children()) {
       size_t b = 0;
-      for (const auto& p : block.value()->parameters()) {
-        b += p.nbytes() + omni::offload::kTensorAlignment;
-      }
+      for (const auto& p : block->parameters()) b += p.nbytes() + omni::offload::kTensorAlignment;
       bytes = std::max(bytes, b);
     }
   }
@@ -277,72 +491,56 @@ size_t block_slab_bytes(omni::models::WanPipeline& pipe) {
 
 struct Measured {
   std::string json;
-  at::Tensor frames;
+  at::Tensor output;  // the frames or images
 };
 
-Measured run_strategy(const Options& o, const fs::path& dir, const std::string& name,
-                      const at::Tensor* resident) {
-  const at::ScalarType dtype = omni::bench::parse_dtype(o.dtype);
+Measured run_strategy(const Options& o, const Preset& preset, const fs::path& dir,
+                      const std::string& name, const at::Tensor* resident) {
   const size_t anon0 = status_bytes("RssAnon"), file0 = status_bytes("RssFile");
   const auto load_start = Clock::now();
-  auto pipe = omni::models::load_wan_pipeline(dir.string(), dtype);
+  const Loaded pipe = preset.load(o, dir);
   OffloadConfig config = config_for(name);
   size_t budget = 0;
   if (name == "disk") {
-    // The streamed blocks stay in their files: bind the experts again to learn where each
+    // The streamed blocks stay in their files: bind each transformer again to learn where each
     // tensor lies (the same bytes the loader already viewed), and cap the host cache.
-    for (const char* part : {"transformer", "transformer_2"}) {
-      auto& t = std::string(part) == "transformer" ? pipe->transformer() : *pipe->transformer_2();
+    for (const auto& part : streamed_parts(pipe.spec)) {
+      auto& module = *omni::offload::find_module(*pipe.root, part);
       const auto ckpt = omni::models::SafetensorsCheckpoint::open((dir / part).string());
-      omni::models::add_disk_files(omni::models::load_weights(t, ckpt, ""), std::string(part) + ".",
+      omni::models::add_disk_files(omni::models::load_weights(module, ckpt, ""), part + ".",
                                    config.disk_files);
     }
     config.disk_read_ahead = o.disk_units - 2;
-    budget = static_cast<size_t>(o.disk_units) * block_slab_bytes(*pipe);
+    budget = static_cast<size_t>(o.disk_units) * block_slab_bytes(*pipe.root, pipe.spec);
     config.host_memory_budget_bytes = budget;
   }
   omni::offload::TransferEngineOptions engine_options;
   engine_options.sim_bandwidth_bytes_per_s = o.sim_bandwidth_gbps * 1e9;
   auto engine = omni::offload::make_transfer_engine(DeviceKind::kCpuSim, engine_options);
-  auto backend = omni::offload::apply_offload(*pipe, pipe->offload_spec(), config, engine);
+  auto backend = omni::offload::apply_offload(*pipe.root, pipe.spec, config, engine);
   engine->synchronize();
   const double load_ms =
       std::chrono::duration<double, std::milli>(Clock::now() - load_start).count();
   const size_t anon1 = status_bytes("RssAnon"), file1 = status_bytes("RssFile");
   const size_t host_after_load = engine->host_counter()->current();
 
-  omni::models::WanRequest request;
-  request.prompt = "a red fox runs through fresh snow at dawn";
-  request.negative_prompt = "blurry, low quality";
-  request.height = o.height;
-  request.width = o.width;
-  request.num_frames = o.frames;
-  request.num_inference_steps = o.steps;
-  request.guidance_scale = 4.0;  // A14B's official high-noise / low-noise guidance
-  request.guidance_scale_2 = 3.0;
-  request.seed = o.seed;
-  request.max_sequence_length = o.max_sequence_length;
-
   // Steps after the first: the first also holds the prompt encoding (and model-level's swap
-  // from the encoder to the first expert).
+  // from the encoder to the first transformer).
   std::vector<Clock::time_point> at_step;
   std::vector<uint64_t> h2d_at_step;
-  std::vector<std::string> experts;
+  std::vector<std::string> transformers;
   Measured m;
   const auto start = Clock::now();
   {
     auto scope = backend->forward_scope();
-    m.frames = pipe->generate(
-                       request,
-                       [&](const omni::models::WanStep& step) {
-                         engine->synchronize();
-                         at_step.push_back(Clock::now());
-                         h2d_at_step.push_back(backend->stats().bytes_h2d);
-                         experts.emplace_back(step.transformer);
-                         return true;
-                       },
-                       engine->compute_device())
-                   .frames;
+    m.output = pipe.generate(
+        [&](const std::string& transformer) {
+          engine->synchronize();
+          at_step.push_back(Clock::now());
+          h2d_at_step.push_back(backend->stats().bytes_h2d);
+          transformers.push_back(transformer);
+        },
+        engine->compute_device());
   }
   engine->synchronize();
   const double total_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
@@ -355,12 +553,16 @@ Measured run_strategy(const Options& o, const fs::path& dir, const std::string& 
   const double h2d_per_step =
       static_cast<double>(h2d_at_step.back() - h2d_at_step.front()) / static_cast<double>(n);
   int switches = 0;
-  for (size_t i = 1; i < experts.size(); ++i) switches += experts[i] != experts[i - 1];
+  for (size_t i = 1; i < transformers.size(); ++i) {
+    switches += transformers[i] != transformers[i - 1];
+  }
 
+  const std::string output = preset.output;
   std::ostringstream os;
   os << std::fixed << std::setprecision(1);
-  os << "{\"strategy\": \"" << name << "\", \"engine\": \"" << s.strategy << "\", \"device\": \""
-     << s.device << "\", \"dtype\": \"" << o.dtype << "\", \"load_ms\": " << load_ms
+  os << "{\"model\": \"" << preset.name << "\", \"strategy\": \"" << name << "\", \"engine\": \""
+     << s.strategy << "\", \"device\": \"" << s.device << "\", \"dtype\": \"" << o.dtype
+     << "\", \"load_ms\": " << load_ms
      << ", \"load_rss_anon_bytes\": " << static_cast<int64_t>(anon1) - static_cast<int64_t>(anon0)
      << ", \"load_rss_file_bytes\": " << static_cast<int64_t>(file1) - static_cast<int64_t>(file0)
      << ", \"host_bytes_after_load\": " << host_after_load
@@ -374,10 +576,11 @@ Measured run_strategy(const Options& o, const fs::path& dir, const std::string& 
     os << ", \"host_budget_bytes\": " << budget << ", \"disk_entries\": " << disk->entries
        << ", \"disk_read_bytes\": " << disk->read_bytes;
   }
-  os << ", \"frames_finite\": " << (m.frames.isfinite().all().item<bool>() ? "true" : "false")
-     << ", \"frames_equal_to_resident\": ";
+  os << ", \"" << output
+     << "_finite\": " << (m.output.isfinite().all().item<bool>() ? "true" : "false") << ", \""
+     << output << "_equal_to_resident\": ";
   if (resident != nullptr) {
-    os << (at::equal(m.frames, *resident) ? "true" : "false");
+    os << (at::equal(m.output, *resident) ? "true" : "false");
   } else {
     os << "null";
   }
@@ -386,8 +589,9 @@ Measured run_strategy(const Options& o, const fs::path& dir, const std::string& 
   return m;
 }
 
-int run(const Options& o) {
+int run(Options& o) {
   if (o.threads) at::set_num_threads(*o.threads);
+  const Preset& preset = resolve_preset(o);
   const auto names = omni::bench::split_list(o.strategies);
   for (const auto& name : names) config_for(name);  // a typo fails before the writing
   fs::path dir = o.work_dir;
@@ -396,20 +600,22 @@ int run(const Options& o) {
   }
   if (!(o.keep && fs::exists(dir / "model_index.json"))) {
     const auto start = Clock::now();
-    const int64_t bytes = write_folder(o, dir);
-    std::cout << "{\"synthetic_folder\": \"" << dir.string() << "\", \"weight_bytes\": " << bytes
-              << ", \"write_ms\": " << std::fixed << std::setprecision(1)
-              << std::chrono::duration<double, std::milli>(Clock::now() - start).count()
-              << ", \"layers_per_expert\": " << o.layers << ", \"text_layers\": " << o.text_layers
-              << ", \"vocab\": " << o.vocab << ", \"frames\": " << o.frames
-              << ", \"height\": " << o.height << ", \"width\": " << o.width
+    const int64_t bytes = preset.write_folder(o, dir);
+    std::cout << "{\"model\": \"" << preset.name << "\", \"synthetic_folder\": \"" << dir.string()
+              << "\", \"weight_bytes\": " << bytes << ", \"write_ms\": " << std::fixed
+              << std::setprecision(1)
+              << std::chrono::duration<double, std::milli>(Clock::now() - start).count() << ", \""
+              << preset.layers_key << "\": " << o.layers << ", \"text_layers\": " << o.text_layers
+              << ", \"vocab\": " << *o.vocab;
+    if (preset.video) std::cout << ", \"frames\": " << *o.frames;
+    std::cout << ", \"height\": " << *o.height << ", \"width\": " << *o.width
               << ", \"threads\": " << at::get_num_threads()
               << ", \"sim_bandwidth_gbps\": " << o.sim_bandwidth_gbps << "}" << std::endl;
   }
   at::Tensor resident;
   for (const auto& name : names) {
-    const Measured m = run_strategy(o, dir, name, resident.defined() ? &resident : nullptr);
-    if (name == "resident") resident = m.frames;
+    const Measured m = run_strategy(o, preset, dir, name, resident.defined() ? &resident : nullptr);
+    if (name == "resident") resident = m.output;
     std::cout << m.json << std::endl;
   }
   if (!o.keep) fs::remove_all(dir);
@@ -420,9 +626,9 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   CLI::App app(
-      "Writes a synthetic Wan2.2-T2V-A14B-shaped diffusers folder (real widths, few layers, "
-      "random weights), runs it under each offload strategy on the simulated device and prints "
-      "one JSON line per strategy.",
+      "Writes a synthetic diffusers folder at a pipeline's real widths (Wan2.2-T2V-A14B or "
+      "Qwen-Image: few layers, random weights), runs it under each offload strategy on the "
+      "simulated device and prints one JSON line per strategy.",
       "diffusion-bench");
   Options options;
   add_options(app, options);
