@@ -8,7 +8,6 @@
 // flag.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "../common/npy_reader.h"
+#include "generate_e2e.h"
 #include "model_runner/preprocess/image.h"
 #include "model_runner/weights/safetensors.h"
 #include "process.h"
@@ -60,30 +60,14 @@ at::Tensor read_png(const std::string& path) {
       .view({image.height, image.width, 3});
 }
 
-class GenerateImage : public ::testing::Test {
+class GenerateImage : public GenerateE2eTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) /
-           ("vllm_omni_image_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
   Json generate(const std::vector<std::string>& source, const std::string& c,
                 const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {OMNI_VLLM_OMNI, "generate"};
-    args.insert(args.end(), source.begin(), source.end());
+    std::vector<std::string> args = source;
     for (const auto& a : case_args(c)) args.push_back(a);
-    args.push_back("--json");
     args.insert(args.end(), extra.begin(), extra.end());
-    const process::ProcessResult r = process::run_process(args);
-    EXPECT_EQ(r.status, 0) << r.err;
-    if (r.status != 0) return Json();
-    EXPECT_EQ(process::count_lines(r.out), 1u) << r.out;
-    return Json::parse(r.out);
+    return generate_json(args);
   }
   std::string error_of(const std::vector<std::string>& extra) {
     std::vector<std::string> args = {OMNI_VLLM_OMNI, "generate", "--model", kDir};
@@ -93,9 +77,6 @@ class GenerateImage : public ::testing::Test {
     EXPECT_NE(r.status, 0);
     return r.err;
   }
-
- private:
-  fs::path dir_;
 };
 
 TEST_F(GenerateImage, NpyEqualsDiffusersImages) {

@@ -7,7 +7,6 @@
 // workers), bit for bit; flags the model does not read, and bad values, fail naming the flag.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -20,6 +19,7 @@
 
 #include "../common/diffusers_reference.h"
 #include "../common/npy_reader.h"
+#include "generate_e2e.h"
 #include "model_runner/output/frames_writer.h"
 #include "model_runner/weights/safetensors.h"
 #include "process.h"
@@ -74,36 +74,17 @@ double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
 
 bool have_ffprobe() { return std::system("ffprobe -version > /dev/null 2>&1") == 0; }
 
-class GenerateVideo : public ::testing::Test {
+class GenerateVideo : public GenerateE2eTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) /
-           ("vllm_omni_video_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
   // `generate` with `source` ("--model DIR" or "--stage-configs-path FILE"), the reference's
   // request and `extra`; the JSON it prints.
   Json generate(const std::vector<std::string>& source, const std::string& dir,
                 const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {OMNI_VLLM_OMNI, "generate"};
-    args.insert(args.end(), source.begin(), source.end());
+    std::vector<std::string> args = source;
     for (const auto& a : reference_args(dir)) args.push_back(a);
-    args.push_back("--json");
     args.insert(args.end(), extra.begin(), extra.end());
-    const process::ProcessResult r = process::run_process(args);
-    EXPECT_EQ(r.status, 0) << r.err;
-    if (r.status != 0) return Json();
-    EXPECT_EQ(process::count_lines(r.out), 1u) << r.out;
-    return Json::parse(r.out);
+    return generate_json(args);
   }
-
- private:
-  fs::path dir_;
 };
 
 TEST_F(GenerateVideo, NpyEqualsDiffusersFrames) {

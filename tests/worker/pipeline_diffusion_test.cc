@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "model_runner/weights/safetensors.h"
+#include "worker/diffusers/diffusion_params.h"
 #include "worker/pipeline/local_pipeline.h"
 #include "worker/pipeline/pipeline.h"
-#include "worker/diffusers/diffusion_params.h"
 
 #ifdef OMNI_STAGE_YAML
 #include "worker/config/stage_yaml.h"

@@ -10,8 +10,8 @@
 #include <mutex>
 
 #include "model_runner/diffusion/qwen_image_pipeline.h"
-#include "worker/diffusers/diffusion_offload.h"
 #include "worker/diffusers/diffusion_params.h"
+#include "worker/diffusers/diffusion_stage_common.h"
 #include "worker/pipeline/local_stage_base.h"
 
 namespace omni::pipeline::local {
@@ -79,12 +79,7 @@ class ImageStage : public LocalStageBase {
       const double step_ms = ms_since(last);
       last = Clock::now();
       steps_ms += step_ms;
-      StagePacket p;
-      p.metrics = {{"step", static_cast<double>(step.index + 1)},
-                   {"steps", static_cast<double>(step.total)},
-                   {"timestep", step.timestep},
-                   {"step_ms", step_ms}};
-      sink(std::move(p));
+      sink(diffusion_step_packet(step.index, step.total, step.timestep, step_ms));
       return true;
     };
     models::QwenImageResult result;

@@ -5,7 +5,7 @@
 // packet the result's video.
 #include "model_runner/diffusion/wan_pipeline.h"
 #include "worker/diffusers/diffusers_folder.h"
-#include "worker/diffusers/diffusion_params.h"
+#include "worker/diffusers/diffusion_stage_common.h"
 #include "worker/pipeline/model_family.h"
 #include "worker/pipeline/pipeline.h"
 #include "worker/wan/payloads.h"
@@ -13,22 +13,6 @@
 
 namespace omni::pipeline {
 namespace {
-
-// engine_args keys a diffusion stage does not read: it runs one request at a time with no KV
-// cache, and its pipeline has no experts nor disk tier.
-const std::vector<std::string> kIgnoredKeys = {
-    "cpu_offload_experts", "expert_cache_budget",   "expert_prefetch",
-    "expert_miss_policy",  "expert_eviction",       "host_memory_budget",
-    "disk_read",           "max_num_seqs",          "max_num_batched_tokens",
-    "block_size",          "kv_cache_memory_bytes", "enable_chunked_prefill"};
-
-// Every diffusion stage reads the whole request's settings.
-std::shared_ptr<const StageParams> params(const Request& request, bool) {
-  DiffusionParams p;
-  p.prompt = request.chat.text;
-  p.request = request.parts.value<models::DiffusionRequest>();
-  return std::make_shared<const DiffusionParams>(std::move(p));
-}
 
 // A step packet: the progress count and callback.
 bool collect_step(const StagePacket& p, StageAnswer& a) {
@@ -61,23 +45,23 @@ StageKind diffusion() {
   StageKind k;
   k.name = "diffusion";
   k.answers_video = true;
-  k.params = &params;
+  k.params = &diffusion_stage_params;
   k.collect = [](const StagePacket& p, StageAnswer& a) {
     return p.finished ? collect_frames(p, a) : collect_step(p, a);
   };
   k.finish = &finish_video;
   k.make_local = &local::make_diffusion_stage;
-  k.ignored_keys = kIgnoredKeys;
+  k.ignored_keys = diffusion_ignored_keys();
   return k;
 }
 
 StageKind diffusion_encode() {
   StageKind k;
   k.name = "diffusion_encode";
-  k.params = &params;
+  k.params = &diffusion_stage_params;
   k.collect = [](const StagePacket&, StageAnswer&) { return true; };
   k.make_local = &local::make_diffusion_encode_stage;
-  k.ignored_keys = kIgnoredKeys;
+  k.ignored_keys = diffusion_ignored_keys();
   return k;
 }
 
@@ -85,10 +69,10 @@ StageKind diffusion_denoise() {
   StageKind k;
   k.name = "diffusion_denoise";
   k.reads = {"diffusion_encode"};
-  k.params = &params;
+  k.params = &diffusion_stage_params;
   k.collect = &collect_step;
   k.make_local = &local::make_diffusion_denoise_stage;
-  k.ignored_keys = kIgnoredKeys;
+  k.ignored_keys = diffusion_ignored_keys();
   return k;
 }
 
@@ -97,11 +81,11 @@ StageKind diffusion_decode() {
   k.name = "diffusion_decode";
   k.reads = {"diffusion_denoise"};
   k.answers_video = true;
-  k.params = &params;
+  k.params = &diffusion_stage_params;
   k.collect = &collect_frames;
   k.finish = &finish_video;
   k.make_local = &local::make_diffusion_decode_stage;
-  k.ignored_keys = kIgnoredKeys;
+  k.ignored_keys = diffusion_ignored_keys();
   return k;
 }
 

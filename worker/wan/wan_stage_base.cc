@@ -6,8 +6,8 @@
 
 #include "model_runner/preprocess/image.h"
 #include "worker/diffusers/diffusers_folder.h"
-#include "worker/diffusers/diffusion_offload.h"
 #include "worker/diffusers/diffusion_params.h"
+#include "worker/diffusers/diffusion_stage_common.h"
 
 namespace omni::pipeline::local {
 namespace {
@@ -90,12 +90,7 @@ models::WanStepCallback WanStageBase::progress(const StageCall& call, const Canc
     const double step_ms = ms_since(clock.last);
     clock.last = Clock::now();
     clock.steps_ms += step_ms;
-    StagePacket p;
-    p.metrics = {{"step", static_cast<double>(step.index + 1)},
-                 {"steps", static_cast<double>(step.total)},
-                 {"timestep", step.timestep},
-                 {"step_ms", step_ms}};
-    sink(std::move(p));
+    sink(diffusion_step_packet(step.index, step.total, step.timestep, step_ms));
     return true;
   };
 }

@@ -130,6 +130,11 @@ at::Tensor shift_sigmas(const at::Tensor& s, double shift) {
 
 at::Tensor stretch_to_terminal(const at::Tensor& s, double terminal) {
   const at::Tensor one_minus = 1 - s;
+  // diffusers divides by 1 - the last sigma: a schedule ending at 1 (one step of linspace(1, 1/N,
+  // N)) gives NaN sigmas there, and NaN images after; say so instead.
+  OMNI_CHECK(one_minus[-1].item<double>() != 0.0, "shift_terminal ", terminal,
+             " cannot stretch a schedule whose last sigma is 1 (a "
+             "single step from sigma 1): use 2 or more inference steps");
   const at::Tensor scale = one_minus[-1] / (1 - terminal);
   return 1 - one_minus / scale;
 }
