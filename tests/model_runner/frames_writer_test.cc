@@ -190,6 +190,18 @@ TEST_F(FramesWriterTest, PngSeveralFramesGoToNumberedFiles) {
   EXPECT_EQ(many.back(), "out/x_10000.png");
 }
 
+TEST_F(FramesWriterTest, PngBytesAreTheFilesWritePngWrites) {
+  const at::Tensor frames = random_frames(2, 4, 6);
+  const std::vector<std::string> pngs = encode_png_bytes(frames);
+  write_png(path("two.png"), frames);
+  ASSERT_EQ(pngs.size(), 2u);
+  for (size_t i = 0; i < pngs.size(); ++i) {
+    EXPECT_EQ(pngs[i], read_bytes(png_frame_paths(path("two.png"), 2)[i])) << "frame " << i;
+  }
+  const at::Tensor bad = at::full({1, 2, 2, 3}, std::nanf(""));
+  EXPECT_NE(error_of([&] { encode_png_bytes(bad); }).find("encode_png_bytes"), std::string::npos);
+}
+
 TEST_F(FramesWriterTest, PngFailureOnALaterFrameLeavesNoFile) {
   // The third file's name is a directory: its rename fails after the first two were renamed,
   // which must then be removed again.

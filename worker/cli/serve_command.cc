@@ -159,6 +159,16 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
                  "the model's default request); more get 400")
       ->type_name("COST")
       ->check(CLI::PositiveNumber);
+  app.add_option("--max-queued-images", o.max_queued_images,
+                 "image requests (/v1/images/generations) waiting while one runs; more get 429 "
+                 "with Retry-After (0: no queue)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--max-image-request-pixels", o.max_image_request_pixels,
+                 "width x height x n one image request may ask for (default: 4 times the "
+                 "model's default size); more get 400")
+      ->type_name("PIXELS")
+      ->check(CLI::PositiveNumber);
   app.add_option("--device", o.device,
                  "with --model: auto (cuda when a CUDA device is usable), cpu (the simulated "
                  "device) or cuda (a stage YAML names its devices in runtime.devices)")
@@ -219,6 +229,8 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
   server.videos.max_jobs = o.max_video_jobs;
   server.videos.max_bytes = o.max_video_bytes;
   server.videos.max_cost = o.max_video_cost;
+  server.images.max_queued = o.max_queued_images;
+  server.images.max_pixels = o.max_image_request_pixels;
   server.videos.ttl = std::chrono::seconds(
       std::max<int64_t>(1, static_cast<int64_t>(std::llround(o.video_job_ttl_s))));
   std::unique_ptr<pipeline::StageLauncher> launcher;
@@ -255,12 +267,17 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
       server.sampling_defaults = yaml_sampling(cfg);
       // The frame rate turns a video request's `seconds` into frames; a request's unset fields
       // take the pipeline's defaults (its cost cap is from them).
-      if (const auto video = pipeline::family_of_checkpoint(o.model).video_defaults(o.model)) {
+      const auto& family = pipeline::family_of_checkpoint(o.model);
+      if (const auto video = family.video_defaults(o.model)) {
         server.videos.fps = video->fps;
         server.videos.default_width = video->width;
         server.videos.default_height = video->height;
         server.videos.default_frames = video->frames;
         server.videos.default_steps = video->steps;
+      }
+      if (const auto image = family.image_defaults(o.model)) {
+        server.images.default_width = image->width;
+        server.images.default_height = image->height;
       }
       local = pipeline::make_local_pipeline(cfg, device);
     }

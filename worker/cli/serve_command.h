@@ -50,6 +50,10 @@ struct ServeOptions {
   double video_job_ttl_s = 3600;
   uint64_t max_video_bytes = uint64_t{1} << 30;
   double max_video_cost = 0;
+  // /v1/images (an image model): requests waiting while one runs, and width x height x n one
+  // may ask for (0: 4 times the model's default size).
+  int max_queued_images = 16;
+  double max_image_request_pixels = 0;
   // The engine option flags given (--cpu-offload-*, --dtype, ...): they apply to every stage,
   // the checkpoint's own (--model) or the YAML's, as on generate.
   config::EngineFlags engine;

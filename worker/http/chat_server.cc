@@ -19,6 +19,7 @@
 #include "worker/http/base64.h"
 #include "worker/http/bounded_http_server.h"
 #include "worker/http/chat_request.h"
+#include "worker/http/image_api.h"
 #include "worker/http/inflight_budget.h"
 #include "worker/http/openai_protocol.h"
 #include "worker/http/playground.h"
@@ -189,8 +190,10 @@ class ChatServer::Impl {
                               {"owned_by", "omni-offload"},
                               {"speakers", pipeline_.voices()},
                               {"default_speaker", pipeline_.default_voice()},
-                              // Ours too: /v1/videos answers (the playground's video tab).
-                              {"video", pipeline_.has_video()}}}}}
+                              // Ours too: /v1/videos answers (the playground's video tab),
+                              // /v1/images/generations answers.
+                              {"video", pipeline_.has_video()},
+                              {"image", pipeline_.has_images()}}}}}
                           .dump(),
                       "application/json");
     });
@@ -204,6 +207,10 @@ class ChatServer::Impl {
     videos.queue_timeout = options_.queue_timeout;
     videos_ = std::make_unique<VideoApi>(pipeline_, videos, options_.model_name, metrics_, budget_);
     videos_->add_routes(*server_);
+    ImageOptions images = options_.images;
+    images.queue_timeout = options_.queue_timeout;
+    images_ = std::make_unique<ImageApi>(pipeline_, images, options_.model_name, metrics_, budget_);
+    images_->add_routes(*server_);
     server_->Post("/v1/chat/completions",
                   [this](const httplib::Request& req, httplib::Response& res) {
                     chat_completions(req, res);
@@ -231,6 +238,7 @@ class ChatServer::Impl {
   void stop() {
     admission_.stop();  // queued requests answer 503 at once
     videos_->stop();    // a /v1/videos/sync handler waiting for its job returns
+    images_->stop();    // image requests waiting answer 503, the running one is cancelled
     server_->stop();
     if (thread_.joinable()) thread_.join();
   }
@@ -254,6 +262,7 @@ class ChatServer::Impl {
     head.path = req.path;
     if (auto refusal = refuse_request_head(head, hosts_)) return refusal;
     if (auto refusal = refuse_request_access(head, access_)) return refusal;
+    if (answered_from_head(head)) return images_->edits_refusal();
     t_lease.reset();
     if (!take_body || !takes_body(head)) return std::nullopt;
     const uint64_t length = req.get_header_value<uint64_t>("Content-Length");
@@ -323,7 +332,7 @@ class ChatServer::Impl {
 
   std::string metrics_text() {
     return metrics_.prometheus() + admission_metrics() + connection_metrics() +
-           videos_->prometheus() + offload_metrics(pipeline_.stats_json());
+           videos_->prometheus() + images_->prometheus() + offload_metrics(pipeline_.stats_json());
   }
 
   // The request as the pipeline takes it.
@@ -359,8 +368,8 @@ class ChatServer::Impl {
   void check_model_and_speaker(const ChatCompletionRequest& r) {
     if (pipeline_.has_images()) {
       throw ApiException(bad_request("the model '" + options_.model_name +
-                                         "' makes images, not chat answers (the images API is "
-                                         "not served yet: use vllm-omni generate)",
+                                         "' makes images, not chat answers: use POST "
+                                         "/v1/images/generations",
                                      "model", "unsupported"));
     }
     if (pipeline_.has_video()) {
@@ -680,6 +689,7 @@ class ChatServer::Impl {
   AdmissionQueue admission_;
   // Before server_: destroyed after it, as its handlers use the jobs.
   std::unique_ptr<VideoApi> videos_;
+  std::unique_ptr<ImageApi> images_;
   std::unique_ptr<BoundedHttpServer> server_;
   std::thread thread_;
   int port_ = -1;

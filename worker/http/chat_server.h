@@ -5,12 +5,12 @@
 // parses and builds it).
 //
 // Routes: POST /v1/chat/completions (JSON, or SSE with "stream": true), GET /v1/models,
-// /v1/videos (video_api.h), GET /health (200 only when every stage is healthy), GET /metrics
-// (Prometheus text; behind the key unless metrics_public). Requests are first checked by their
-// head (request_guard.h: framing, key, body size, byte budget) before a byte of the body is
-// read; chat requests then wait for a running place in a bounded queue (admission_queue.h). The
-// bytes requests hold count against one budget (inflight_budget.h). Every error is OpenAI's
-// error JSON; no request can take the server down.
+// /v1/videos (video_api.h), /v1/images (image_api.h), GET /health (200 only when every stage is
+// healthy), GET /metrics (Prometheus text; behind the key unless metrics_public). Requests are
+// first checked by their head (request_guard.h: framing, key, body size, byte budget) before a byte
+// of the body is read; chat requests then wait for a running place in a bounded queue
+// (admission_queue.h). The bytes requests hold count against one budget (inflight_budget.h). Every
+// error is OpenAI's error JSON; no request can take the server down.
 #pragma once
 
 #include <chrono>
@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "worker/http/connection_limits.h"
+#include "worker/http/image_api.h"
 #include "worker/http/openai_protocol.h"
 #include "worker/http/video_api.h"
 #include "worker/pipeline/pipeline.h"
@@ -60,6 +61,8 @@ struct ServerOptions {
   std::function<bool(std::string* why)> healthy;
   // /v1/videos jobs (a pipeline with a diffusion stage; video_api.h).
   VideoOptions videos;
+  // /v1/images requests (a pipeline with an image stage; image_api.h).
+  ImageOptions images;
 };
 
 class ChatServer {

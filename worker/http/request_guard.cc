@@ -112,7 +112,9 @@ std::optional<ApiError> refuse_request_head(const RequestHead& head, const HostP
     const bool video_form = type == "multipart/form-data" &&
                             (head.path == "/v1/videos" || head.path == "/v1/videos/sync") &&
                             !head.header_values("Authorization").empty();
-    if (type != "application/json" && !video_form) {
+    // A route answered from its head never reads its body: any type (OpenAI's SDK sends edits
+    // as forms) gets that answer.
+    if (type != "application/json" && !video_form && !answered_from_head(head)) {
       if (type == "multipart/form-data" &&
           (head.path == "/v1/videos" || head.path == "/v1/videos/sync")) {
         return refusal(415, "unsupported_media_type",
@@ -144,8 +146,13 @@ bool is_public_route(const RequestHead& head, const AccessPolicy& access) {
 }
 
 bool takes_body(const RequestHead& head) {
-  return head.method == "POST" && (head.path == "/v1/chat/completions" ||
-                                   head.path == "/v1/videos" || head.path == "/v1/videos/sync");
+  return head.method == "POST" &&
+         (head.path == "/v1/chat/completions" || head.path == "/v1/videos" ||
+          head.path == "/v1/videos/sync" || head.path == "/v1/images/generations");
+}
+
+bool answered_from_head(const RequestHead& head) {
+  return head.method == "POST" && head.path == "/v1/images/edits";
 }
 
 bool key_matches(const std::string& authorization, const std::string& api_key) {
@@ -167,6 +174,7 @@ std::optional<ApiError> refuse_request_access(const RequestHead& head, const Acc
       return e;
     }
   }
+  if (answered_from_head(head)) return std::nullopt;  // its body is never read
   const auto lengths = head.header_values("Content-Length");
   const uint64_t length = lengths.empty() ? 0 : content_length(lengths.front()).value_or(0);
   // Other routes may carry an empty JSON object or so; never a body worth buffering.

@@ -48,7 +48,8 @@ RequestHead request_head_of(const HttpHead& head);
 // - 415 unsupported_content_encoding: a Content-Encoding other than identity;
 // - 415 unsupported_media_type: a POST whose Content-Type is not application/json, save
 //   multipart/form-data to POST /v1/videos[/sync] with an Authorization header (OpenAI's SDK
-//   sends video requests so; a cross-site HTML form cannot set that header);
+//   sends video requests so; a cross-site HTML form cannot set that header), and any type to a
+//   route answered_from_head;
 // - 403 host_not_allowed: a Host the policy does not list.
 std::optional<ApiError> refuse_request_head(const RequestHead& head, const HostPolicy& hosts);
 
@@ -62,8 +63,12 @@ struct AccessPolicy {
 // Routes anyone may call: GET (and HEAD) /health and / (the playground), OPTIONS (CORS
 // preflights), and GET /metrics when the policy makes it public.
 bool is_public_route(const RequestHead& head, const AccessPolicy& access);
-// Routes that take a request body (POST /v1/chat/completions, /v1/videos, /v1/videos/sync).
+// Routes that take a request body (POST /v1/chat/completions, /v1/videos, /v1/videos/sync,
+// /v1/images/generations).
 bool takes_body(const RequestHead& head);
+// Routes whose answer does not depend on their body, answered (after the key check) before it
+// is read: POST /v1/images/edits (not supported yet). Any Content-Type and length pass.
+bool answered_from_head(const RequestHead& head);
 // Whether an Authorization header carries `api_key` ("Bearer <key>"), compared in time that
 // does not depend on where they differ.
 bool key_matches(const std::string& authorization, const std::string& api_key);

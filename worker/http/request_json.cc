@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -150,6 +151,55 @@ uint64_t get_seed(const json& v, const std::string& param) {
     return static_cast<uint64_t>(d);
   }
   wrong_type(param, "an integer", v);
+}
+
+const std::string& get_text(const json& v, const std::string& param, size_t max_bytes) {
+  const std::string& s = get_string(v, param);
+  if (s.size() > max_bytes) {
+    invalid_value(param, "is " + std::to_string(s.size()) + " bytes, at most " +
+                             std::to_string(max_bytes) + " are accepted");
+  }
+  return s;
+}
+
+int64_t get_int_in(const json& v, const std::string& param, int64_t lo, int64_t hi) {
+  const int64_t n = get_int(v, param);
+  if (n < lo || n > hi) {
+    invalid_value(param, "must be from " + std::to_string(lo) + " to " + std::to_string(hi) +
+                             ", got " + std::to_string(n));
+  }
+  return n;
+}
+
+double get_number_in(const json& v, const std::string& param, double lo, double hi) {
+  const double d = get_number(v, param);
+  if (!(d >= lo && d <= hi)) {
+    invalid_value(param, "must be from " + format_number(lo) + " to " + format_number(hi));
+  }
+  return d;
+}
+
+ImageSize parse_size(const std::string& s, const std::string& param, int64_t max_side,
+                     const char* example) {
+  const auto bad = [&] {
+    invalid_value(param, "must be \"WIDTHxHEIGHT\" (e.g. \"" + std::string(example) + "\"), got " +
+                             quote_value(s));
+  };
+  const auto x = s.find('x');
+  if (x == std::string::npos || x == 0 || x + 1 == s.size() || s.size() > 16) bad();
+  int64_t side[2] = {0, 0};
+  const std::string parts[2] = {s.substr(0, x), s.substr(x + 1)};
+  for (int i = 0; i < 2; ++i) {
+    for (const char c : parts[i]) {
+      if (c < '0' || c > '9') bad();
+    }
+    side[i] = std::strtoll(parts[i].c_str(), nullptr, 10);
+    if (side[i] < 2 || side[i] > max_side) {
+      invalid_value(param, "width and height must be from 2 to " + std::to_string(max_side) +
+                               ", got " + quote_value(s));
+    }
+  }
+  return {side[0], side[1]};
 }
 
 // --- the body -----------------------------------------------------------------------------

@@ -42,6 +42,19 @@ bool get_bool(const nlohmann::json& v, const std::string& param);
 double get_number(const nlohmann::json& v, const std::string& param);
 int64_t get_int(const nlohmann::json& v, const std::string& param);
 uint64_t get_seed(const nlohmann::json& v, const std::string& param);
+// A string of at most `max_bytes` (a prompt); otherwise 400 invalid_value saying its size.
+const std::string& get_text(const nlohmann::json& v, const std::string& param, size_t max_bytes);
+// An integer (a number) from lo to hi; otherwise 400 invalid_value saying the range.
+int64_t get_int_in(const nlohmann::json& v, const std::string& param, int64_t lo, int64_t hi);
+double get_number_in(const nlohmann::json& v, const std::string& param, double lo, double hi);
+
+// "832x480": width 832, height 480, each from 2 to `max_side`; otherwise 400 invalid_value
+// naming `param` (the message shows `example`).
+struct ImageSize {
+  int64_t width = 0, height = 0;
+};
+ImageSize parse_size(const std::string& s, const std::string& param, int64_t max_side,
+                     const char* example);
 
 // What a body may hold, checked before and while it is parsed.
 struct BodyLimits {

@@ -3,7 +3,6 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <cstdlib>
 #include <set>
 
 #include "worker/http/request_json.h"
@@ -29,57 +28,16 @@ constexpr size_t kMaxPromptBytes = 64 << 10;
 // A video request has about a dozen fields.
 constexpr size_t kMaxJsonValues = 1024;
 
-int64_t int_in(const Json& v, const std::string& param, int64_t lo, int64_t hi) {
-  const int64_t n = detail::get_int(v, param);
-  if (n < lo || n > hi) {
-    detail::invalid_value(param, "must be from " + std::to_string(lo) + " to " +
-                                     std::to_string(hi) + ", got " + std::to_string(n));
-  }
-  return n;
-}
-
-double number_in(const Json& v, const std::string& param, double lo, double hi) {
-  const double d = detail::get_number(v, param);
-  if (!(d >= lo && d <= hi)) {
-    detail::invalid_value(
-        param, "must be from " + detail::format_number(lo) + " to " + detail::format_number(hi));
-  }
-  return d;
-}
-
 const std::string& text_field(const Json& v, const std::string& param) {
-  const std::string& s = detail::get_string(v, param);
-  if (s.size() > kMaxPromptBytes) {
-    detail::invalid_value(param, "is " + std::to_string(s.size()) + " bytes, at most " +
-                                     std::to_string(kMaxPromptBytes) + " are accepted");
-  }
-  return s;
+  return detail::get_text(v, param, kMaxPromptBytes);
 }
 
 // "832x480" -> width 832, height 480.
 void parse_size(const std::string& s, VideoRequest& r) {
-  const auto bad = [&] {
-    detail::invalid_value(
-        "size", "must be \"WIDTHxHEIGHT\" (e.g. \"832x480\"), got " + detail::quote_value(s));
-  };
-  const auto x = s.find('x');
-  if (x == std::string::npos || x == 0 || x + 1 == s.size() || s.size() > 16) bad();
-  int64_t side[2] = {0, 0};
-  const std::string parts[2] = {s.substr(0, x), s.substr(x + 1)};
-  for (int i = 0; i < 2; ++i) {
-    for (const char c : parts[i]) {
-      if (c < '0' || c > '9') bad();
-    }
-    side[i] = std::strtoll(parts[i].c_str(), nullptr, 10);
-    if (side[i] < 2 || side[i] > kMaxSide) {
-      detail::invalid_value("size", "width and height must be from 2 to " +
-                                        std::to_string(kMaxSide) + ", got " +
-                                        detail::quote_value(s));
-    }
-  }
+  const auto size = detail::parse_size(s, "size", kMaxSide, "832x480");
   r.size = s;
-  r.diffusion.width = side[0];
-  r.diffusion.height = side[1];
+  r.diffusion.width = size.width;
+  r.diffusion.height = size.height;
 }
 
 double parse_seconds(const Json& v) {
@@ -136,7 +94,7 @@ VideoRequest parse_video_request(std::string_view body, int64_t fps) {
     d.negative_prompt = text_field(*v, "negative_prompt");
   }
   if (const Json* v = field(root, "num_frames")) {
-    d.num_frames = int_in(*v, "num_frames", 1, kMaxFrames);
+    d.num_frames = detail::get_int_in(*v, "num_frames", 1, kMaxFrames);
   }
   if (const Json* v = field(root, "seconds")) {
     // Two lengths that may disagree: refuse rather than pick one silently.
@@ -147,19 +105,19 @@ VideoRequest parse_video_request(std::string_view body, int64_t fps) {
     d.num_frames = std::min(frames_for_seconds(*r.seconds, fps), kMaxFrames);
   }
   if (const Json* v = field(root, "num_inference_steps")) {
-    d.num_inference_steps = int_in(*v, "num_inference_steps", 1, kMaxSteps);
+    d.num_inference_steps = detail::get_int_in(*v, "num_inference_steps", 1, kMaxSteps);
   }
   if (const Json* v = field(root, "guidance_scale")) {
-    d.guidance_scale = number_in(*v, "guidance_scale", 0, kMaxGuidance);
+    d.guidance_scale = detail::get_number_in(*v, "guidance_scale", 0, kMaxGuidance);
   }
   if (const Json* v = field(root, "guidance_scale_2")) {
-    d.guidance_scale_2 = number_in(*v, "guidance_scale_2", 0, kMaxGuidance);
+    d.guidance_scale_2 = detail::get_number_in(*v, "guidance_scale_2", 0, kMaxGuidance);
   }
   if (const Json* v = field(root, "boundary_ratio")) {
-    d.boundary_ratio = number_in(*v, "boundary_ratio", 0, 1);
+    d.boundary_ratio = detail::get_number_in(*v, "boundary_ratio", 0, 1);
   }
   if (const Json* v = field(root, "flow_shift")) {
-    const double s = number_in(*v, "flow_shift", 0, kMaxFlowShift);
+    const double s = detail::get_number_in(*v, "flow_shift", 0, kMaxFlowShift);
     if (s <= 0) detail::invalid_value("flow_shift", "must be above 0");
     d.flow_shift = s;
   }

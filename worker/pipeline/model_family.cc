@@ -36,6 +36,10 @@ std::optional<VideoDefaults> ModelFamily::video_defaults(const std::string&) con
   return std::nullopt;
 }
 
+std::optional<ImageDefaults> ModelFamily::image_defaults(const std::string&) const {
+  return std::nullopt;
+}
+
 void ModelFamily::apply_sampling_defaults(const config::StageConfig&, const std::set<std::string>&,
                                           Request&) const {}
 

@@ -32,6 +32,12 @@ struct VideoDefaults {
   int64_t width = 0, height = 0, frames = 0, steps = 0;
 };
 
+// What an image request leaves unset takes, from a checkpoint that makes images (serve's
+// /v1/images/generations: its pixel cap is from these).
+struct ImageDefaults {
+  int64_t width = 0, height = 0;
+};
+
 class ModelFamily {
  public:
   virtual ~ModelFamily() = default;
@@ -48,6 +54,8 @@ class ModelFamily {
   virtual config::PipelineConfig checkpoint_graph(const CheckpointGraphOptions& options) const;
   // `--model DIR`'s video defaults when its checkpoint makes video; nullopt otherwise.
   virtual std::optional<VideoDefaults> video_defaults(const std::string& model_dir) const;
+  // `--model DIR`'s image defaults when its checkpoint makes images; nullopt otherwise.
+  virtual std::optional<ImageDefaults> image_defaults(const std::string& model_dir) const;
   // A stage config's default_sampling_params of `stage` (one of its kinds) onto `request`,
   // except the names in `given` (set on the command line: "temperature", "<kind>.top_k").
   virtual void apply_sampling_defaults(const config::StageConfig& stage,

@@ -1,29 +1,15 @@
 // The Qwen-Image family (a diffusers QwenImagePipeline folder): its stage kind `qwen_image`, an
 // entry stage that turns the request's prompt into images (image_stage.cc). Step packets become
 // on_progress calls, the images of the last packet the result's images.
+#include "model_runner/diffusion/qwen_image_pipeline.h"
 #include "worker/diffusers/diffusers_folder.h"
-#include "worker/diffusers/diffusion_params.h"
+#include "worker/diffusers/diffusion_stage_common.h"
 #include "worker/pipeline/model_family.h"
 #include "worker/pipeline/pipeline.h"
 #include "worker/qwen_image/image_stage.h"
 
 namespace omni::pipeline {
 namespace {
-
-// engine_args keys the image stage does not read: it runs one request at a time with no KV
-// cache, and its pipeline has no experts nor disk tier.
-const std::vector<std::string> kIgnoredKeys = {
-    "cpu_offload_experts", "expert_cache_budget",   "expert_prefetch",
-    "expert_miss_policy",  "expert_eviction",       "host_memory_budget",
-    "disk_read",           "max_num_seqs",          "max_num_batched_tokens",
-    "block_size",          "kv_cache_memory_bytes", "enable_chunked_prefill"};
-
-std::shared_ptr<const StageParams> params(const Request& request, bool) {
-  DiffusionParams p;
-  p.prompt = request.chat.text;
-  p.request = request.parts.value<models::DiffusionRequest>();
-  return std::make_shared<const DiffusionParams>(std::move(p));
-}
 
 bool collect(const StagePacket& p, StageAnswer& a) {
   if (!p.finished) {
@@ -46,10 +32,10 @@ StageKind image_stage() {
   StageKind k;
   k.name = "qwen_image";
   k.answers_images = true;
-  k.params = &params;
+  k.params = &diffusion_stage_params;
   k.collect = &collect;
   k.make_local = &local::make_image_stage;
-  k.ignored_keys = kIgnoredKeys;
+  k.ignored_keys = diffusion_ignored_keys();
   return k;
 }
 
@@ -79,6 +65,12 @@ class QwenImageFamily : public ModelFamily {
     s.runtime.max_batch_size = 1;
     c.stages.push_back(std::move(s));
     return c;
+  }
+
+  // The pipeline's own size for a request that names none.
+  std::optional<ImageDefaults> image_defaults(const std::string&) const override {
+    const models::QwenImageRequest defaults;
+    return ImageDefaults{defaults.width, defaults.height};
   }
 };
 

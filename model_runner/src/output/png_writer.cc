@@ -1,4 +1,5 @@
-// write_png: 8-bit RGB PNGs through libpng, encoded in memory and then written atomically.
+// write_png and encode_png_bytes: 8-bit RGB PNGs through libpng, encoded in memory (and then, for
+// write_png, written atomically).
 // libpng reports errors by longjmp()ing out of its C frames: png_encode_rows, the function that
 // calls setjmp(), holds only trivially destructible locals; the caller owns libpng's state
 // through an RAII guard. The callbacks never throw (an exception must not cross libpng's C
@@ -93,6 +94,14 @@ std::string encode_png(const at::Tensor& frame, const std::string& path) {
   return std::move(sink.bytes);
 }
 
+// `frames` checked and quantized as every PNG writer takes them: uint8 [F, H, W, 3].
+at::Tensor png_pixels(const at::Tensor& frames, const char* who, const std::string& path) {
+  const at::Tensor data = output::checked_frames(frames, who, path);
+  OMNI_CHECK(data.size(1) <= PNG_UINT_31_MAX && data.size(2) <= PNG_UINT_31_MAX, who, " '", path,
+             "': frames of ", data.size(1), "x", data.size(2), " are too large for PNG");
+  return output::quantize_rgb8(data, who, path);
+}
+
 }  // namespace
 
 std::vector<std::string> png_frame_paths(const std::string& path, int64_t count) {
@@ -112,11 +121,16 @@ std::vector<std::string> png_frame_paths(const std::string& path, int64_t count)
   return paths;
 }
 
+std::vector<std::string> encode_png_bytes(const at::Tensor& frames) {
+  const at::Tensor pixels = png_pixels(frames, "encode_png_bytes", "(in memory)");
+  std::vector<std::string> pngs;
+  pngs.reserve(static_cast<size_t>(pixels.size(0)));
+  for (int64_t i = 0; i < pixels.size(0); ++i) pngs.push_back(encode_png(pixels[i], "(in memory)"));
+  return pngs;
+}
+
 void write_png(const std::string& path, const at::Tensor& frames) {
-  const at::Tensor data = output::checked_frames(frames, "write_png", path);
-  OMNI_CHECK(data.size(1) <= PNG_UINT_31_MAX && data.size(2) <= PNG_UINT_31_MAX, "write_png '",
-             path, "': frames of ", data.size(1), "x", data.size(2), " are too large for PNG");
-  const at::Tensor pixels = output::quantize_rgb8(data, "write_png", path);
+  const at::Tensor pixels = png_pixels(frames, "write_png", path);
   const std::vector<std::string> paths = png_frame_paths(path, pixels.size(0));
   // Every frame is finished in its temporary file before any is renamed into place.
   std::vector<std::unique_ptr<output::AtomicFile>> files;

@@ -33,6 +33,10 @@ void write_npy(const std::string& path, const at::Tensor& frames);
 // upstream.
 void write_png(const std::string& path, const at::Tensor& frames);
 
+// The PNG files write_png would write, one per frame, as bytes (for an HTTP response: the images
+// API answers diffusers' output_type="pil" PNGs so). Throws as write_png, naming no path.
+std::vector<std::string> encode_png_bytes(const at::Tensor& frames);
+
 // The files write_png(path, frames) writes for `count` frames, in frame order.
 std::vector<std::string> png_frame_paths(const std::string& path, int64_t count);
 
