@@ -328,7 +328,11 @@ TEST_F(Qwen25VlVisionFiles, LoadsSplitQkvLikeQwen25Omni) {
       const auto parts = weights.tensor(name).chunk(3, 0);
       const std::string head = name.substr(0, cut) + ".attn.", tail = name.substr(cut + 10);
       for (int i = 0; i < 3; ++i) {
-        tensors.emplace_back(head + std::string(1, "qkv"[i]) + "." + tail, parts[i].clone());
+        std::string split = head;
+        split += "qkv"[i];
+        split += ".";
+        split += tail;
+        tensors.emplace_back(split, parts[i].clone());
       }
     }
     write_safetensors(path("model.safetensors"), tensors);

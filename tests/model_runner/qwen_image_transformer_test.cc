@@ -94,7 +94,8 @@ TEST_F(QwenImageTransformerParity, BlocksAndPhasesAreHookableUnits) {
         std::string(QwenImageTransformer2DModel::kBlocks) + "." + std::to_string(i);
     std::vector<std::string> units = {block};
     for (const auto& phase : QwenImageTransformer2DModel::block_phases()) {
-      units.push_back(block + "." + phase);
+      units.push_back(block);
+      units.back() += "." + phase;
     }
     for (const auto& unit : units) {
       auto hook = std::make_shared<CountingHook>();

@@ -241,13 +241,14 @@ class WanVaeQwenImageConfig : public testing::TempDirTest {
 };
 
 TEST_F(WanVaeQwenImageConfig, BadFieldsNameTheFieldAndClass) {
-  for (const auto& [field, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+  for (const auto& entry : std::vector<std::pair<std::string, nlohmann::json>>{
            {"input_channels", 0},
            {"z_dim", -1},
            {"attn_scales", nlohmann::json::array({0.25})},
            {"temperal_downsample", nlohmann::json::array({false})},
            {"latents_std", nlohmann::json::array({1.0, 2.0})}}) {
-    const std::string dir = write([&](nlohmann::json& j) { j[field] = value; });
+    const std::string& field = entry.first;
+    const std::string dir = write([&](nlohmann::json& j) { j[field] = entry.second; });
     const std::string error = error_of([&] { WanVAEConfig::load(dir); });
     EXPECT_CONTAINS(error, "'" + field + "'");
     EXPECT_CONTAINS(error, "config.json");

@@ -172,7 +172,12 @@ void check_flags_apply(const GenerateOptions& o, DiffusionOutput output) {
   for (const auto& flag : wrong) {
     if (o.given.count(flag) == 0) continue;
     const std::string source = o.stage_configs_path.empty() ? o.model : o.stage_configs_path;
-    throw BadInput(flag + " does not apply to '" + source + "': " + what);
+    std::string message = flag;
+    message += " does not apply to '";
+    message += source;
+    message += "': ";
+    message += what;
+    throw BadInput(message);
   }
   if (!diffusion) return;
   if (output == DiffusionOutput::kVideo && o.image.size() > 1) {

@@ -52,7 +52,7 @@ class ImageApi::Impl {
   Impl(pipeline::Pipeline& pipeline, ImageOptions options, std::string model_name,
        ServerMetrics& metrics, InflightBudget& budget)
       : pipeline_(pipeline),
-        options_(std::move(options)),
+        options_(options),
         model_name_(std::move(model_name)),
         metrics_(metrics),
         budget_(budget),
@@ -265,8 +265,7 @@ class ImageApi::Impl {
 
 ImageApi::ImageApi(pipeline::Pipeline& pipeline, ImageOptions options, std::string model_name,
                    ServerMetrics& metrics, InflightBudget& budget)
-    : impl_(std::make_unique<Impl>(pipeline, std::move(options), std::move(model_name), metrics,
-                                   budget)) {}
+    : impl_(std::make_unique<Impl>(pipeline, options, std::move(model_name), metrics, budget)) {}
 ImageApi::~ImageApi() { stop(); }
 void ImageApi::add_routes(httplib::Server& server) { impl_->add_routes(server); }
 void ImageApi::stop() { impl_->stop(); }

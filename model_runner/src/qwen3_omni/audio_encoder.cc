@@ -36,7 +36,8 @@ std::shared_ptr<torch::nn::Module> conv_module(int64_t in, int64_t out, at::Scal
 at::Tensor sinusoids(int64_t length, int64_t channels, double max_timescale = 10000.0) {
   OMNI_CHECK(channels % 2 == 0 && channels >= 4,
              "audio positional embedding needs an even d_model >= 4, got ", channels);
-  const double increment = std::log(max_timescale) / static_cast<double>(channels / 2 - 1);
+  const int64_t half = channels / 2;
+  const double increment = std::log(max_timescale) / static_cast<double>(half - 1);
   auto inv_timescales =
       at::exp(at::arange(channels / 2, at::TensorOptions(at::kLong)).to(at::kFloat) * -increment);
   auto scaled_time =
