@@ -113,6 +113,11 @@ std::string public_error_message(const std::string& message) {
 
 ApiException::ApiException(ApiError e) : error_(std::move(e)) {}
 
+ApiError api_error(int status, std::string type, std::string code, std::string message,
+                   std::string param) {
+  return make(status, std::move(type), std::move(message), std::move(param), std::move(code));
+}
+
 ApiError bad_request(std::string message, std::string param, std::string code) {
   return make(400, "invalid_request_error", std::move(message), std::move(param), std::move(code));
 }

@@ -42,6 +42,9 @@ class ApiException : public std::exception {
 // ("/tmp/omni-media-Ab12Cd/input-0.wav" becomes "input-0.wav").
 std::string public_error_message(const std::string& message);
 
+// Any status, type and code (the endpoints' own: video_not_found, queue_timeout, ...).
+ApiError api_error(int status, std::string type, std::string code, std::string message,
+                   std::string param = "");
 // 400 invalid_request_error.
 ApiError bad_request(std::string message, std::string param = "", std::string code = "");
 // 413 invalid_request_error, code request_too_large.

@@ -34,17 +34,6 @@ int64_t unix_now() {
       .count();
 }
 
-ApiError image_error(int status, std::string type, std::string code, std::string message,
-                     std::string param = "") {
-  ApiError e;
-  e.status = status;
-  e.type = std::move(type);
-  e.code = std::move(code);
-  e.message = std::move(message);
-  e.param = std::move(param);
-  return e;
-}
-
 }  // namespace
 
 class ImageApi::Impl {
@@ -85,9 +74,9 @@ class ImageApi::Impl {
 
   ApiError edits_refusal() const {
     if (!enabled_) return no_images();
-    return image_error(400, "invalid_request_error", "unsupported",
-                       "/v1/images/edits is not supported yet (Qwen-Image-Edit): this server "
-                       "makes images from text with /v1/images/generations");
+    return api_error(400, "invalid_request_error", "unsupported",
+                     "/v1/images/edits is not supported yet (Qwen-Image-Edit): this server "
+                     "makes images from text with /v1/images/generations");
   }
 
   std::string prometheus() const {
@@ -116,11 +105,11 @@ class ImageApi::Impl {
   }
 
   ApiError no_images() const {
-    return image_error(400, "invalid_request_error", "unsupported",
-                       "the model '" + model_name_ +
-                           "' makes no images: /v1/images needs a diffusers image folder "
-                           "(model_index.json naming QwenImagePipeline) as --model",
-                       "model");
+    return api_error(400, "invalid_request_error", "unsupported",
+                     "the model '" + model_name_ +
+                         "' makes no images: /v1/images needs a diffusers image folder "
+                         "(model_index.json naming QwenImagePipeline) as --model",
+                     "model");
   }
 
   bool ready(httplib::Response& res) {
@@ -138,21 +127,21 @@ class ImageApi::Impl {
                           static_cast<double>(d.height.value_or(options_.default_height)) *
                           static_cast<double>(d.num_images.value_or(1));
     if (pixels > options_.max_pixels) {
-      return image_error(400, "invalid_request_error", "request_too_large",
-                         "the request's width x height x n is " + detail::format_number(pixels) +
-                             ", more than --max-image-request-pixels (" +
-                             detail::format_number(options_.max_pixels) +
-                             "): ask for a smaller size or fewer images",
-                         param);
+      return api_error(400, "invalid_request_error", "request_too_large",
+                       "the request's width x height x n is " + detail::format_number(pixels) +
+                           ", more than --max-image-request-pixels (" +
+                           detail::format_number(options_.max_pixels) +
+                           "): ask for a smaller size or fewer images",
+                       param);
     }
     *bytes = static_cast<uint64_t>(pixels) * kBytesPerPixel;
     if (*bytes > budget_.limit()) {
-      return image_error(400, "invalid_request_error", "request_too_large",
-                         "the request's images would hold " + std::to_string(*bytes) +
-                             " bytes, more than --max-inflight-bytes (" +
-                             std::to_string(budget_.limit()) +
-                             "): ask for a smaller size or fewer images",
-                         param);
+      return api_error(400, "invalid_request_error", "request_too_large",
+                       "the request's images would hold " + std::to_string(*bytes) +
+                           " bytes, more than --max-inflight-bytes (" +
+                           std::to_string(budget_.limit()) +
+                           "): ask for a smaller size or fewer images",
+                       param);
     }
     return std::nullopt;
   }
@@ -174,14 +163,14 @@ class ImageApi::Impl {
         return false;
       }
       case AdmissionQueue::Outcome::kTimedOut:
-        send(res, image_error(503, "server_error", "queue_timeout",
-                              "the request waited --queue-timeout for the image requests ahead "
-                              "of it: try again later"));
+        send(res, api_error(503, "server_error", "queue_timeout",
+                            "the request waited --queue-timeout for the image requests ahead "
+                            "of it: try again later"));
         return false;
       case AdmissionQueue::Outcome::kStopping:
         break;
     }
-    send(res, image_error(503, "server_error", "shutting_down", "the server is stopping"));
+    send(res, api_error(503, "server_error", "shutting_down", "the server is stopping"));
     return false;
   }
 
@@ -210,9 +199,9 @@ class ImageApi::Impl {
     if (!admit(slot, socket, res)) return;
     InflightBudget::Lease lease = budget_.lease();
     if (!lease.grow(bytes)) {
-      send(res, image_error(503, "server_error", "server_busy",
-                            "the server holds as many request bytes as --max-inflight-bytes "
-                            "allows: try again shortly"));
+      send(res, api_error(503, "server_error", "server_busy",
+                          "the server holds as many request bytes as --max-inflight-bytes "
+                          "allows: try again shortly"));
       return;
     }
     pipeline::Request request;
@@ -229,7 +218,7 @@ class ImageApi::Impl {
       const auto result = pipeline_.generate(request, callbacks);
       if (!result.images.defined()) {
         if (stopping_) {
-          send(res, image_error(503, "server_error", "shutting_down", "the server is stopping"));
+          send(res, api_error(503, "server_error", "shutting_down", "the server is stopping"));
         } else {
           metrics_.count_request(499);  // nobody is left to answer
         }

@@ -80,17 +80,6 @@ struct Job {
   bool finished() const { return status == "completed" || status == "failed"; }
 };
 
-ApiError video_error(int status, std::string type, std::string code, std::string message,
-                     std::string param = "") {
-  ApiError e;
-  e.status = status;
-  e.type = std::move(type);
-  e.code = std::move(code);
-  e.message = std::move(message);
-  e.param = std::move(param);
-  return e;
-}
-
 // An open MP4 read by a response as it is written; the file may be deleted meanwhile.
 struct OpenFile {
   int fd = -1;
@@ -272,11 +261,11 @@ class VideoApi::Impl {
   // The model makes video; expired jobs are gone before any answer.
   bool ready(httplib::Response& res) {
     if (!enabled_) {
-      send(res, video_error(400, "invalid_request_error", "unsupported",
-                            "the model '" + model_name_ +
-                                "' makes no video: /v1/videos needs a diffusers video folder "
-                                "(model_index.json) as --model",
-                            "model"));
+      send(res, api_error(400, "invalid_request_error", "unsupported",
+                          "the model '" + model_name_ +
+                              "' makes no video: /v1/videos needs a diffusers video folder "
+                              "(model_index.json) as --model",
+                          "model"));
       return false;
     }
     std::lock_guard<std::mutex> lock(mutex_);
@@ -296,8 +285,8 @@ class VideoApi::Impl {
 
   static ApiError not_found(const std::string& id) {
     const std::string shown = id.size() <= 64 ? id : id.substr(0, 64) + "...";
-    return video_error(404, "not_found_error", "video_not_found",
-                       "no video '" + shown + "' (deleted, expired, or never made)", "video_id");
+    return api_error(404, "not_found_error", "video_not_found",
+                     "no video '" + shown + "' (deleted, expired, or never made)", "video_id");
   }
 
   // The video object (OpenAI's, plus "prompt" when `with_prompt`); under mutex_.
@@ -332,19 +321,19 @@ class VideoApi::Impl {
     const double cost =
         pixel_frames * static_cast<double>(d.num_inference_steps.value_or(options_.default_steps));
     if (cost > options_.max_cost) {
-      return video_error(400, "invalid_request_error", "job_too_large",
-                         "the job's width x height x frames x steps is " +
-                             detail::format_number(cost) + ", more than --max-video-cost (" +
-                             detail::format_number(options_.max_cost) +
-                             "): ask for a smaller size, fewer frames or fewer steps");
+      return api_error(400, "invalid_request_error", "job_too_large",
+                       "the job's width x height x frames x steps is " +
+                           detail::format_number(cost) + ", more than --max-video-cost (" +
+                           detail::format_number(options_.max_cost) +
+                           "): ask for a smaller size, fewer frames or fewer steps");
     }
     const double bytes = pixel_frames * static_cast<double>(kBytesPerPixelFrame);
     if (bytes > static_cast<double>(budget_.limit())) {
-      return video_error(400, "invalid_request_error", "job_too_large",
-                         "the job's frames would hold " + detail::format_number(bytes) +
-                             " bytes, more than --max-inflight-bytes (" +
-                             std::to_string(budget_.limit()) +
-                             "): ask for a smaller size or fewer frames");
+      return api_error(400, "invalid_request_error", "job_too_large",
+                       "the job's frames would hold " + detail::format_number(bytes) +
+                           " bytes, more than --max-inflight-bytes (" +
+                           std::to_string(budget_.limit()) +
+                           "): ask for a smaller size or fewer frames");
     }
     return std::nullopt;
   }
@@ -379,9 +368,9 @@ class VideoApi::Impl {
     const uint64_t stored_bytes = kJobBytes + job->request.prompt.size() +
                                   job->request.diffusion.negative_prompt.value_or("").size();
     if (!job->stored.grow(stored_bytes)) {
-      send(res, video_error(503, "server_error", "server_busy",
-                            "the server holds as many request bytes as --max-inflight-bytes "
-                            "allows: try again shortly"));
+      send(res, api_error(503, "server_error", "server_busy",
+                          "the server holds as many request bytes as --max-inflight-bytes "
+                          "allows: try again shortly"));
       return;
     }
     job->id = random_id("video_");
@@ -392,7 +381,7 @@ class VideoApi::Impl {
     std::unique_lock<std::mutex> lock(mutex_);
     if (stopping_) {
       lock.unlock();
-      send(res, video_error(503, "server_error", "shutting_down", "the server is stopping"));
+      send(res, api_error(503, "server_error", "shutting_down", "the server is stopping"));
       return;
     }
     if (active_ >= options_.max_jobs) {
@@ -425,11 +414,11 @@ class VideoApi::Impl {
         erase(job->id);
         lock.unlock();
         if (stopping_) {
-          send(res, video_error(503, "server_error", "shutting_down", "the server is stopping"));
+          send(res, api_error(503, "server_error", "shutting_down", "the server is stopping"));
         } else if (waited_too_long) {
-          send(res, video_error(503, "server_error", "queue_timeout",
-                                "the job waited --queue-timeout for the jobs ahead of it: "
-                                "try again later"));
+          send(res, api_error(503, "server_error", "queue_timeout",
+                              "the job waited --queue-timeout for the jobs ahead of it: "
+                              "try again later"));
         } else {
           metrics_.count_request(499);
         }
@@ -524,7 +513,7 @@ class VideoApi::Impl {
             job->status == "failed"
                 ? "failed (" + (job->error ? job->error->message : std::string("no reason")) + ")"
                 : "is " + job->status + " (" + std::to_string(job->progress) + "%)";
-        const ApiError e = video_error(
+        const ApiError e = api_error(
             409, "invalid_request_error", "video_not_ready",
             "video '" + job->id + "' " + why + ": its content exists once its status is completed",
             "video_id");
@@ -553,9 +542,9 @@ class VideoApi::Impl {
       ranges.clear();
       if (answer == RangeAnswer::kUnsatisfiable) {
         res.set_header("Content-Range", "bytes */" + std::to_string(file->size));
-        send(res, video_error(416, "invalid_request_error", "range_not_satisfiable",
-                              "the range starts past the video's " + std::to_string(file->size) +
-                                  " bytes"));
+        send(res, api_error(416, "invalid_request_error", "range_not_satisfiable",
+                            "the range starts past the video's " + std::to_string(file->size) +
+                                " bytes"));
         return;
       }
       for (const auto& [offset, length] : spans) {
@@ -685,11 +674,11 @@ class VideoApi::Impl {
     try {
       const auto frames = frames_lease(job);
       if (!frames) {
-        throw ApiException(video_error(500, "server_error", "cancelled", "the job was cancelled"));
+        throw ApiException(api_error(500, "server_error", "cancelled", "the job was cancelled"));
       }
       const auto result = pipeline_.generate(request, callbacks);
       if (!result.video.defined()) {
-        throw ApiException(video_error(500, "server_error", "cancelled", "the job was cancelled"));
+        throw ApiException(api_error(500, "server_error", "cancelled", "the job was cancelled"));
       }
       const int64_t fps = result.video_fps > 0 ? result.video_fps : options_.fps;
       const std::string mp4 = models::encode_mp4_bytes(result.video, fps);
@@ -698,13 +687,13 @@ class VideoApi::Impl {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         if (bytes_ + mp4.size() > options_.max_bytes) {
-          throw ApiException(video_error(507, "server_error", "storage_full",
-                                         "the video (" + std::to_string(mp4.size()) +
-                                             " bytes) does not fit in "
-                                             "--max-video-bytes (" +
-                                             std::to_string(options_.max_bytes) + " bytes, " +
-                                             std::to_string(bytes_) +
-                                             " held): delete finished videos and try again"));
+          throw ApiException(api_error(507, "server_error", "storage_full",
+                                       "the video (" + std::to_string(mp4.size()) +
+                                           " bytes) does not fit in "
+                                           "--max-video-bytes (" +
+                                           std::to_string(options_.max_bytes) + " bytes, " +
+                                           std::to_string(bytes_) +
+                                           " held): delete finished videos and try again"));
         }
         bytes_ += mp4.size();  // reserved before writing, so two jobs cannot both fit
       }
@@ -733,7 +722,7 @@ class VideoApi::Impl {
       std::error_code ec;
       fs::remove(path, ec);
       bytes_ -= size;
-      error = video_error(500, "server_error", "cancelled", "the job was cancelled");
+      error = api_error(500, "server_error", "cancelled", "the job was cancelled");
     }
     if (error) {
       if (error->code.empty()) {
