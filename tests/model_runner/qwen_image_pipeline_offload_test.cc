@@ -2,7 +2,8 @@
 // with true CFG): model-level, layerwise with one or two blocks ahead, phase granularity, an
 // offload ratio and the disk tier must give bitwise the images of the resident pipeline, within
 // the device bound each strategy implies; model-level must never hold the text encoder and the
-// transformer on the device together.
+// transformer on the device together. The same for an edit (qwen_image_edit_pipeline_tiny, its
+// vision tower a second encoder) under model-level, layerwise and the disk tier.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -32,9 +33,15 @@ using offload::OffloadConfig;
 using offload::OffloadStats;
 using offload::Strategy;
 
-const std::string kDir = std::string(OMNI_FIXTURES_DIR) + "/qwen_image_pipeline_tiny";
+const std::string kFixtures = OMNI_FIXTURES_DIR;
 
-QwenImageRequest request() {
+// "t2i": text-to-image with true CFG; "edit": an edit of one image with true CFG.
+std::string folder(const std::string& pipeline) {
+  return kFixtures +
+         (pipeline == "edit" ? "/qwen_image_edit_pipeline_tiny" : "/qwen_image_pipeline_tiny");
+}
+
+QwenImageRequest request(const std::string& pipeline) {
   QwenImageRequest r;
   r.prompt = "A red fox sitting by a café, golden hour light.";
   r.negative_prompt = "blurry, low quality";
@@ -42,6 +49,7 @@ QwenImageRequest request() {
   r.width = 32;
   r.num_inference_steps = 2;
   r.seed = 11;
+  if (pipeline == "edit") r.images.push_back(read_image_file(folder(pipeline) + "/image_a.png"));
   return r;
 }
 
@@ -64,15 +72,18 @@ struct RunResult {
   size_t host_after = 0;
 };
 
-RunResult run(DeviceKind device, OffloadConfig config, bool disk = false) {
-  auto pipe = load_qwen_image_pipeline(kDir, at::kFloat);
+RunResult run(const std::string& pipeline, DeviceKind device, OffloadConfig config,
+              bool disk = false) {
+  const std::string dir = folder(pipeline);
+  auto pipe = load_qwen_image_pipeline(dir, at::kFloat);
   RunResult r;
   r.text_encoder_bytes = param_bytes(pipe->text_encoder());
+  if (pipe->vision().tower) r.text_encoder_bytes += param_bytes(*pipe->vision().tower);
   r.transformer_bytes = param_bytes(pipe->transformer());
   if (disk) {
     // Where the transformer's weights lie in its safetensors file: the disk tier reads the
     // streamed blocks from there.
-    const auto t = SafetensorsCheckpoint::open(kDir + "/transformer");
+    const auto t = SafetensorsCheckpoint::open(dir + "/transformer");
     add_disk_files(load_weights(pipe->transformer(), t, ""), "transformer.", config.disk_files);
   }
   auto engine = offload::make_transfer_engine(device, {});
@@ -84,7 +95,7 @@ RunResult run(DeviceKind device, OffloadConfig config, bool disk = false) {
   r.units = backend->plan().units.size();
   {
     auto scope = backend->forward_scope();
-    r.images = pipe->generate(request(), {}, engine->compute_device()).images;
+    r.images = pipe->generate(request(pipeline), {}, engine->compute_device()).images;
   }
   r.stats = backend->stats();
   r.disk = backend->disk_stats();
@@ -92,10 +103,12 @@ RunResult run(DeviceKind device, OffloadConfig config, bool disk = false) {
   return r;
 }
 
-const at::Tensor& resident_images(DeviceKind device) {
-  static std::map<DeviceKind, at::Tensor> cache;
-  auto& images = cache[device];
-  if (!images.defined()) images = run(device, OffloadConfig::for_strategy(Strategy::kNone)).images;
+const at::Tensor& resident_images(const std::string& pipeline, DeviceKind device) {
+  static std::map<std::pair<std::string, DeviceKind>, at::Tensor> cache;
+  auto& images = cache[{pipeline, device}];
+  if (!images.defined()) {
+    images = run(pipeline, device, OffloadConfig::for_strategy(Strategy::kNone)).images;
+  }
   return images;
 }
 
@@ -109,30 +122,30 @@ OffloadConfig config_named(const std::string& name) {
   return c;
 }
 
-class QwenImagePipelineOffload
-    : public ::testing::TestWithParam<std::tuple<DeviceKind, std::string>> {};
+using Param = std::tuple<std::string, DeviceKind, std::string>;
+class QwenImagePipelineOffload : public ::testing::TestWithParam<Param> {};
 
 TEST_P(QwenImagePipelineOffload, ImagesAreBitwiseEqualToResident) {
-  const auto& [device, name] = GetParam();
+  const auto& [pipeline, device, name] = GetParam();
   OMNI_SKIP_IF_DEVICE_MISSING(device);
-  const at::Tensor& expected = resident_images(device);
+  const at::Tensor& expected = resident_images(pipeline, device);
   OffloadConfig config = config_named(name);
   size_t budget = 0;
   if (name == "disk_tier") {
     // The smallest cache the tier accepts (window 1 + 1 + read-ahead 1 units): below the
     // streamed blocks, so they are read from the file again and again.
-    const RunResult plan = run(device, config_named("layerwise"));
+    const RunResult plan = run(pipeline, device, config_named("layerwise"));
     budget = 3 * plan.max_planned_unit;
     config.host_memory_budget_bytes = budget;
   }
-  const RunResult r = run(device, config, name == "disk_tier");
+  const RunResult r = run(pipeline, device, config, name == "disk_tier");
   ASSERT_EQ(r.images.sizes(), expected.sizes());
   EXPECT_TRUE(at::equal(r.images, expected))
       << name << ": max abs diff " << (r.images - expected).abs().max().item<double>();
   const auto& s = r.stats;
-  std::cout << name << ": peak " << s.peak_device_bytes << " B, resident " << s.resident_bytes
-            << " B, largest unit " << s.max_unit_bytes << " B, units " << r.units
-            << ", text encoder " << r.text_encoder_bytes << " B, transformer "
+  std::cout << pipeline << " " << name << ": peak " << s.peak_device_bytes << " B, resident "
+            << s.resident_bytes << " B, largest unit " << s.max_unit_bytes << " B, units "
+            << r.units << ", text encoder " << r.text_encoder_bytes << " B, transformer "
             << r.transformer_bytes << " B of " << s.param_bytes << " B, h2d " << s.bytes_h2d
             << " B\n";
   if (name == "model_level") {
@@ -161,15 +174,24 @@ TEST_P(QwenImagePipelineOffload, ImagesAreBitwiseEqualToResident) {
   }
 }
 
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+  return std::get<0>(info.param) + "_" + offload::to_string(std::get<1>(info.param)) + "_" +
+         std::get<2>(info.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(TextToImage, QwenImagePipelineOffload,
+                         ::testing::Combine(::testing::Values("t2i"),
+                                            ::testing::ValuesIn(omni::testing::all_devices()),
+                                            ::testing::Values("model_level", "layerwise",
+                                                              "layerwise_2_gpu_layers", "phase",
+                                                              "offload_ratio", "disk_tier")),
+                         param_name);
+
 INSTANTIATE_TEST_SUITE_P(
-    Backends, QwenImagePipelineOffload,
-    ::testing::Combine(::testing::ValuesIn(omni::testing::all_devices()),
-                       ::testing::Values("model_level", "layerwise", "layerwise_2_gpu_layers",
-                                         "phase", "offload_ratio", "disk_tier")),
-    [](const ::testing::TestParamInfo<std::tuple<DeviceKind, std::string>>& param_info) {
-      return offload::to_string(std::get<0>(param_info.param)) + "_" +
-             std::get<1>(param_info.param);
-    });
+    Edit, QwenImagePipelineOffload,
+    ::testing::Combine(::testing::Values("edit"), ::testing::ValuesIn(omni::testing::all_devices()),
+                       ::testing::Values("model_level", "layerwise", "disk_tier")),
+    param_name);
 
 }  // namespace
 }  // namespace omni::models

@@ -158,7 +158,11 @@ TEST(QwenImagePipeline, InvalidRequestsNameTheField) {
     return error_of([&] { pipeline()->generate(r); });
   };
   EXPECT_CONTAINS(bad([](QwenImageRequest& r) { r.height = 40; }), "height");
-  EXPECT_CONTAINS(bad([](QwenImageRequest& r) { r.width = 0; }), "width");
+  EXPECT_CONTAINS(bad([](QwenImageRequest& r) { r.width = -16; }), "width");
+  EXPECT_CONTAINS(bad([](QwenImageRequest& r) {
+                    r.images.push_back({2, 2, std::vector<uint8_t>(12)});
+                  }),
+                  "text-to-image");
   EXPECT_CONTAINS(bad([](QwenImageRequest& r) { r.num_inference_steps = 0; }),
                   "num_inference_steps");
   EXPECT_CONTAINS(bad([](QwenImageRequest& r) { r.num_images = 0; }), "num_images");
@@ -197,11 +201,18 @@ TEST_F(QwenImagePipelineBrokenFolder, WrongPipelineClass) {
   EXPECT_CONTAINS(load_error(), "QwenImagePipeline");
 }
 
-TEST_F(QwenImagePipelineBrokenFolder, EditPipelineIsRefusedByName) {
+TEST_F(QwenImagePipelineBrokenFolder, EditPipelineWithoutProcessor) {
   edit_json("model_index.json", [](Json& j) { j["_class_name"] = "QwenImageEditPlusPipeline"; });
   const auto error = load_error();
   EXPECT_CONTAINS(error, "QwenImageEditPlusPipeline");
-  EXPECT_CONTAINS(error, "not supported yet");
+  EXPECT_CONTAINS(error, "processor");
+}
+
+TEST(QwenImagePipeline, DefaultSizeIs1024) {
+  QwenImageRequest r;
+  EXPECT_EQ(pipeline()->output_size(r), (std::pair<int64_t, int64_t>{1024, 1024}));
+  r.width = 512;
+  EXPECT_EQ(pipeline()->output_size(r), (std::pair<int64_t, int64_t>{1024, 512}));
 }
 
 TEST_F(QwenImagePipelineBrokenFolder, TextWidthDisagrees) {

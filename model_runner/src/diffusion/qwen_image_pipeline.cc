@@ -33,12 +33,12 @@ at::Tensor unpack(const at::Tensor& x, int64_t h, int64_t w) {
 }  // namespace
 
 void QwenImagePipeline::validate(const QwenImageRequest& r) const {
-  OMNI_CHECK(r.height > 0 && r.height % kPixelsPerPatch == 0,
-             "QwenImageRequest.height must be a positive multiple of ", kPixelsPerPatch, ", got ",
-             r.height);
-  OMNI_CHECK(r.width > 0 && r.width % kPixelsPerPatch == 0,
-             "QwenImageRequest.width must be a positive multiple of ", kPixelsPerPatch, ", got ",
-             r.width);
+  OMNI_CHECK(r.height == 0 || (r.height > 0 && r.height % kPixelsPerPatch == 0),
+             "QwenImageRequest.height must be a positive multiple of ", kPixelsPerPatch,
+             " (or 0 for the default), got ", r.height);
+  OMNI_CHECK(r.width == 0 || (r.width > 0 && r.width % kPixelsPerPatch == 0),
+             "QwenImageRequest.width must be a positive multiple of ", kPixelsPerPatch,
+             " (or 0 for the default), got ", r.width);
   OMNI_CHECK(r.num_inference_steps >= 1, "QwenImageRequest.num_inference_steps must be >= 1, got ",
              r.num_inference_steps);
   OMNI_CHECK(r.num_images >= 1, "QwenImageRequest.num_images must be >= 1, got ", r.num_images);
@@ -46,6 +46,38 @@ void QwenImagePipeline::validate(const QwenImageRequest& r) const {
   OMNI_CHECK(r.max_sequence_length >= 1 && r.max_sequence_length <= 1024,
              "QwenImageRequest.max_sequence_length must be in [1, 1024], got ",
              r.max_sequence_length);
+  switch (variant_) {
+    case QwenImageVariant::kTextToImage:
+      OMNI_CHECK(r.images.empty(), dir_, " is a text-to-image QwenImagePipeline: it takes no ",
+                 "image (", r.images.size(), " given); edits need a QwenImageEdit folder");
+      break;
+    case QwenImageVariant::kEdit:
+      OMNI_CHECK(r.images.size() == 1, dir_, " is a QwenImageEditPipeline: it edits one image, ",
+                 r.images.size(), " given");
+      break;
+    case QwenImageVariant::kEditPlus:
+      OMNI_CHECK(!r.images.empty(), dir_, " is a QwenImageEditPlusPipeline: it needs an image ",
+                 "to edit");
+      break;
+  }
+  for (size_t i = 0; i < r.images.size(); ++i) {
+    const auto& image = r.images[i];
+    OMNI_CHECK(image.height > 0 && image.width > 0 &&
+                   image.pixels.size() == static_cast<size_t>(image.height * image.width * 3),
+               "QwenImageRequest.images[", i, "] is not an RGB image of ", image.width, "x",
+               image.height);
+  }
+}
+
+std::pair<int64_t, int64_t> QwenImagePipeline::output_size(const QwenImageRequest& r) const {
+  if (r.images.empty()) {
+    return {r.height ? r.height : kQwenImageDefaultSize, r.width ? r.width : kQwenImageDefaultSize};
+  }
+  // Edit sizes by its (only) image, Edit-Plus by its last.
+  const RgbImage& image = r.images.back();
+  const auto [w, h] = qwen_image_calculate_dimensions(
+      1024.0 * 1024.0, static_cast<double>(image.width) / static_cast<double>(image.height));
+  return {r.height ? r.height : h, r.width ? r.width : w};
 }
 
 QwenImageResult QwenImagePipeline::generate(const QwenImageRequest& r,
@@ -56,20 +88,46 @@ QwenImageResult QwenImagePipeline::generate(const QwenImageRequest& r,
   const auto conditioning = encode(r, device);
   const auto latents = denoise(r, conditioning, on_step, device);
   if (!latents.defined()) return QwenImageResult{at::Tensor(), true};
-  return QwenImageResult{decode_latents(latents, r.height, r.width), false};
+  const auto [height, width] = output_size(r);
+  return QwenImageResult{decode_latents(latents, height, width), false};
+}
+
+QwenImagePromptEmbeds QwenImagePipeline::encode_prompt(const std::string& prompt,
+                                                       const QwenImageRequest& r,
+                                                       const std::vector<RgbImage>& condition,
+                                                       c10::Device device) {
+  if (variant_ == QwenImageVariant::kTextToImage) {
+    return encode_qwen_image_prompts(tokenizer_, *text_encoder_, {prompt}, r.max_sequence_length,
+                                     device);
+  }
+  return encode_qwen_image_edit_prompt(tokenizer_, *text_encoder_, vision_, variant_, prompt,
+                                       condition, device);
 }
 
 QwenImageConditioning QwenImagePipeline::encode(const QwenImageRequest& r, c10::Device device) {
   c10::InferenceMode guard;
   QwenImageConditioning c;
-  c.prompt = encode_qwen_image_prompts(tokenizer_, *text_encoder_, {r.prompt},
-                                       r.max_sequence_length, device);
+  QwenImageEditImages images;
+  if (variant_ != QwenImageVariant::kTextToImage) {
+    images = prepare_qwen_image_edit_images(variant_, r.images);
+  }
+  c.prompt = encode_prompt(r.prompt, r, images.condition, device);
   if (r.trace && r.trace->prompt) r.trace->prompt(false, c.prompt);
   if (r.true_cfg()) {
-    c.negative = encode_qwen_image_prompts(tokenizer_, *text_encoder_, {*r.negative_prompt},
-                                           r.max_sequence_length, device);
+    c.negative = encode_prompt(*r.negative_prompt, r, images.condition, device);
     if (r.trace && r.trace->prompt) r.trace->prompt(true, c.negative);
   }
+  // prepare_latents' image part: the VAE's mode, (z - mean) / std, packed, image after image.
+  std::vector<at::Tensor> latents;
+  const auto dtype = vae_->parameters().front().scalar_type();
+  for (const auto& image : images.vae) {
+    const auto pixels = qwen_image_vae_pixels(image).to(device, dtype);
+    const auto z =
+        vae_->normalize_latents(vae_->encode(pixels).mode(), AutoencoderKLWan::StdScaling::kDivide);
+    latents.push_back(pack(z.select(2, 0)));
+    c.image_shapes.push_back({1, z.size(3) / 2, z.size(4) / 2});
+  }
+  if (!latents.empty()) c.image_latents = at::cat(latents, 1);
   return c;
 }
 
@@ -83,6 +141,8 @@ at::Tensor QwenImagePipeline::denoise(const QwenImageRequest& r,
   OMNI_CHECK(!cfg || conditioning.negative.embeds.defined(),
              "QwenImageConditioning.negative is missing: true_cfg_scale ", r.true_cfg_scale,
              " with a negative prompt runs classifier-free guidance");
+  OMNI_CHECK(conditioning.image_latents.defined() == (variant_ != QwenImageVariant::kTextToImage),
+             "QwenImageConditioning.image_latents must be given exactly for an edit");
   const auto on_device = [&](QwenImagePromptEmbeds e) {
     e.embeds = e.embeds.to(device);
     if (e.mask.defined()) e.mask = e.mask.to(device);
@@ -94,14 +154,32 @@ at::Tensor QwenImagePipeline::denoise(const QwenImageRequest& r,
 
   // prepare_latents: randn_tensor with a CPU generator draws on the CPU in the prompt
   // embeddings' dtype, [N, 1, C, h, w], then packs.
-  const int64_t h = r.height / kPixelsPerPatch * 2, w = r.width / kPixelsPerPatch * 2;
+  const auto [height, width] = output_size(r);
+  const int64_t h = height / kPixelsPerPatch * 2, w = width / kPixelsPerPatch * 2;
   const int64_t channels = transformer_->config().in_channels / 4;
   auto generator = at::make_generator<at::CPUGeneratorImpl>(r.seed);
   auto latents = at::randn({r.num_images, 1, channels, h, w}, generator,
                            at::TensorOptions().dtype(prompt.embeds.scalar_type()));
   latents = pack(latents.select(1, 0)).to(device);
   if (trace && trace->initial_latents) trace->initial_latents(latents);
-  const std::vector<QwenImageShape> shapes = {{1, h / 2, w / 2}};
+  std::vector<QwenImageShape> shapes = {{1, h / 2, w / 2}};
+  // An edit's image latents follow the generated ones in the sequence, the same for every
+  // image of the batch; the outputs' rows past the generated image are dropped.
+  at::Tensor image_latents;
+  if (conditioning.image_latents.defined()) {
+    image_latents =
+        conditioning.image_latents.to(device, latents.scalar_type()).expand({r.num_images, -1, -1});
+    shapes.insert(shapes.end(), conditioning.image_shapes.begin(), conditioning.image_shapes.end());
+  }
+  const int64_t generated = latents.size(1);
+  const auto predict = [&](const QwenImagePromptEmbeds& text, const at::Tensor& timestep) {
+    if (!image_latents.defined()) {
+      return transformer_->forward(latents, text.embeds, text.mask, timestep, shapes);
+    }
+    return transformer_
+        ->forward(at::cat({latents, image_latents}, 1), text.embeds, text.mask, timestep, shapes)
+        .narrow(1, 0, generated);
+  };
 
   auto scheduler = make_scheduler();
   scheduler->set_sigmas(FlowMatchEulerScheduler::linear_sigmas(r.num_inference_steps),
@@ -111,11 +189,10 @@ at::Tensor QwenImagePipeline::denoise(const QwenImageRequest& r,
   for (int64_t i = 0; i < total; ++i) {
     const auto timestep =
         timesteps[i].to(device).expand({latents.size(0)}).to(latents.scalar_type()) / 1000;
-    auto noise_pred = transformer_->forward(latents, prompt.embeds, prompt.mask, timestep, shapes);
+    auto noise_pred = predict(prompt, timestep);
     if (trace && trace->transformer) trace->transformer(i, true, timestep, noise_pred);
     if (cfg) {
-      const auto neg_pred =
-          transformer_->forward(latents, negative.embeds, negative.mask, timestep, shapes);
+      const auto neg_pred = predict(negative, timestep);
       if (trace && trace->transformer) trace->transformer(i, false, timestep, neg_pred);
       // True CFG, then each token's prediction rescaled to the conditional one's norm.
       const auto combined = neg_pred + r.true_cfg_scale * (noise_pred - neg_pred);

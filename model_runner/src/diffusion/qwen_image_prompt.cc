@@ -98,17 +98,26 @@ QwenImagePromptEmbeds encode_qwen_image_prompts(const QwenImageTokenizer& tokeni
   const auto tokens = tokenize_qwen_image_prompts(tokenizer, prompts);
   const auto hidden =
       text_encoder.forward(tokens.input_ids.to(device), tokens.attention_mask.to(device));
+  return qwen_image_prompt_rows(hidden, tokens.attention_mask, kQwenImageTemplateDropTokens,
+                                max_sequence_length);
+}
 
-  // Each prompt's token rows (wherever the padding is), less the template's first 34,
+QwenImagePromptEmbeds qwen_image_prompt_rows(const at::Tensor& hidden,
+                                             const at::Tensor& attention_mask, int64_t drop,
+                                             int64_t max_sequence_length) {
+  OMNI_CHECK(max_sequence_length >= 1, "max_sequence_length must be >= 1, got ",
+             max_sequence_length);
+  // Each prompt's token rows (wherever the padding is), less the template's first `drop`,
   // zero-padded at the end to the longest, then cut to max_sequence_length.
+  const auto device = hidden.device();
   const int64_t batch = hidden.size(0);
   std::vector<at::Tensor> rows;
   int64_t longest = 0;
   for (int64_t b = 0; b < batch; ++b) {
-    const auto positions = at::nonzero(tokens.attention_mask[b]).squeeze(1).to(device);
+    const auto positions = at::nonzero(attention_mask[b].cpu()).squeeze(1).to(device);
     const auto valid = hidden[b].index_select(0, positions);
-    const int64_t drop = std::min(kQwenImageTemplateDropTokens, valid.size(0));
-    rows.push_back(valid.narrow(0, drop, valid.size(0) - drop));
+    const int64_t cut = std::min(drop, valid.size(0));
+    rows.push_back(valid.narrow(0, cut, valid.size(0) - cut));
     longest = std::max(longest, rows.back().size(0));
   }
   const int64_t length = std::min(longest, max_sequence_length);

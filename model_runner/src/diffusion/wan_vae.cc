@@ -674,12 +674,13 @@ WanLatentDistribution AutoencoderKLWan::encode(const at::Tensor& video) {
   return {parts[0].toTensor(), parts[1].toTensor()};
 }
 
-at::Tensor AutoencoderKLWan::normalize_latents(const at::Tensor& latents) const {
+at::Tensor AutoencoderKLWan::normalize_latents(const at::Tensor& latents, StdScaling how) const {
   const auto opts = at::TensorOptions().dtype(at::kDouble);
   const auto mean = at::tensor(c_.latents_mean, opts).to(at::kFloat).view({1, -1, 1, 1, 1});
-  const auto inv_std =
-      (1.0 / at::tensor(c_.latents_std, opts).to(at::kFloat)).view({1, -1, 1, 1, 1});
-  return (latents - mean.to(latents.options())) * inv_std.to(latents.options());
+  const auto std = at::tensor(c_.latents_std, opts).to(at::kFloat).view({1, -1, 1, 1, 1});
+  const auto centred = latents - mean.to(latents.options());
+  if (how == StdScaling::kDivide) return centred / std.to(latents.options());
+  return centred * (1.0 / std).to(latents.options());
 }
 
 at::Tensor AutoencoderKLWan::denormalize_latents(const at::Tensor& latents) const {

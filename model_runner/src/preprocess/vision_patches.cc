@@ -21,8 +21,14 @@ namespace {
 
 // ------------------------------------------------------------- Pillow's resampling (Resample.c)
 
-// Pillow's bicubic kernel (a = -0.5) and its support in input pixels at scale 1.
-constexpr double kBicubicSupport = 2.0;
+// Pillow's resampling filters (Resample.c): the kernel and its support in input pixels at
+// scale 1.
+struct ResampleFilter {
+  double (*kernel)(double);
+  double support;
+};
+
+// Bicubic with a = -0.5.
 double bicubic_filter(double x) {
   constexpr double a = -0.5;
   if (x < 0.0) x = -x;
@@ -30,6 +36,22 @@ double bicubic_filter(double x) {
   if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
   return 0.0;
 }
+
+double sinc_filter(double x) {
+  if (x == 0.0) return 1.0;
+  constexpr double kPi = 3.14159265358979323846;  // M_PI, as Pillow uses
+  x = x * kPi;
+  return std::sin(x) / x;
+}
+
+// Lanczos-3: the sinc truncated by a sinc three times wider.
+double lanczos_filter(double x) {
+  if (-3.0 <= x && x < 3.0) return sinc_filter(x) * sinc_filter(x / 3);
+  return 0.0;
+}
+
+constexpr ResampleFilter kBicubic{bicubic_filter, 2.0};
+constexpr ResampleFilter kLanczos{lanczos_filter, 3.0};
 
 // Fixed-point coefficients for 8-bit images: 32 bits minus 8 for the value and 2 for overshoot.
 constexpr int kPrecisionBits = 32 - 8 - 2;
@@ -42,11 +64,12 @@ struct Coefficients {
 };
 
 // precompute_coeffs + normalize_coeffs_8bpc for the box [0, in_size) mapped onto out_size.
-Coefficients precompute_coefficients(int64_t in_size, int64_t out_size) {
+Coefficients precompute_coefficients(int64_t in_size, int64_t out_size,
+                                     const ResampleFilter& filter) {
   // Pillow computes in double from float box coordinates; sizes are exact in both.
   const double scale = static_cast<double>(static_cast<float>(in_size)) / out_size;
   const double filterscale = scale < 1.0 ? 1.0 : scale;
-  const double support = kBicubicSupport * filterscale;
+  const double support = filter.support * filterscale;
   Coefficients c;
   c.ksize = static_cast<int64_t>(std::ceil(support)) * 2 + 1;
   c.bounds.resize(static_cast<size_t>(out_size) * 2);
@@ -63,7 +86,7 @@ Coefficients precompute_coefficients(int64_t in_size, int64_t out_size) {
     xmax -= xmin;
     double ww = 0.0;
     for (int64_t x = 0; x < xmax; ++x) {
-      const double w = bicubic_filter((x + xmin - center + 0.5) * ss);
+      const double w = filter.kernel((x + xmin - center + 0.5) * ss);
       k[x] = w;
       ww += w;
     }
@@ -217,14 +240,18 @@ std::pair<int64_t, int64_t> smart_resize(int64_t height, int64_t width, int64_t 
   return {h_bar, w_bar};
 }
 
-RgbImage resize_bicubic(const RgbImage& image, int64_t height, int64_t width) {
-  check_image(image, "resize_bicubic");
-  OMNI_CHECK(height > 0 && width > 0, "resize_bicubic: target size ", width, "x", height,
+namespace {
+
+// Image.resize((width, height), filter) on 8-bit RGB.
+RgbImage resize_rgb(const RgbImage& image, int64_t height, int64_t width,
+                    const ResampleFilter& filter, const char* what) {
+  check_image(image, what);
+  OMNI_CHECK(height > 0 && width > 0, what, ": target size ", width, "x", height,
              " has an empty side");
   // Image.resize returns a copy when nothing changes; a side that keeps its size skips its pass.
   if (height == image.height && width == image.width) return image;
-  const Coefficients horizontal = precompute_coefficients(image.width, width);
-  const Coefficients vertical = precompute_coefficients(image.height, height);
+  const Coefficients horizontal = precompute_coefficients(image.width, width, filter);
+  const Coefficients vertical = precompute_coefficients(image.height, height, filter);
   if (width == image.width) return resample_vertical(image, height, vertical, 0);
   if (height == image.height) return resample_horizontal(image, 0, image.height, width, horizontal);
   // Both passes round to uint8, so their order matters. Pillow 13 (python-pillow/Pillow#9549)
@@ -244,6 +271,16 @@ RgbImage resize_bicubic(const RgbImage& image, int64_t height, int64_t width) {
   const RgbImage rows =
       resample_horizontal(image, first_row, last_row - first_row, width, horizontal);
   return resample_vertical(rows, height, vertical, first_row);
+}
+
+}  // namespace
+
+RgbImage resize_bicubic(const RgbImage& image, int64_t height, int64_t width) {
+  return resize_rgb(image, height, width, kBicubic, "resize_bicubic");
+}
+
+RgbImage resize_lanczos(const RgbImage& image, int64_t height, int64_t width) {
+  return resize_rgb(image, height, width, kLanczos, "resize_lanczos");
 }
 
 VisionPatches image_to_patches(const RgbImage& image, const VisionPatchOptions& opt) {

@@ -1,12 +1,14 @@
-// diffusers' QwenImagePipeline (Qwen-Image text-to-image) on the parts of this folder: the Qwen2
-// tokenizer and the Qwen2.5-VL text encoder (its last hidden state, the template's first tokens
-// dropped), QwenImageTransformer2DModel, AutoencoderKLQwenImage (the Wan VAE, one frame) and the
-// FlowMatchEuler scheduler with dynamic shifting. generate() follows pipeline_qwenimage.py step
+// diffusers' QwenImagePipeline (Qwen-Image text-to-image), QwenImageEditPipeline and
+// QwenImageEditPlusPipeline on the parts of this folder: the Qwen2 tokenizer and the Qwen2.5-VL
+// text encoder (its last hidden state, the template's first tokens dropped; for edits with the
+// condition images through its vision tower), QwenImageTransformer2DModel,
+// AutoencoderKLQwenImage (the Wan VAE, one frame; edits encode their images with it) and the
+// FlowMatchEuler scheduler with dynamic shifting. generate() follows pipeline_qwenimage*.py step
 // by step (casts, cond before uncond, true CFG with its norm rescale), so a request gives
-// diffusers' images (tests/fixtures/qwen_image_pipeline_tiny).
+// diffusers' images (tests/fixtures/qwen_image_pipeline_tiny, qwen_image_edit_pipeline_tiny).
 //
-// The pipeline is the offload engine's root module: its children are `text_encoder`,
-// `transformer` and `vae`.
+// The pipeline is the offload engine's root module: its children are `text_encoder`, `visual`
+// (the text encoder's vision tower; edit folders only), `transformer` and `vae`.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,9 +20,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cpu_offload/model_spec.h"
 #include "model_runner/diffusion/flow_schedulers.h"
+#include "model_runner/diffusion/qwen_image_edit_inputs.h"
+#include "model_runner/diffusion/qwen_image_edit_prompt.h"
 #include "model_runner/diffusion/qwen_image_prompt.h"
 #include "model_runner/diffusion/qwen_image_transformer.h"
 #include "model_runner/diffusion/wan_vae.h"
@@ -33,18 +39,27 @@ namespace omni::models {
 struct QwenImageTrace {
   std::function<void(bool negative, const QwenImagePromptEmbeds& prompt)> prompt;
   std::function<void(const at::Tensor& latents)> initial_latents;  // packed [N, L, 64]
-  // One call per transformer forward: its timestep (t / 1000) and output.
+  // One call per transformer forward: its timestep (t / 1000) and output (for an edit the
+  // generated image's rows, as the pipeline cuts it).
   std::function<void(int64_t step, bool cond, const at::Tensor& timestep, const at::Tensor& output)>
       transformer;
   std::function<void(int64_t step, const at::Tensor& latents)> step_latents;
 };
 
+// QwenImagePipeline's default height and width (default_sample_size x the VAE's 8).
+inline constexpr int64_t kQwenImageDefaultSize = 1024;
+
 struct QwenImageRequest {
   std::string prompt;
   // Guidance runs only with a negative prompt and true_cfg_scale > 1, as in diffusers.
   std::optional<std::string> negative_prompt;
-  int64_t height = 1024;  // multiples of 16 (the VAE's 8 x the 2 x 2 packing)
-  int64_t width = 1024;
+  // Multiples of 16 (the VAE's 8 x the 2 x 2 packing); 0 = the pipeline's default:
+  // kQwenImageDefaultSize, or for an edit the size its (last) image takes at an area of 1024^2.
+  int64_t height = 0;
+  int64_t width = 0;
+  // The images to edit: QwenImageEditPipeline takes one, QwenImageEditPlusPipeline one or more,
+  // QwenImagePipeline none.
+  std::vector<RgbImage> images;
   int64_t num_inference_steps = 50;
   double true_cfg_scale = 4.0;
   int64_t num_images = 1;  // num_images_per_prompt
@@ -68,18 +83,25 @@ struct QwenImageResult {
   bool cancelled = false;
 };
 
-// What encode() gives denoise(): the prompt's (and the negative prompt's) embeddings.
+// What encode() gives denoise(): the prompt's (and the negative prompt's) embeddings, and for an
+// edit its images' latents.
 struct QwenImageConditioning {
   QwenImagePromptEmbeds prompt;
   QwenImagePromptEmbeds negative;  // undefined embeds without true CFG
+  // Edits: the images' normalized, packed latents one after the other [1, sum L_i, 64], and
+  // each image's latent grid (appended to the sequence after the generated image's).
+  at::Tensor image_latents;
+  std::vector<QwenImageShape> image_shapes;
 };
 
 class QwenImagePipeline : public torch::nn::Module {
  public:
   // Use load_qwen_image_pipeline; registers the children under the names the offload engine
-  // knows, in diffusers' offload order (text_encoder -> transformer -> vae).
-  QwenImagePipeline(std::string dir, QwenImageTokenizer tokenizer,
+  // knows, in diffusers' offload order (text_encoder -> transformer -> vae). `vision` (its tower
+  // becomes the child `visual`) for the edit variants only.
+  QwenImagePipeline(std::string dir, QwenImageVariant variant, QwenImageTokenizer tokenizer,
                     std::shared_ptr<qwen2_5::TextDecoder> text_encoder,
+                    std::shared_ptr<qwen2_5::VisionTower> visual, QwenImageVisionEncoder vision,
                     std::shared_ptr<QwenImageTransformer2DModel> transformer,
                     std::shared_ptr<AutoencoderKLWan> vae);
 
@@ -101,9 +123,14 @@ class QwenImagePipeline : public torch::nn::Module {
 
   // Throws naming the field when `request` is invalid for this pipeline.
   void validate(const QwenImageRequest& request) const;
+  // The request's {height, width}, its defaults resolved.
+  std::pair<int64_t, int64_t> output_size(const QwenImageRequest& request) const;
+  QwenImageVariant variant() const { return variant_; }
 
   const QwenImageTokenizer& tokenizer() const { return tokenizer_; }
   qwen2_5::TextDecoder& text_encoder() { return *text_encoder_; }
+  // The vision tower, its image tokens and the processor's options (tower null: text-to-image).
+  const QwenImageVisionEncoder& vision() const { return vision_; }
   QwenImageTransformer2DModel& transformer() { return *transformer_; }
   AutoencoderKLWan& vae() { return *vae_; }
   // The children's roles and the transformer's block list with its phases.
@@ -112,16 +139,24 @@ class QwenImagePipeline : public torch::nn::Module {
   std::unique_ptr<FlowMatchEulerScheduler> make_scheduler() const;
 
  private:
+  // The prompt's embeddings (with the condition images for an edit).
+  QwenImagePromptEmbeds encode_prompt(const std::string& prompt, const QwenImageRequest& request,
+                                      const std::vector<RgbImage>& condition, c10::Device device);
+
   std::string dir_;
+  QwenImageVariant variant_;
   QwenImageTokenizer tokenizer_;
   std::shared_ptr<qwen2_5::TextDecoder> text_encoder_;
+  std::shared_ptr<qwen2_5::VisionTower> visual_;  // edits only
+  QwenImageVisionEncoder vision_;
   std::shared_ptr<QwenImageTransformer2DModel> transformer_;
   std::shared_ptr<AutoencoderKLWan> vae_;
 };
 
-// Loads a diffusers QwenImagePipeline folder: model_index.json, tokenizer/, text_encoder/,
-// transformer/, vae/, scheduler/. Compute dtype `dtype` for every part. A missing part or a
-// config that does not fit the others throws naming the folder, file and field.
+// Loads a diffusers QwenImagePipeline, QwenImageEditPipeline or QwenImageEditPlusPipeline folder:
+// model_index.json, tokenizer/, text_encoder/, transformer/, vae/, scheduler/, and for edits
+// processor/ (its preprocessor_config.json). Compute dtype `dtype` for every part. A missing
+// part or a config that does not fit the others throws naming the folder, file and field.
 std::shared_ptr<QwenImagePipeline> load_qwen_image_pipeline(const std::string& dir,
                                                             at::ScalarType dtype);
 

@@ -63,6 +63,13 @@ QwenImagePromptEmbeds encode_qwen_image_prompts(const QwenImageTokenizer& tokeni
                                                 int64_t max_sequence_length = 1024,
                                                 c10::Device device = c10::kCPU);
 
+// _extract_masked_hidden and what follows it, for a last hidden state [B, L, hidden] and its
+// attention_mask [B, L]: each row's tokens (mask 1) less the first `drop`, zero-padded at the end
+// to the longest, cut to max_sequence_length (>= 1), with the mask of the kept tokens.
+QwenImagePromptEmbeds qwen_image_prompt_rows(const at::Tensor& hidden,
+                                             const at::Tensor& attention_mask, int64_t drop,
+                                             int64_t max_sequence_length);
+
 // The rest of encode_prompt: num_images_per_prompt (>= 1) copies of each prompt's rows, one
 // after the other ([p1, p1, p2, p2]), each mask row with its embeddings; the mask undefined when
 // every position is a token. (diffusers 0.42.1 tiles the mask instead, [p1, p2, p1, p2], which

@@ -20,8 +20,8 @@
 // latents_mean / latents_std are NOT applied by encode() or decode(), as in diffusers: the
 // pipelines scale (WanPipeline and QwenImagePipeline: latents / (1 / std) + mean before
 // vae.decode; the I2V / TI2V image conditioning: (mean - latents_mean) * (1 / std) after
-// vae.encode, QwenImageEditPipeline's: (mean - latents_mean) / std, the same to rounding).
-// normalize_latents / denormalize_latents do that for the caller.
+// vae.encode, QwenImageEditPipeline's: (mean - latents_mean) / std, the same up to the last
+// bit). normalize_latents / denormalize_latents do that for the caller.
 //
 // Not supported (rejected by the config reader): attn_scales (diffusers' own encoder cannot run
 // with attention in its down blocks either). Tiling and slicing are not implemented (not needed
@@ -159,8 +159,11 @@ class AutoencoderKLWan : public offload::HookableModule {
   WanLatentDistribution encode(const at::Tensor& video);
 
   // The pipelines' scaling around the VAE (not applied by decode / encode):
-  // (x - latents_mean) / latents_std, and its inverse x * latents_std + latents_mean.
-  at::Tensor normalize_latents(const at::Tensor& latents) const;
+  // (x - latents_mean) / latents_std, and its inverse x * latents_std + latents_mean. Wan's
+  // pipelines multiply by 1 / std, the Qwen-Image Edit pipelines divide by std.
+  enum class StdScaling { kMultiplyInverse, kDivide };
+  at::Tensor normalize_latents(const at::Tensor& latents,
+                               StdScaling how = StdScaling::kMultiplyInverse) const;
   at::Tensor denormalize_latents(const at::Tensor& latents) const;
 
   const WanVAEConfig& config() const { return c_; }

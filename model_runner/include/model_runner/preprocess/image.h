@@ -96,6 +96,11 @@ std::pair<int64_t, int64_t> smart_resize(int64_t height, int64_t width, int64_t 
 // unchanged.
 RgbImage resize_bicubic(const RgbImage& image, int64_t height, int64_t width);
 
+// Pillow's Image.resize((width, height), Image.LANCZOS) the same way (Lanczos-3 kernel, support
+// 3 widened by the downscale factor): what diffusers' VaeImageProcessor.resize does to a PIL
+// image (its default resample).
+RgbImage resize_lanczos(const RgbImage& image, int64_t height, int64_t width);
+
 // The processor's pipeline for one image: resize to smart_resize(h, w, patch * merge, ...)
 // (bicubic; no resampling when that is the image's size), x / 255 in float64 rounded to
 // float32, (x - mean) / std in float32, the frame repeated temporal_patch_size times, then
