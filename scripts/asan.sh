@@ -44,4 +44,4 @@ export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1"
 # listed one does not build, so excluding those names hides nothing that was meant to run.
 (cd build-asan && ctest --output-on-failure --parallel "$jobs" --no-tests=error \
   -L 'cpu_offload|model_runner|rpc|http|pipeline|worker' -LE '^(bench|build)$' \
-  -E '_NOT_BUILT$|^worker_(openai_api|serve_load|serve_attacks|serve_resource_attacks|serve_admission|playground|serve_tls|netns_pipeline|videos_api|images_api|playground_video)$')
+  -E '_NOT_BUILT$|^worker_(openai_api|serve_load|serve_attacks|serve_resource_attacks|serve_admission|playground|serve_tls|netns_pipeline|videos_api|images_api|playground_video|playground_image)$')

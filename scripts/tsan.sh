@@ -26,4 +26,4 @@ export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
 # Suites not built here register a failing <target>_NOT_BUILT test: left out, as are the API
 # suites that run vllm-omni.
 (cd build-tsan && ctest --output-on-failure --parallel "$jobs" -L 'cpu_offload|pipeline|http|worker' \
-  -E '_NOT_BUILT$|^PipelineWorkers[.]|^worker_(openai_api|serve_load|serve_attacks|serve_resource_attacks|serve_admission|playground|serve_tls|netns_pipeline|videos_api|images_api|playground_video)$')
+  -E '_NOT_BUILT$|^PipelineWorkers[.]|^worker_(openai_api|serve_load|serve_attacks|serve_resource_attacks|serve_admission|playground|serve_tls|netns_pipeline|videos_api|images_api|playground_video|playground_image)$')

@@ -157,5 +157,67 @@ TEST_F(GenerateImage, FlagsTheModelDoesNotReadAreRefused) {
   EXPECT_NE(r.err.find("--true-cfg-scale"), std::string::npos) << r.err;
 }
 
+// Qwen-Image-Edit and Edit-Plus (qwen_image_edit_pipeline_tiny and its plus/): --image gives
+// the image(s) to edit; the .npy is diffusers' (make_qwen_image_edit_pipeline_fixture.py's
+// cases), the same under model-level offload.
+const std::string kEditDir = std::string(OMNI_FIXTURES_DIR) + "/qwen_image_edit_pipeline_tiny";
+
+std::vector<std::string> edit_args(const std::string& c) {
+  std::vector<std::string> args = {OMNI_VLLM_OMNI,
+                                   "generate",
+                                   "--model",
+                                   c == "edit" ? kEditDir : kEditDir + "/plus",
+                                   "--prompt",
+                                   "Make the fox blue, keep the café.",
+                                   "--num-inference-steps",
+                                   "2",
+                                   "--image",
+                                   kEditDir + "/image_a.png",
+                                   "--json"};
+  if (c == "edit") {
+    args.insert(args.end(), {"--negative-prompt", "blurry, low quality", "--height", "32",
+                             "--width", "48", "--seed", "5"});
+  } else {
+    args.insert(args.end(), {"--image", kEditDir + "/image_b.png", "--height", "48", "--width",
+                             "32", "--seed", "9", "--num-images", "2"});
+  }
+  return args;
+}
+
+TEST_F(GenerateImage, EditsEqualDiffusers) {
+  const auto ref = models::SafetensorsFile::open(kEditDir + "/reference.safetensors");
+  for (const char* c : {"edit", "plus"}) {
+    auto args = edit_args(c);
+    const std::string npy = path(std::string(c) + ".npy");
+    args.insert(args.end(), {"--output", npy});
+    const process::ProcessResult r = process::run_process(args);
+    ASSERT_EQ(r.status, 0) << c << ": " << r.err;
+    EXPECT_LE(max_abs_diff(read_npy(npy), ref.tensor(std::string(c) + "_images")), 1e-4) << c;
+  }
+  // Model-level offload: the vision tower and the decoder take turns with the transformer.
+  auto args = edit_args("edit");
+  args.insert(args.end(), {"--enable-cpu-offload", "--output", path("edit_offload.npy")});
+  ASSERT_EQ(process::run_process(args).status, 0);
+  EXPECT_TRUE(at::equal(read_npy(path("edit_offload.npy")), read_npy(path("edit.npy"))));
+}
+
+TEST_F(GenerateImage, ImageCountsTheModelCannotTakeAreRefused) {
+  // A text-to-image folder takes no image, before it loads.
+  EXPECT_NE(error_of({"--image", kEditDir + "/image_a.png"}).find("from text only"),
+            std::string::npos);
+  // Edit takes one.
+  auto two = edit_args("edit");
+  two.insert(two.end(), {"--image", kEditDir + "/image_b.png", "--output", path("x.npy")});
+  process::ProcessResult r = process::run_process(two);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("edits at most 1 image, got 2"), std::string::npos) << r.err;
+  // And needs one: the stage says so.
+  r = process::run_process({OMNI_VLLM_OMNI, "generate", "--model", kEditDir, "--prompt", "x",
+                            "--num-inference-steps", "2", "--output", path("y.npy")});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("edits one image, 0 given"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(path("y.npy")));
+}
+
 }  // namespace
 }  // namespace omni::cli

@@ -128,13 +128,17 @@ int run_generate(const GenerateOptions& o, const CommandIo& io) {
     check_paths(o);
     // A checkpoint's family is known before it loads; a stage config's once its stages are up.
     if (o.stage_configs_path.empty()) {
-      const auto& kinds = pipeline::family_of_checkpoint(o.model).stage_kinds();
+      const auto& family = pipeline::family_of_checkpoint(o.model);
+      const auto& kinds = family.stage_kinds();
       const auto any = [&](bool pipeline::StageKind::*answers) {
         return std::any_of(kinds.begin(), kinds.end(), [&](const auto& k) { return k.*answers; });
       };
-      check_flags_apply(o, any(&pipeline::StageKind::answers_video)    ? DiffusionOutput::kVideo
-                           : any(&pipeline::StageKind::answers_images) ? DiffusionOutput::kImages
-                                                                       : DiffusionOutput::kNone);
+      const auto images = family.image_defaults(o.model);
+      check_flags_apply(o,
+                        any(&pipeline::StageKind::answers_video)    ? DiffusionOutput::kVideo
+                        : any(&pipeline::StageKind::answers_images) ? DiffusionOutput::kImages
+                                                                    : DiffusionOutput::kNone,
+                        images ? images->max_input_images : -1);
     }
     pipeline::Request request = to_request(o);
     std::vector<pipeline::MediaFile> media;

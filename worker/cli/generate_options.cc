@@ -74,7 +74,9 @@ void add_diffusion_options(CLI::App& app, GenerateOptions& o) {
                "diffusion: what the video or image should not show (classifier-free guidance)",
                "TEXT");
   add_optional(app, "--height", d.height,
-               "diffusion: height in pixels (default: video 480, image 1024)", "N")
+               "diffusion: height in pixels (default: video 480, image 1024, an edit its "
+               "image's size at 1024x1024 pixels)",
+               "N")
       ->check(integer_at_least(16));
   add_optional(app, "--width", d.width,
                "diffusion: width in pixels (default: video 832, image 1024)", "N")
@@ -209,7 +211,8 @@ void add_generate_options(CLI::App& app, GenerateOptions& o) {
                     ->allow_extra_args(false);
   auto* image = app.add_option("--image", o.image,
                                "an image file (PNG, JPEG) for the prompt; repeatable; video (TI2V "
-                               "folders): the first frame, --height x --width")
+                               "folders): the first frame, --height x --width; image editing "
+                               "(QwenImageEdit folders): the image(s) to edit")
                     ->type_name("FILE")
                     ->allow_extra_args(false);
   auto* system =

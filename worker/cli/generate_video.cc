@@ -154,7 +154,7 @@ DiffusionOutput diffusion_output(GenerateBackend& backend) {
   return DiffusionOutput::kNone;
 }
 
-void check_flags_apply(const GenerateOptions& o, DiffusionOutput output) {
+void check_flags_apply(const GenerateOptions& o, DiffusionOutput output, int64_t max_input_images) {
   const bool diffusion = output != DiffusionOutput::kNone;
   std::vector<std::string> wrong = diffusion ? omni_only_flags() : diffusion_only_flags();
   const auto& other = output == DiffusionOutput::kVideo ? image_only_flags() : video_only_flags();
@@ -183,10 +183,16 @@ void check_flags_apply(const GenerateOptions& o, DiffusionOutput output) {
   if (output == DiffusionOutput::kVideo && o.image.size() > 1) {
     throw BadInput("--image: a video model takes one image");
   }
-  if (output == DiffusionOutput::kImages && !o.image.empty()) {
+  const auto given = static_cast<int64_t>(o.image.size());
+  if (output == DiffusionOutput::kImages && max_input_images == 0 && given > 0) {
     throw BadInput(
-        "--image: this image model makes images from text only (Qwen-Image-Edit "
-        "folders take images)");
+        "--image: this image model makes images from text only (an image-editing "
+        "checkpoint, such as a QwenImageEditPipeline folder, takes --image)");
+  }
+  if (output == DiffusionOutput::kImages && max_input_images > 0 && given > max_input_images) {
+    throw BadInput("--image: this image model edits at most " + std::to_string(max_input_images) +
+                   (max_input_images == 1 ? " image" : " images") + ", got " +
+                   std::to_string(given));
   }
   if (!o.output.empty()) {
     std::error_code ec;

@@ -3,6 +3,8 @@
 // or images written by extension (frames_writer.h) and the --json report.
 #pragma once
 
+#include <cstdint>
+
 #include "worker/cli/generate_command.h"
 #include "worker/cli/generate_options.h"
 
@@ -16,8 +18,11 @@ DiffusionOutput diffusion_output(GenerateBackend& backend);
 
 // Throws BadInput naming the first flag given that the model does not read (a diffusion flag
 // on Qwen3-Omni, a Qwen3-Omni flag on a diffusion model, a video flag on an image model and the
-// reverse), or a bad --output / --image for the model.
-void check_flags_apply(const GenerateOptions& options, DiffusionOutput output);
+// reverse), or a bad --output / --image for the model: more --image files than
+// `max_input_images` on an image model (0: it makes images from text only; -1: not known before
+// the stages are up, the stage refuses a request it cannot run).
+void check_flags_apply(const GenerateOptions& options, DiffusionOutput output,
+                       int64_t max_input_images = -1);
 
 // Runs the request on `backend` (answers_video()), shows a progress bar on a terminal
 // (io.progress), writes --output, and with --json prints one object: output, frames, height,

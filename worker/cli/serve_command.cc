@@ -278,6 +278,7 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
       if (const auto image = family.image_defaults(o.model)) {
         server.images.default_width = image->width;
         server.images.default_height = image->height;
+        server.images.max_input_images = image->max_input_images;
       }
       local = pipeline::make_local_pipeline(cfg, device);
     }

@@ -191,9 +191,11 @@ class ChatServer::Impl {
                               {"speakers", pipeline_.voices()},
                               {"default_speaker", pipeline_.default_voice()},
                               // Ours too: /v1/videos answers (the playground's video tab),
-                              // /v1/images/generations answers.
+                              // /v1/images/generations answers, and how many images an edit
+                              // may give /v1/images/edits (0: none).
                               {"video", pipeline_.has_video()},
-                              {"image", pipeline_.has_images()}}}}}
+                              {"image", pipeline_.has_images()},
+                              {"image_edit", images_->max_input_images()}}}}}
                           .dump(),
                       "application/json");
     });
@@ -262,7 +264,6 @@ class ChatServer::Impl {
     head.path = req.path;
     if (auto refusal = refuse_request_head(head, hosts_)) return refusal;
     if (auto refusal = refuse_request_access(head, access_)) return refusal;
-    if (answered_from_head(head)) return images_->edits_refusal();
     t_lease.reset();
     if (!take_body || !takes_body(head)) return std::nullopt;
     const uint64_t length = req.get_header_value<uint64_t>("Content-Length");

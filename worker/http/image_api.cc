@@ -61,9 +61,9 @@ class ImageApi::Impl {
                   if (!ready(res)) return;
                   generate(req, res);
                 });
-    // Normally answered from the head (chat_server.cc); here for a body read all the same.
-    server.Post("/v1/images/edits", [this](const httplib::Request&, httplib::Response& res) {
-      send(res, edits_refusal());
+    server.Post("/v1/images/edits", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!ready(res)) return;
+      edit(req, res);
     });
   }
 
@@ -72,11 +72,9 @@ class ImageApi::Impl {
     queue_.stop();
   }
 
-  ApiError edits_refusal() const {
-    if (!enabled_) return no_images();
-    return api_error(400, "invalid_request_error", "unsupported",
-                     "/v1/images/edits is not supported yet (Qwen-Image-Edit): this server "
-                     "makes images from text with /v1/images/generations");
+  int64_t max_input_images() const {
+    if (!enabled_) return 0;
+    return options_.max_input_images < 0 ? kMaxEditUploads : options_.max_input_images;
   }
 
   std::string prometheus() const {
@@ -89,8 +87,10 @@ class ImageApi::Impl {
            static_cast<uint64_t>(queue_.running()));
     metric("omni_image_requests_queued", "gauge", "Image requests waiting for the running one.",
            static_cast<uint64_t>(queue_.queued()));
-    metric("omni_images_generated_total", "counter", "Images answered by /v1/images/generations.",
-           images_.load());
+    metric("omni_images_generated_total", "counter",
+           "Images answered by /v1/images/generations and /v1/images/edits.", images_.load());
+    metric("omni_image_edits_total", "counter", "Requests answered by /v1/images/edits.",
+           edits_.load());
     return out.str();
   }
 
@@ -175,34 +175,80 @@ class ImageApi::Impl {
   }
 
   void generate(const httplib::Request& req, httplib::Response& res) {
-    const auto start = Clock::now();
     ImageRequest r;
-    uint64_t bytes = 0;
     try {
       r = parse_image_request(req.body);
     } catch (const ApiException& e) {
       send(res, e.error());
       return;
     }
+    if (options_.max_input_images > 0) {
+      send(res, api_error(400, "invalid_request_error", "missing_field",
+                          "the model '" + model_name_ +
+                              "' edits images: POST the image(s) with the prompt to "
+                              "/v1/images/edits",
+                          "image"));
+      return;
+    }
+    run(res, r, {});
+  }
+
+  void edit(const httplib::Request& req, httplib::Response& res) {
+    if (options_.max_input_images == 0) {
+      send(res, api_error(400, "invalid_request_error", "unsupported",
+                          "the model '" + model_name_ +
+                              "' makes images from text only: use /v1/images/generations",
+                          "image"));
+      return;
+    }
+    if (!req.is_multipart_form_data()) {
+      send(res, api_error(415, "invalid_request_error", "unsupported_media_type",
+                          "an edit is a multipart/form-data body with the image(s) to edit, as "
+                          "OpenAI's SDK sends it"));
+      return;
+    }
+    ImageEditRequest e;
+    try {
+      std::vector<FormField> fields;
+      for (const auto& [name, part] : req.files) {
+        fields.push_back({name, part.content, !part.filename.empty()});
+      }
+      e = parse_image_edit_form(fields, max_input_images());
+    } catch (const ApiException& error) {
+      send(res, error.error());
+      return;
+    }
+    std::vector<pipeline::MediaFile> media;
+    for (size_t i = 0; i < e.images.size(); ++i) {
+      media.push_back({"image", "image " + std::to_string(i + 1), std::move(e.images[i].data)});
+    }
+    if (run(res, e.request, media)) ++edits_;
+  }
+
+  // Admits and runs a parsed request; true when answered with images.
+  bool run(httplib::Response& res, const ImageRequest& r,
+           const std::vector<pipeline::MediaFile>& media) {
+    const auto start = Clock::now();
+    uint64_t bytes = 0;
     if (!r.model.empty() && r.model != model_name_) {
       const std::string shown = r.model.size() <= 64 ? r.model : r.model.substr(0, 64) + "...";
       send(res, model_not_found("the model '" + shown + "' does not exist: this server serves '" +
                                 model_name_ + "'"));
-      return;
+      return false;
     }
     if (const auto e = too_costly(r, &bytes)) {
       send(res, *e);
-      return;
+      return false;
     }
     const int socket = BoundedHttpServer::current_socket();
     AdmissionQueue::Slot slot;
-    if (!admit(slot, socket, res)) return;
+    if (!admit(slot, socket, res)) return false;
     InflightBudget::Lease lease = budget_.lease();
     if (!lease.grow(bytes)) {
       send(res, api_error(503, "server_error", "server_busy",
                           "the server holds as many request bytes as --max-inflight-bytes "
                           "allows: try again shortly"));
-      return;
+      return false;
     }
     pipeline::Request request;
     request.chat.text = r.prompt;
@@ -215,14 +261,16 @@ class ImageApi::Impl {
       return stopping_.load() || BoundedHttpServer::client_gone(socket);
     };
     try {
-      const auto result = pipeline_.generate(request, callbacks);
+      const auto result =
+          pipeline_.generate(request, callbacks, std::chrono::steady_clock::time_point::max(),
+                             media.empty() ? nullptr : &media);
       if (!result.images.defined()) {
         if (stopping_) {
           send(res, api_error(503, "server_error", "shutting_down", "the server is stopping"));
         } else {
           metrics_.count_request(499);  // nobody is left to answer
         }
-        return;
+        return false;
       }
       Json data = Json::array();
       for (const std::string& png : models::encode_png_bytes(result.images)) {
@@ -232,6 +280,7 @@ class ImageApi::Impl {
       images_ += data.size();
       metrics_.count_done(result, pipeline::ms_since(start));
       metrics_.count_request(200);
+      return true;
     } catch (const ApiException& e) {
       send(res, e.error());
     } catch (const pipeline::StageError& e) {
@@ -239,6 +288,7 @@ class ImageApi::Impl {
     } catch (const std::exception& e) {
       send(res, server_error(published(e.what())));
     }
+    return false;
   }
 
   pipeline::Pipeline& pipeline_;
@@ -250,6 +300,7 @@ class ImageApi::Impl {
   AdmissionQueue queue_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> images_{0};
+  std::atomic<uint64_t> edits_{0};
 };
 
 ImageApi::ImageApi(pipeline::Pipeline& pipeline, ImageOptions options, std::string model_name,
@@ -259,6 +310,6 @@ ImageApi::~ImageApi() { stop(); }
 void ImageApi::add_routes(httplib::Server& server) { impl_->add_routes(server); }
 void ImageApi::stop() { impl_->stop(); }
 std::string ImageApi::prometheus() const { return impl_->prometheus(); }
-ApiError ImageApi::edits_refusal() const { return impl_->edits_refusal(); }
+int64_t ImageApi::max_input_images() const { return impl_->max_input_images(); }
 
 }  // namespace omni::http

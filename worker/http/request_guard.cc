@@ -109,17 +109,14 @@ std::optional<ApiError> refuse_request_head(const RequestHead& head, const HostP
     const std::string type =
         types.empty() ? ""
                       : ascii_lower(trim_blanks(types.front().substr(0, types.front().find(';'))));
-    const bool video_form = type == "multipart/form-data" &&
-                            (head.path == "/v1/videos" || head.path == "/v1/videos/sync") &&
-                            !head.header_values("Authorization").empty();
-    // A route answered from its head never reads its body: any type (OpenAI's SDK sends edits
-    // as forms) gets that answer.
-    if (type != "application/json" && !video_form && !answered_from_head(head)) {
-      if (type == "multipart/form-data" &&
-          (head.path == "/v1/videos" || head.path == "/v1/videos/sync")) {
+    const bool form_route = takes_form(head);
+    const bool form =
+        type == "multipart/form-data" && form_route && !head.header_values("Authorization").empty();
+    if (type != "application/json" && !form) {
+      if (type == "multipart/form-data" && form_route) {
         return refusal(415, "unsupported_media_type",
-                       "a multipart/form-data video request needs an Authorization header (the "
-                       "bearer key; any value on a server without one), or send JSON");
+                       "a multipart/form-data request needs an Authorization header (the bearer "
+                       "key; any value on a server without one)");
       }
       // Browsers send forms and text/plain across sites without asking: JSON only.
       return refusal(415, "unsupported_media_type",
@@ -148,11 +145,13 @@ bool is_public_route(const RequestHead& head, const AccessPolicy& access) {
 bool takes_body(const RequestHead& head) {
   return head.method == "POST" &&
          (head.path == "/v1/chat/completions" || head.path == "/v1/videos" ||
-          head.path == "/v1/videos/sync" || head.path == "/v1/images/generations");
+          head.path == "/v1/videos/sync" || head.path == "/v1/images/generations" ||
+          head.path == "/v1/images/edits");
 }
 
-bool answered_from_head(const RequestHead& head) {
-  return head.method == "POST" && head.path == "/v1/images/edits";
+bool takes_form(const RequestHead& head) {
+  return head.method == "POST" && (head.path == "/v1/videos" || head.path == "/v1/videos/sync" ||
+                                   head.path == "/v1/images/edits");
 }
 
 bool key_matches(const std::string& authorization, const std::string& api_key) {
@@ -174,7 +173,6 @@ std::optional<ApiError> refuse_request_access(const RequestHead& head, const Acc
       return e;
     }
   }
-  if (answered_from_head(head)) return std::nullopt;  // its body is never read
   const auto lengths = head.header_values("Content-Length");
   const uint64_t length = lengths.empty() ? 0 : content_length(lengths.front()).value_or(0);
   // Other routes may carry an empty JSON object or so; never a body worth buffering.

@@ -47,9 +47,8 @@ RequestHead request_head_of(const HttpHead& head);
 //   without one (its body would be read until the client closes);
 // - 415 unsupported_content_encoding: a Content-Encoding other than identity;
 // - 415 unsupported_media_type: a POST whose Content-Type is not application/json, save
-//   multipart/form-data to POST /v1/videos[/sync] with an Authorization header (OpenAI's SDK
-//   sends video requests so; a cross-site HTML form cannot set that header), and any type to a
-//   route answered_from_head;
+//   multipart/form-data to a takes_form route with an Authorization header (OpenAI's SDK sends
+//   video requests and image edits so; a cross-site HTML form cannot set that header);
 // - 403 host_not_allowed: a Host the policy does not list.
 std::optional<ApiError> refuse_request_head(const RequestHead& head, const HostPolicy& hosts);
 
@@ -64,11 +63,11 @@ struct AccessPolicy {
 // preflights), and GET /metrics when the policy makes it public.
 bool is_public_route(const RequestHead& head, const AccessPolicy& access);
 // Routes that take a request body (POST /v1/chat/completions, /v1/videos, /v1/videos/sync,
-// /v1/images/generations).
+// /v1/images/generations, /v1/images/edits).
 bool takes_body(const RequestHead& head);
-// Routes whose answer does not depend on their body, answered (after the key check) before it
-// is read: POST /v1/images/edits (not supported yet). Any Content-Type and length pass.
-bool answered_from_head(const RequestHead& head);
+// Routes that take multipart/form-data (with an Authorization header) as OpenAI's SDK sends
+// them: POST /v1/videos, /v1/videos/sync, /v1/images/edits (the images to edit).
+bool takes_form(const RequestHead& head);
 // Whether an Authorization header carries `api_key` ("Bearer <key>"), compared in time that
 // does not depend on where they differ.
 bool key_matches(const std::string& authorization, const std::string& api_key);

@@ -3,8 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <set>
 
+#include "worker/http/diffusion_bounds.h"
 #include "worker/http/request_json.h"
 
 namespace omni::http {
@@ -13,28 +13,21 @@ namespace {
 using Json = nlohmann::json;
 using detail::field;
 
-// Bounds against requests no server could hold (a 100k x 100k video), not the model's rules:
-// the diffusion stage checks those (sizes divisible by 16, ...) and its refusal names them.
-constexpr int64_t kMaxSide = 4096;
+using detail::kMaxDiffusionSide;
+using detail::kMaxDiffusionSteps;
+using detail::kMaxGuidance;
 constexpr int64_t kMaxFrames = 1025;
-constexpr int64_t kMaxSteps = 1000;
 constexpr double kMaxSeconds = 600;
-// Guidance and shift beyond these make no video anyone asked for (diffusers' defaults are 1-12).
-constexpr double kMaxGuidance = 100;
+// Shift beyond this makes no video anyone asked for (diffusers' defaults are 1-12).
 constexpr double kMaxFlowShift = 100;
-// A prompt is cut to 512 tokens by the text encoder: longer text only costs memory while the job
-// is stored.
-constexpr size_t kMaxPromptBytes = 64 << 10;
-// A video request has about a dozen fields.
-constexpr size_t kMaxJsonValues = 1024;
 
 const std::string& text_field(const Json& v, const std::string& param) {
-  return detail::get_text(v, param, kMaxPromptBytes);
+  return detail::get_text(v, param, detail::kMaxDiffusionPromptBytes);
 }
 
 // "832x480" -> width 832, height 480.
 void parse_size(const std::string& s, VideoRequest& r) {
-  const auto size = detail::parse_size(s, "size", kMaxSide, "832x480");
+  const auto size = detail::parse_size(s, "size", kMaxDiffusionSide, "832x480");
   r.size = s;
   r.diffusion.width = size.width;
   r.diffusion.height = size.height;
@@ -69,14 +62,7 @@ int64_t frames_for_seconds(double seconds, int64_t fps) {
 }
 
 VideoRequest parse_video_request(std::string_view body, int64_t fps) {
-  detail::BodyLimits limits;
-  limits.max_depth = 8;
-  limits.max_values = kMaxJsonValues;
-  limits.text_keys = {"prompt", "negative_prompt"};
-  limits.max_text_bytes = 2 * kMaxPromptBytes;
-  limits.text_param = "prompt";
-  limits.text_why = "a video prompt";
-  const Json root = detail::parse_body(body, limits);
+  const Json root = detail::parse_body(body, detail::diffusion_body_limits("a video prompt"));
   if (!root.is_object()) detail::wrong_type("", "a JSON object", root);
   detail::check_keys(
       root, "",
@@ -105,7 +91,7 @@ VideoRequest parse_video_request(std::string_view body, int64_t fps) {
     d.num_frames = std::min(frames_for_seconds(*r.seconds, fps), kMaxFrames);
   }
   if (const Json* v = field(root, "num_inference_steps")) {
-    d.num_inference_steps = detail::get_int_in(*v, "num_inference_steps", 1, kMaxSteps);
+    d.num_inference_steps = detail::get_int_in(*v, "num_inference_steps", 1, kMaxDiffusionSteps);
   }
   if (const Json* v = field(root, "guidance_scale")) {
     d.guidance_scale = detail::get_number_in(*v, "guidance_scale", 0, kMaxGuidance);
@@ -126,23 +112,16 @@ VideoRequest parse_video_request(std::string_view body, int64_t fps) {
 }
 
 VideoRequest parse_video_form(const std::vector<FormField>& fields, int64_t fps) {
-  Json body = Json::object();
   for (const auto& f : fields) {
     if (f.file) {
       detail::unsupported(f.name,
                           "file uploads (an input_reference image) are not supported: "
                           "send text fields only");
     }
-    if (body.contains(f.name)) {
-      detail::invalid_value(f.name, "the field is given more than once");
-    }
-    // Only the numeric fields: a prompt "1984" stays text.
-    static const std::set<std::string> numeric = {
-        "seconds",          "num_frames",     "num_inference_steps", "guidance_scale",
-        "guidance_scale_2", "boundary_ratio", "flow_shift",          "seed"};
-    Json value = numeric.count(f.name) ? Json::parse(f.value, nullptr, false) : Json();
-    body[f.name] = value.is_number() ? value : Json(f.value);
   }
+  const Json body =
+      form_json(fields, {"seconds", "num_frames", "num_inference_steps", "guidance_scale",
+                         "guidance_scale_2", "boundary_ratio", "flow_shift", "seed"});
   return parse_video_request(body.dump(), fps);
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model_runner/runner/diffusion_request.h"
+#include "worker/http/form_fields.h"
 
 namespace omni::http {
 
@@ -31,12 +32,6 @@ int64_t frames_for_seconds(double seconds, int64_t fps);
 // num_inference_steps, guidance_scale, guidance_scale_2, boundary_ratio, flow_shift, seed.
 // `fps` turns seconds into frames. Throws ApiException (400) naming the field.
 VideoRequest parse_video_request(std::string_view body, int64_t fps);
-
-// One part of a multipart/form-data body.
-struct FormField {
-  std::string name, value;
-  bool file = false;  // it has a filename (an upload, not a value)
-};
 
 // The same fields from a form: the numeric fields' values that read as JSON numbers are numbers,
 // the rest strings (so "num_frames=abc" is refused as a string where an integer belongs). Uploads

@@ -33,9 +33,11 @@ struct VideoDefaults {
 };
 
 // What an image request leaves unset takes, from a checkpoint that makes images (serve's
-// /v1/images/generations: its pixel cap is from these).
+// /v1/images/generations: its pixel cap is from these), and how many images a request may give
+// it to edit (0: it makes images from text only).
 struct ImageDefaults {
   int64_t width = 0, height = 0;
+  int64_t max_input_images = 0;
 };
 
 class ModelFamily {

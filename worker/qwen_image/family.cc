@@ -1,5 +1,6 @@
-// The Qwen-Image family (a diffusers QwenImagePipeline folder): its stage kind `qwen_image`, an
-// entry stage that turns the request's prompt into images (image_stage.cc). Step packets become
+// The Qwen-Image family (a diffusers QwenImagePipeline, QwenImageEditPipeline or
+// QwenImageEditPlusPipeline folder): its stage kind `qwen_image`, an entry stage that turns the
+// request's prompt (and the images to edit) into images (image_stage.cc). Step packets become
 // on_progress calls, the images of the last packet the result's images.
 #include "model_runner/diffusion/qwen_image_pipeline.h"
 #include "worker/diffusers/diffusers_folder.h"
@@ -39,6 +40,9 @@ StageKind image_stage() {
   return k;
 }
 
+// The most images one Edit-Plus request may give.
+constexpr int64_t kMaxEditImages = 4;
+
 class QwenImageFamily : public ModelFamily {
  public:
   std::string name() const override { return "qwen_image"; }
@@ -49,11 +53,12 @@ class QwenImageFamily : public ModelFamily {
   }
 
   bool claims_checkpoint(const std::string& model_dir) const override {
-    // Edit folders too, so that the loader refuses them by name.
+    // QwenImagePipeline, QwenImageEditPipeline, QwenImageEditPlusPipeline (others the loader
+    // refuses by name).
     return diffusers_pipeline_class(model_dir).rfind("QwenImage", 0) == 0;
   }
   std::string checkpoint_marker() const override {
-    return "model_index.json naming QwenImagePipeline";
+    return "model_index.json naming QwenImagePipeline or QwenImageEdit(Plus)Pipeline";
   }
 
   // As vLLM-Omni: one diffusion stage, one request at a time, answering with images.
@@ -67,10 +72,15 @@ class QwenImageFamily : public ModelFamily {
     return c;
   }
 
-  // The pipeline's own size for a request that names none.
-  std::optional<ImageDefaults> image_defaults(const std::string&) const override {
-    const models::QwenImageRequest defaults;
-    return ImageDefaults{defaults.width, defaults.height};
+  // The pipeline's own size for a request that names none (an edit's default is its image's
+  // size at the same area), and the images an edit takes: Edit one, Edit-Plus up to
+  // kMaxEditImages (the model card's 1 to 3, and one more).
+  std::optional<ImageDefaults> image_defaults(const std::string& model_dir) const override {
+    const std::string cls = diffusers_pipeline_class(model_dir);
+    const int64_t images = cls == "QwenImageEditPipeline"       ? 1
+                           : cls == "QwenImageEditPlusPipeline" ? kMaxEditImages
+                                                                : 0;
+    return ImageDefaults{models::kQwenImageDefaultSize, models::kQwenImageDefaultSize, images};
   }
 };
 

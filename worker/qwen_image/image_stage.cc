@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "model_runner/diffusion/qwen_image_pipeline.h"
+#include "model_runner/preprocess/image.h"
 #include "worker/diffusers/diffusion_params.h"
 #include "worker/diffusers/diffusion_stage_common.h"
 #include "worker/pipeline/local_stage_base.h"
@@ -24,11 +25,13 @@ models::QwenImageRequest image_request(const DiffusionParams& p, const StageCall
                  !d.flow_shift,
              "num_frames, guidance_scale, guidance_scale_2, boundary_ratio and flow_shift are "
              "video settings; an image model takes true_cfg_scale");
-  for (const auto& m : call.media) {
-    OMNI_CHECK(m.kind != "image", "this image model makes images from text only (",
-               m.name.empty() ? std::string("an input image") : m.name, " given)");
-  }
   models::QwenImageRequest r;
+  // The images to edit, in the request's order; the pipeline says how many its folder takes.
+  for (const auto& m : call.media) {
+    if (m.kind != "image") continue;
+    r.images.push_back(models::decode_image(reinterpret_cast<const uint8_t*>(m.data.data()),
+                                            m.data.size(), m.name));
+  }
   r.prompt = p.prompt;
   r.negative_prompt = d.negative_prompt;
   r.height = d.height.value_or(r.height);

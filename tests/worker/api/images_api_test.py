@@ -1,11 +1,11 @@
-"""/v1/images/generations of `vllm-omni serve`, driven by the real `openai` client on the tiny
-diffusers Qwen-Image folder: the images decode (PIL) and equal, pixel for pixel, what
-`vllm-omni generate` writes for the same settings; bad requests get OpenAI's error JSON (status,
-type, param); edits answer 400; a full queue answers 429; a client that leaves cancels its
-request; /metrics counts it all; a Qwen3-Omni server refuses saying it makes no images. /health
-answers after everything.
+"""/v1/images of `vllm-omni serve`, driven by the real `openai` client on the tiny diffusers
+Qwen-Image folders: generations and edits (Edit, one image; Edit-Plus, two) decode (PIL) and
+equal, pixel for pixel, what `vllm-omni generate` writes for the same settings; bad requests get
+OpenAI's error JSON (status, type, param); a text-to-image model refuses edits and an edit model
+generations; a full queue answers 429; a client that leaves cancels its request; /metrics counts
+it all; a Qwen3-Omni server refuses saying it makes no images. /health answers after everything.
 
-    images_api_test.py VLLM_OMNI QWEN3_OMNI_FIXTURE QWEN_IMAGE_FIXTURE
+    images_api_test.py VLLM_OMNI QWEN3_OMNI_FIXTURE QWEN_IMAGE_FIXTURE QWEN_IMAGE_EDIT_FIXTURE
 Exit 77 (skipped) when the openai or pillow package is missing.
 """
 import base64
@@ -31,7 +31,7 @@ except ImportError:
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import serving  # noqa: E402  (the shared server start-up)
 
-VLLM_OMNI, OMNI_FIXTURE, IMAGE_FIXTURE = sys.argv[1], sys.argv[2], sys.argv[3]
+VLLM_OMNI, OMNI_FIXTURE, IMAGE_FIXTURE, EDIT_FIXTURE = sys.argv[1:5]
 KEY = "image-key"
 PROMPT = "A red fox sitting by a cafe, golden hour light."
 SETTINGS = {"negative_prompt": "blurry, low quality", "num_inference_steps": 3,
@@ -84,6 +84,88 @@ def wait_for(what, cond, timeout=60):
             return
         time.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+EDIT_PROMPT = "Make the fox blue, keep the cafe."
+
+
+def edit_many(client, images, fields):
+    """An edit of several images as OpenAI's list form sends it (one "image[]" part each); the
+    pinned client's images.edit takes one image."""
+    return client.post("/images/edits", cast_to=openai.types.ImagesResponse, body=fields,
+                       files=[("image[]", image) for image in images],
+                       options={"headers": {"Content-Type": "multipart/form-data"}})
+
+
+def edits(tmp):
+    """Edit (one image) and Edit-Plus (two) through client.images.edit, equal to generate's."""
+    image_a = os.path.join(EDIT_FIXTURE, "image_a.png")
+    image_b = os.path.join(EDIT_FIXTURE, "image_b.png")
+    plus = os.path.join(EDIT_FIXTURE, "plus")
+
+    def generate(model, images, name):
+        args = [VLLM_OMNI, "generate", "--model", model, "--prompt", EDIT_PROMPT,
+                "--num-inference-steps", "2", "--seed", "5", "--width", "48", "--height", "32",
+                "--output", os.path.join(tmp, name)]
+        for image in images:
+            args += ["--image", image]
+        subprocess.run(args, capture_output=True, text=True, check=True, timeout=300)
+        return pixels(os.path.join(tmp, name))
+
+    ref_edit = generate(EDIT_FIXTURE, [image_a], "edit.png")
+    ref_plus = generate(plus, [image_a, image_b], "plus.png")
+    settings = {"num_inference_steps": 2, "seed": 5}
+    for model, images, ref in ((EDIT_FIXTURE, [image_a], ref_edit),
+                               (plus, [image_a, image_b], ref_plus)):
+        srv = serving.Server(VLLM_OMNI, model, KEY, [])
+        try:
+            port = srv.port
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY,
+                                   max_retries=0)
+            limit = json.loads(raw(port, "GET", "/v1/models")[2])["data"][0]["image_edit"]
+            assert limit == (1 if model == EDIT_FIXTURE else 4), limit
+            if len(images) == 1:
+                with open(images[0], "rb") as f:
+                    r = client.images.edit(model="tiny", image=f, prompt=EDIT_PROMPT,
+                                           size="48x32", extra_body=settings)
+            else:
+                r = edit_many(client, [(os.path.basename(p), open(p, "rb").read())
+                                       for p in images],
+                              {"model": "tiny", "prompt": EDIT_PROMPT, "size": "48x32",
+                               **settings})
+            assert len(r.data) == 1, r
+            assert pixels(base64.b64decode(r.data[0].b64_json)) == ref, \
+                f"{model}: the edit differs from vllm-omni generate's"
+            assert metric(port, "omni_image_edits_total") == 1
+
+            # -- bad edits: OpenAI's error JSON, and the server stays healthy
+            png = open(image_a, "rb").read()
+
+            def edit(**kw):
+                args = {"model": "tiny", "image": ("a.png", png), "prompt": EDIT_PROMPT,
+                        "size": "48x32", "extra_body": {"num_inference_steps": 2}}
+                args.update(kw)
+                return lambda: client.images.edit(**args)
+
+            expect_api_error(lambda: edit_many(client, [("a.png", png)] * (limit + 1),
+                                               {"prompt": EDIT_PROMPT}),
+                             400, "image", "invalid_value", f"edits at most {limit} image")
+            expect_api_error(edit(mask=("m.png", png)), 400, "mask", "unsupported")
+            expect_api_error(edit(n=11), 400, "n", "invalid_value", "from 1 to 10")
+            expect_api_error(edit(size="1000x1000"), 400, "size", "invalid_value")
+            # Not an image: the stage refuses it, naming the upload.
+            expect_api_error(edit(image=("a.png", b"not an image" * 10)), 400, None, None,
+                             "image 1")
+            # An edit model needs an image: generations point to /v1/images/edits.
+            expect_api_error(lambda: client.images.generate(prompt=EDIT_PROMPT, size="48x32"),
+                             400, "image", "missing_field", "/v1/images/edits")
+            # A form needs the Authorization header; JSON is not an edit.
+            status, _, body = raw(port, "POST", "/v1/images/edits",
+                                  json.dumps({"prompt": EDIT_PROMPT}).encode())
+            assert status == 415, (status, body)
+            srv.check_alive()
+        finally:
+            srv.stop()
 
 
 def main():
@@ -150,11 +232,12 @@ def main():
         expect_api_error(images(model="other"), 404, "model", "model_not_found")
         status, _, body = raw(port, "POST", "/v1/images/generations", b"{\"prompt\": ")
         assert status == 400 and json.loads(body)["error"]["code"] == "invalid_json", body
-        # Edits: 400 from the head (the multipart body with its image is never read).
+        # Edits: this model makes images from text only.
         err = expect_api_error(
             lambda: client.images.edit(model="tiny", image=("a.png", b"\x89PNG" * 4096),
-                                       prompt=PROMPT), 400, None, "unsupported")
-        assert "not supported yet (Qwen-Image-Edit)" in err["message"], err
+                                       prompt=PROMPT), 400, "image", "unsupported")
+        assert "from text only" in err["message"], err
+        assert json.loads(raw(port, "GET", "/v1/models")[2])["data"][0]["image_edit"] == 0
         # The key, as on every route.
         status, _, body = raw(port, "POST", "/v1/images/generations",
                               json.dumps({"prompt": PROMPT}).encode(), key=None)
@@ -192,6 +275,8 @@ def main():
     finally:
         srv.stop()
 
+    edits(tmp)
+
     # -- a model that makes no images
     omni = serving.Server(VLLM_OMNI, OMNI_FIXTURE, KEY, [])
     try:
@@ -205,8 +290,8 @@ def main():
         omni.check_alive()
     finally:
         omni.stop()
-    print("images API: two images equal to generate's, errors, edits, key, 429, cancel, "
-          "no-image model")
+    print("images API: two images equal to generate's, errors, edits (Edit, Edit-Plus) equal to "
+          "generate's, key, 429, cancel, no-image model")
 
 
 if __name__ == "__main__":

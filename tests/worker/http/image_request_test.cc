@@ -1,6 +1,6 @@
-// parse_image_request: what a POST /v1/images/generations body asks the image stage for, and
-// every way it is refused (status, code, the field and the message, as OpenAI clients show
-// them).
+// parse_image_request and parse_image_edit_form: what a POST /v1/images/generations body or a
+// /v1/images/edits form asks the image stage for, and every way it is refused (status, code, the
+// field and the message, as OpenAI clients show them).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -142,6 +142,81 @@ TEST(ImageRequest, NotJson) {
     EXPECT_EQ(e.error().status, 400);
     EXPECT_EQ(e.error().code, "invalid_json");
   }
+}
+
+// An edit form: text fields as strings (numbers too), images as uploads.
+std::vector<FormField> edit_form() {
+  return {{"prompt", "make the fox blue", false},
+          {"image", "\x89PNG-one", true},
+          {"n", "2", false},
+          {"size", "32x48", false},
+          {"seed", "7", false},
+          {"true_cfg_scale", "4.5", false},
+          {"image[]", "\x89PNG-two", true}};
+}
+
+ApiError edit_error(const std::vector<FormField>& fields, int64_t max_images = 4) {
+  try {
+    parse_image_edit_form(fields, max_images);
+  } catch (const ApiException& e) {
+    return e.error();
+  }
+  ADD_FAILURE() << "no error";
+  return {};
+}
+
+TEST(ImageEditForm, ImagesInOrderAndTheFieldsAsJson) {
+  const ImageEditRequest e = parse_image_edit_form(edit_form(), 4);
+  ASSERT_EQ(e.images.size(), 2u);
+  EXPECT_EQ(e.images[0].data, "\x89PNG-one");
+  EXPECT_EQ(e.images[1].data, "\x89PNG-two");
+  EXPECT_EQ(e.request.prompt, "make the fox blue");
+  const auto& d = e.request.diffusion;
+  EXPECT_EQ(d.num_images, 2);
+  EXPECT_EQ(d.width, 32);
+  EXPECT_EQ(d.height, 48);
+  EXPECT_EQ(d.seed, 7u);
+  EXPECT_EQ(d.true_cfg_scale, 4.5);
+  // A prompt of digits stays text.
+  auto digits = edit_form();
+  digits[0].value = "1984";
+  EXPECT_EQ(parse_image_edit_form(digits, 4).request.prompt, "1984");
+}
+
+TEST(ImageEditForm, RefusalsNameTheField) {
+  auto form = edit_form();
+  EXPECT_EQ(edit_error(form, 1).param, "image");
+  EXPECT_EQ(edit_error(form, 1).message,
+            "invalid value for 'image': this model edits at most 1 image, got 2");
+  std::vector<FormField> no_image = {{"prompt", "x", false}};
+  EXPECT_EQ(edit_error(no_image).code, "missing_field");
+  EXPECT_EQ(edit_error(no_image).param, "image");
+  auto text_image = no_image;
+  text_image.push_back({"image", "abc", false});
+  EXPECT_EQ(edit_error(text_image).param, "image");
+  auto empty = no_image;
+  empty.push_back({"image", "", true});
+  EXPECT_EQ(edit_error(empty).message, "invalid value for 'image': image 1 is an empty file");
+  auto mask = edit_form();
+  mask.push_back({"mask", "\x89PNG", true});
+  EXPECT_EQ(edit_error(mask).param, "mask");
+  EXPECT_EQ(edit_error(mask).code, "unsupported");
+  auto other = edit_form();
+  other.push_back({"reference", "data", true});
+  EXPECT_EQ(edit_error(other).param, "reference");
+  auto twice = edit_form();
+  twice.push_back({"seed", "8", false});
+  EXPECT_EQ(edit_error(twice).param, "seed");
+  auto bad_n = edit_form();
+  bad_n[2].value = "abc";
+  EXPECT_EQ(edit_error(bad_n).param, "n");
+  EXPECT_EQ(edit_error(bad_n).code, "invalid_type");
+  auto unknown = edit_form();
+  unknown.push_back({"quality", "hd", false});
+  EXPECT_EQ(edit_error(unknown).code, "unknown_field");
+  auto no_prompt = edit_form();
+  no_prompt.erase(no_prompt.begin());
+  EXPECT_EQ(edit_error(no_prompt).param, "prompt");
 }
 
 }  // namespace

@@ -240,28 +240,31 @@ TEST(RequestGuard, BodiesOverTheLimitOrOnRoutesWithoutOneAreRefusedFromTheHead) 
   EXPECT_EQ(access_status(at("GET", "/", {{"Content-Length", "5000"}}), access), 413);
 }
 
-TEST(RequestGuard, ImageEditsAreAnsweredFromTheHeadBehindTheKey) {
+TEST(RequestGuard, ImageEditsAreFormsWithTheKey) {
   AccessPolicy access;
   access.api_key = "k";
   access.max_body_bytes = 1000;
-  // OpenAI's SDK sends an edit as a form with its images: any type and length pass, the body is
-  // never read.
+  // OpenAI's SDK sends an edit as a form with its images: admitted with an Authorization header
+  // (a cross-site HTML form cannot set one), under the body limit like any body.
   const std::vector<std::pair<std::string, std::string>> form = {
-      {"Content-Type", "multipart/form-data; boundary=x"}, {"Content-Length", "5000000"}};
+      {"Content-Type", "multipart/form-data; boundary=x"}, {"Content-Length", "500"}};
   auto edit = at("POST", "/v1/images/edits", form);
-  EXPECT_TRUE(answered_from_head(edit));
-  EXPECT_FALSE(takes_body(edit));
-  EXPECT_EQ(status_of(edit), 0);
+  EXPECT_TRUE(takes_form(edit));
+  EXPECT_TRUE(takes_body(edit));
+  EXPECT_EQ(status_of(edit), 415);  // no Authorization header
   EXPECT_EQ(access_status(edit, access), 401);
   auto with_key = form;
   with_key.emplace_back("Authorization", "Bearer k");
+  EXPECT_EQ(status_of(at("POST", "/v1/images/edits", with_key)), 0);
   EXPECT_EQ(access_status(at("POST", "/v1/images/edits", with_key), access), 0);
-  // Generations are JSON with a body under the limit, as chat requests.
+  auto large = with_key;
+  large[1].second = "5000000";
+  EXPECT_EQ(access_status(at("POST", "/v1/images/edits", large), access), 413);
+  // Generations are JSON with a body under the limit, as chat requests; no forms.
   const auto generation = at("POST", "/v1/images/generations", with_key);
-  EXPECT_FALSE(answered_from_head(generation));
+  EXPECT_FALSE(takes_form(generation));
   EXPECT_TRUE(takes_body(generation));
   EXPECT_EQ(status_of(generation), 415);
-  EXPECT_EQ(access_status(generation, access), 413);
   EXPECT_EQ(access_status(at("POST", "/v1/images/generations",
                              {{"Content-Length", "1000"}, {"Authorization", "Bearer k"}}),
                           access),
