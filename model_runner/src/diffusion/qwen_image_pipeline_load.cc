@@ -82,7 +82,7 @@ QwenImagePipeline::QwenImagePipeline(std::string dir, QwenImageVariant variant,
       variant_(variant),
       tokenizer_(std::move(tokenizer)),
       text_encoder_(register_module("text_encoder", std::move(text_encoder))),
-      vision_(std::move(vision)) {
+      vision_(vision) {
   OMNI_CHECK((visual != nullptr) == (variant != QwenImageVariant::kTextToImage),
              "QwenImagePipeline: the vision tower belongs to the edit variants, and only them");
   if (visual) visual_ = register_module("visual", std::move(visual));
@@ -152,9 +152,9 @@ std::shared_ptr<QwenImagePipeline> load_qwen_image_pipeline(const std::string& d
                visual->config().out_hidden_size, " != the decoder's hidden_size ",
                text_config.hidden_size);
   }
-  return std::make_shared<QwenImagePipeline>(
-      dir, variant, std::move(tokenizer), std::move(text_encoder), std::move(visual),
-      std::move(vision), std::move(transformer), std::move(vae));
+  return std::make_shared<QwenImagePipeline>(dir, variant, std::move(tokenizer),
+                                             std::move(text_encoder), std::move(visual), vision,
+                                             std::move(transformer), std::move(vae));
 }
 
 }  // namespace omni::models

@@ -78,9 +78,11 @@ Coefficients precompute_coefficients(int64_t in_size, int64_t out_size,
   for (int64_t xx = 0; xx < out_size; ++xx) {
     const double center = (xx + 0.5) * scale;
     const double ss = 1.0 / filterscale;
-    // (int) truncates toward zero, as in C.
+    // (int) truncates toward zero, as in C: Pillow's rounding, kept bit for bit.
+    // NOLINTNEXTLINE(bugprone-incorrect-roundings)
     int64_t xmin = static_cast<int>(center - support + 0.5);
     if (xmin < 0) xmin = 0;
+    // NOLINTNEXTLINE(bugprone-incorrect-roundings)
     int64_t xmax = static_cast<int>(center + support + 0.5);
     if (xmax > in_size) xmax = in_size;
     xmax -= xmin;
