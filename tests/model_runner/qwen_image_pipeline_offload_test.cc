@@ -1,8 +1,9 @@
 // QwenImagePipeline under the engine's offload backends (tests/fixtures/qwen_image_pipeline_tiny
 // with true CFG): model-level, layerwise with one or two blocks ahead, phase granularity, an
 // offload ratio and the disk tier must give bitwise the images of the resident pipeline, within
-// the device bound each strategy implies; model-level must never hold the text encoder and the
-// transformer on the device together. The same for an edit (qwen_image_edit_pipeline_tiny, its
+// the device bound each strategy implies, and stream each block once a step for both guidance
+// passes; model-level must never hold the text encoder and the transformer on the device
+// together. The same for an edit (qwen_image_edit_pipeline_tiny, its
 // vision tower a second encoder) under model-level, layerwise and the disk tier.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -156,6 +157,12 @@ TEST_P(QwenImagePipelineOffload, ImagesAreBitwiseEqualToResident) {
   }
   const size_t slots = static_cast<size_t>(config.num_gpu_layers) + 1;
   EXPECT_LE(s.peak_device_bytes, s.resident_bytes + slots * s.max_unit_bytes) << name;
+  // Both guidance passes share each block's visit: one copy of the streamed units a step (and
+  // the next step's first ones prefetched), not one a pass.
+  const auto steps = static_cast<size_t>(request(pipeline).num_inference_steps);
+  EXPECT_LE(s.bytes_h2d,
+            s.resident_bytes + steps * r.streamed_planned_bytes + slots * s.max_unit_bytes)
+      << name;
   const size_t blocks = 4;
   if (name == "phase") {
     EXPECT_EQ(r.units, blocks * QwenImageTransformer2DModel::block_phases().size());

@@ -9,6 +9,7 @@
 
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -87,25 +88,55 @@ class CountingHook : public offload::ModelHook {
   int calls = 0;
 };
 
-TEST_F(QwenImageTransformerParity, BlocksAndPhasesAreHookableUnits) {
-  std::vector<std::shared_ptr<CountingHook>> hooks;
-  for (int64_t i = 0; i < model_->config().num_layers; ++i) {
+// Each block's and each phase's hooks, counting calls: blocks are entered through
+// forward_passes (one call for all the guidance passes), phases through forward.
+std::map<std::string, std::shared_ptr<CountingHook>> count_units(QwenImageTransformer2DModel& m) {
+  std::map<std::string, std::shared_ptr<CountingHook>> hooks;
+  for (int64_t i = 0; i < m.config().num_layers; ++i) {
     const std::string block =
         std::string(QwenImageTransformer2DModel::kBlocks) + "." + std::to_string(i);
-    std::vector<std::string> units = {block};
+    hooks[block] = std::make_shared<CountingHook>();
+    offload::find_hookable(m, block).hooks().attach("forward_passes", "count", hooks[block]);
     for (const auto& phase : QwenImageTransformer2DModel::block_phases()) {
-      units.push_back(block);
-      units.back() += "." + phase;
-    }
-    for (const auto& unit : units) {
-      auto hook = std::make_shared<CountingHook>();
-      offload::find_hookable(*model_, unit).hooks().attach("forward", "count", hook);
-      hooks.push_back(hook);
+      const std::string unit = block + "." + phase;
+      hooks[unit] = std::make_shared<CountingHook>();
+      offload::find_hookable(m, unit).hooks().attach("forward", "count", hooks[unit]);
     }
   }
+  return hooks;
+}
+
+TEST_F(QwenImageTransformerParity, BlocksAndPhasesAreHookableUnits) {
+  const auto hooks = count_units(*model_);
   const auto out = run(*model_, "hidden_states", ref_->tensor("text_mask"), kImage);
-  for (const auto& hook : hooks) EXPECT_EQ(hook->calls, 1);
+  for (const auto& [unit, hook] : hooks) EXPECT_EQ(hook->calls, 1) << unit;
   EXPECT_LE(max_abs_diff(out, ref_->tensor("output")), 1e-4);
+}
+
+// The guidance passes (two texts of different lengths and masks) through forward_passes: each
+// block is entered once for both, its attention and MLP phases back to back (the modulations
+// once), and each output is bitwise the single-pass forward's.
+TEST_F(QwenImageTransformerParity, GuidancePassesShareEachBlockVisit) {
+  c10::InferenceMode guard;
+  const auto x = ref_->tensor("hidden_states");
+  const auto t = ref_->tensor("timestep");
+  const auto text = ref_->tensor("encoder_hidden_states");
+  const auto mask = ref_->tensor("text_mask");
+  const QwenImageText cond{text, mask};
+  const QwenImageText uncond{text.narrow(1, 0, text.size(1) - 2).flip(1) * 0.5, at::Tensor()};
+  const auto alone_cond = model_->forward(x, cond.embeds, cond.mask, t, kImage);
+  const auto alone_uncond = model_->forward(x, uncond.embeds, uncond.mask, t, kImage);
+  const auto hooks = count_units(*model_);
+  const auto both = model_->forward_passes(x, {cond, uncond}, t, kImage);
+  ASSERT_EQ(both.size(), 2u);
+  EXPECT_TRUE(at::equal(both[0], alone_cond));
+  EXPECT_TRUE(at::equal(both[1], alone_uncond));
+  EXPECT_FALSE(at::equal(both[0], both[1]));
+  for (const auto& [unit, hook] : hooks) {
+    const bool per_pass = unit.find(".attn") != std::string::npos ||
+                          unit.find("_mlp") != std::string::npos;
+    EXPECT_EQ(hook->calls, per_pass ? 2 : 1) << unit;
+  }
 }
 
 TEST_F(QwenImageTransformerParity, Bfloat16StaysClose) {

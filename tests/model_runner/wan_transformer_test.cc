@@ -85,9 +85,10 @@ TEST_F(WanTransformerParity, BlocksAreHookableUnits) {
   std::vector<std::shared_ptr<CountingHook>> hooks;
   for (int64_t i = 0; i < model_->config().num_layers; ++i) {
     auto hook = std::make_shared<CountingHook>();
+    // The model enters its blocks through forward_passes (one call for the guidance passes).
     offload::find_hookable(*model_, "blocks." + std::to_string(i))
         .hooks()
-        .attach("forward", "count", hook);
+        .attach("forward_passes", "count", hook);
     hooks.push_back(hook);
   }
   c10::InferenceMode guard;
@@ -95,6 +96,40 @@ TEST_F(WanTransformerParity, BlocksAreHookableUnits) {
                                    ref.tensor("encoder_hidden_states"));
   for (const auto& hook : hooks) EXPECT_EQ(hook->calls, 1);
   EXPECT_LE(max_abs_diff(out, ref.tensor("output")), 1e-4);
+}
+
+// The guidance passes through forward_passes: each block entered once for both, each phase
+// (attn1, attn2, ffn) twice back to back, each output bitwise the single-pass forward's.
+TEST_F(WanTransformerParity, GuidancePassesShareEachBlockVisit) {
+  const auto ref = SafetensorsFile::open(kDir + "/reference.safetensors");
+  c10::InferenceMode guard;
+  const auto x = ref.tensor("hidden_states");
+  const auto t = ref.tensor("timestep");
+  const auto cond = ref.tensor("encoder_hidden_states");
+  const auto uncond = cond.flip(1) * 0.5;
+  const auto alone_cond = model_->forward(x, t, cond);
+  const auto alone_uncond = model_->forward(x, t, uncond);
+  std::vector<std::pair<std::string, std::shared_ptr<CountingHook>>> hooks;
+  for (int64_t i = 0; i < model_->config().num_layers; ++i) {
+    const std::string block = "blocks." + std::to_string(i);
+    hooks.emplace_back(block, std::make_shared<CountingHook>());
+    offload::find_hookable(*model_, block).hooks().attach("forward_passes", "count",
+                                                          hooks.back().second);
+    for (const char* phase : {"attn1", "attn2", "ffn"}) {
+      hooks.emplace_back(block + "." + phase, std::make_shared<CountingHook>());
+      offload::find_hookable(*model_, hooks.back().first)
+          .hooks()
+          .attach("forward", "count", hooks.back().second);
+    }
+  }
+  const auto both = model_->forward_passes(x, t, {cond, uncond});
+  ASSERT_EQ(both.size(), 2u);
+  EXPECT_TRUE(at::equal(both[0], alone_cond));
+  EXPECT_TRUE(at::equal(both[1], alone_uncond));
+  EXPECT_FALSE(at::equal(both[0], both[1]));
+  for (const auto& [unit, hook] : hooks) {
+    EXPECT_EQ(hook->calls, unit.find('.', 7) == std::string::npos ? 1 : 2) << unit;
+  }
 }
 
 TEST_F(WanTransformerParity, Bfloat16StaysClose) {

@@ -172,13 +172,20 @@ at::Tensor QwenImagePipeline::denoise(const QwenImageRequest& r,
     shapes.insert(shapes.end(), conditioning.image_shapes.begin(), conditioning.image_shapes.end());
   }
   const int64_t generated = latents.size(1);
-  const auto predict = [&](const QwenImagePromptEmbeds& text, const at::Tensor& timestep) {
-    if (!image_latents.defined()) {
-      return transformer_->forward(latents, text.embeds, text.mask, timestep, shapes);
+  // Both guidance passes in one call (each block visited once a step for both); an edit's
+  // outputs cut to the generated image's rows.
+  std::vector<QwenImageText> texts = {{prompt.embeds, prompt.mask}};
+  if (cfg) texts.push_back({negative.embeds, negative.mask});
+  const auto predict = [&](const at::Tensor& timestep) {
+    const auto input =
+        image_latents.defined() ? at::cat({latents, image_latents}, 1) : latents;
+    auto preds = texts.size() == 1 ? std::vector<at::Tensor>{transformer_->forward(
+                                         input, texts[0].embeds, texts[0].mask, timestep, shapes)}
+                                   : transformer_->forward_passes(input, texts, timestep, shapes);
+    if (image_latents.defined()) {
+      for (auto& p : preds) p = p.narrow(1, 0, generated);
     }
-    return transformer_
-        ->forward(at::cat({latents, image_latents}, 1), text.embeds, text.mask, timestep, shapes)
-        .narrow(1, 0, generated);
+    return preds;
   };
 
   auto scheduler = make_scheduler();
@@ -189,10 +196,11 @@ at::Tensor QwenImagePipeline::denoise(const QwenImageRequest& r,
   for (int64_t i = 0; i < total; ++i) {
     const auto timestep =
         timesteps[i].to(device).expand({latents.size(0)}).to(latents.scalar_type()) / 1000;
-    auto noise_pred = predict(prompt, timestep);
+    const auto preds = predict(timestep);
+    auto noise_pred = preds[0];
     if (trace && trace->transformer) trace->transformer(i, true, timestep, noise_pred);
     if (cfg) {
-      const auto neg_pred = predict(negative, timestep);
+      const auto& neg_pred = preds[1];
       if (trace && trace->transformer) trace->transformer(i, false, timestep, neg_pred);
       // True CFG, then each token's prediction rescaled to the conditional one's norm.
       const auto combined = neg_pred + r.true_cfg_scale * (noise_pred - neg_pred);

@@ -170,7 +170,7 @@ std::pair<at::Tensor, at::Tensor> QwenImageJointAttention::forward(const at::Ten
 
 QwenImageTransformerBlock::QwenImageTransformerBlock(const QwenImageTransformerConfig& c,
                                                      at::ScalarType dtype)
-    : HookableModule("QwenImageTransformerBlock") {
+    : HookableModule("QwenImageTransformerBlock", {"forward", "forward_passes"}) {
   const int64_t d = c.inner_dim();
   // Registered in execution order: phase granularity streams them in this order.
   img_mod_ = child<QwenImageModulation>(*this, "img_mod", d, dtype);
@@ -188,36 +188,63 @@ std::pair<at::Tensor, at::Tensor> QwenImageTransformerBlock::forward(const at::T
   auto out = invoke(
       "forward", {image, text, text_mask, temb, r.image_cos, r.image_sin, r.text_cos, r.text_sin},
       [this](offload::HookArgs& a) -> c10::IValue {
-        at::Tensor img = a[0].toTensor(), txt = a[1].toTensor();
-        const at::Tensor mask = a[2].toTensor(), t = a[3].toTensor();
-        const QwenImageRotary rot{a[4].toTensor(), a[5].toTensor(), a[6].toTensor(),
-                                  a[7].toTensor()};
-        // Each [B, 6D]: (shift, scale, gate) before attention, then before the FFN.
-        const auto img_mod = img_mod_->forward(t).chunk(6, -1);
-        const auto txt_mod = txt_mod_->forward(t).chunk(6, -1);
-
-        auto [img_attn, txt_attn] =
-            attn_->forward(modulate(layer_norm(img), img_mod[0], img_mod[1]),
-                           modulate(layer_norm(txt), txt_mod[0], txt_mod[1]), mask, rot);
-        img = img + img_mod[2].unsqueeze(1) * img_attn;
-        txt = txt + txt_mod[2].unsqueeze(1) * txt_attn;
-
-        auto img_ff = img_mlp_->forward(modulate(layer_norm(img), img_mod[3], img_mod[4]));
-        img = img + img_mod[5].unsqueeze(1) * img_ff;
-        auto txt_ff = txt_mlp_->forward(modulate(layer_norm(txt), txt_mod[3], txt_mod[4]));
-        txt = txt + txt_mod[5].unsqueeze(1) * txt_ff;
-        if (img.scalar_type() == at::kHalf) {  // as the reference clips float16
-          img = img.clamp(-65504, 65504);
-          txt = txt.clamp(-65504, 65504);
-        }
-        return pair_of(img, txt);
+        std::vector<QwenImagePass> passes = {
+            {a[0].toTensor(), a[1].toTensor(), a[2].toTensor(),
+             QwenImageRotary{a[4].toTensor(), a[5].toTensor(), a[6].toTensor(), a[7].toTensor()}}};
+        run(passes, a[3].toTensor());
+        return pair_of(passes[0].image, passes[0].text);
       });
   return unpair(out);
 }
 
+void QwenImageTransformerBlock::forward_passes(std::vector<QwenImagePass>& passes,
+                                               const at::Tensor& temb) {
+  OMNI_CHECK(!passes.empty(), "QwenImageTransformerBlock::forward_passes: no pass");
+  // The hooks see the activations; the masks and angles travel with `passes`.
+  std::vector<at::Tensor> images, texts;
+  for (const auto& p : passes) {
+    images.push_back(p.image);
+    texts.push_back(p.text);
+  }
+  invoke("forward_passes", {images, texts, temb}, [&](offload::HookArgs& a) -> c10::IValue {
+    run(passes, a[2].toTensor());
+    return c10::IValue();
+  });
+}
+
+void QwenImageTransformerBlock::run(std::vector<QwenImagePass>& passes, const at::Tensor& t) {
+  // Each [B, 6D]: (shift, scale, gate) before attention, then before the FFN.
+  const auto img_mod = img_mod_->forward(t).chunk(6, -1);
+  const auto txt_mod = txt_mod_->forward(t).chunk(6, -1);
+  // Each phase for every pass before the next phase: under phase offload a phase is brought to
+  // the device once for all of them.
+  for (auto& p : passes) {
+    auto [img_attn, txt_attn] =
+        attn_->forward(modulate(layer_norm(p.image), img_mod[0], img_mod[1]),
+                       modulate(layer_norm(p.text), txt_mod[0], txt_mod[1]), p.text_mask,
+                       p.rotary);
+    p.image = p.image + img_mod[2].unsqueeze(1) * img_attn;
+    p.text = p.text + txt_mod[2].unsqueeze(1) * txt_attn;
+  }
+  for (auto& p : passes) {
+    auto img_ff = img_mlp_->forward(modulate(layer_norm(p.image), img_mod[3], img_mod[4]));
+    p.image = p.image + img_mod[5].unsqueeze(1) * img_ff;
+  }
+  for (auto& p : passes) {
+    auto txt_ff = txt_mlp_->forward(modulate(layer_norm(p.text), txt_mod[3], txt_mod[4]));
+    p.text = p.text + txt_mod[5].unsqueeze(1) * txt_ff;
+    if (p.image.scalar_type() == at::kHalf) {  // as the reference clips float16
+      p.image = p.image.clamp(-65504, 65504);
+      p.text = p.text.clamp(-65504, 65504);
+    }
+  }
+}
+
 QwenImageTransformer2DModel::QwenImageTransformer2DModel(const QwenImageTransformerConfig& c,
                                                          at::ScalarType dtype)
-    : HookableModule("QwenImageTransformer2DModel"), c_(c), dtype_(dtype) {
+    : HookableModule("QwenImageTransformer2DModel", {"forward", "forward_passes"}),
+      c_(c),
+      dtype_(dtype) {
   const int64_t d = c.inner_dim();
   auto time = group(*group(*this, "time_text_embed"), "timestep_embedder");
   time_linear_1_ = child<Linear>(*time, "linear_1", 256, d, dtype, true);
@@ -274,6 +301,33 @@ at::Tensor QwenImageTransformer2DModel::forward(const at::Tensor& hidden_states,
                                                 const at::Tensor& text_mask,
                                                 const at::Tensor& timestep,
                                                 const std::vector<QwenImageShape>& images) {
+  std::vector<QwenImageText> texts = {{encoder_hidden_states, text_mask}};
+  check_inputs(hidden_states, texts, timestep, images);
+  auto out = invoke("forward", {hidden_states, encoder_hidden_states, text_mask, timestep},
+                    [&](offload::HookArgs& a) -> c10::IValue {
+                      texts = {{a[1].toTensor(), a[2].toTensor()}};
+                      return run(a[0].toTensor(), texts, a[3].toTensor(), images).front();
+                    });
+  return out.toTensor();
+}
+
+std::vector<at::Tensor> QwenImageTransformer2DModel::forward_passes(
+    const at::Tensor& hidden_states, const std::vector<QwenImageText>& texts,
+    const at::Tensor& timestep, const std::vector<QwenImageShape>& images) {
+  check_inputs(hidden_states, texts, timestep, images);
+  std::vector<at::Tensor> embeds;
+  for (const auto& text : texts) embeds.push_back(text.embeds);
+  return invoke("forward_passes", {hidden_states, embeds, timestep},
+                [&](offload::HookArgs& a) -> c10::IValue {
+                  return run(a[0].toTensor(), texts, a[2].toTensor(), images);
+                })
+      .toTensorVector();
+}
+
+void QwenImageTransformer2DModel::check_inputs(const at::Tensor& hidden_states,
+                                               const std::vector<QwenImageText>& texts,
+                                               const at::Tensor& timestep,
+                                               const std::vector<QwenImageShape>& images) const {
   OMNI_CHECK(hidden_states.dim() == 3 && hidden_states.size(2) == c_.in_channels,
              "QwenImageTransformer2DModel: hidden_states must be [B, L, ", c_.in_channels,
              "], got ", hidden_states.sizes());
@@ -282,41 +336,48 @@ at::Tensor QwenImageTransformer2DModel::forward(const at::Tensor& hidden_states,
   for (const auto& s : images) tokens += s.frames * s.height * s.width;
   OMNI_CHECK(hidden_states.size(1) == tokens, "QwenImageTransformer2DModel: hidden_states has ",
              hidden_states.size(1), " tokens, the image shapes ", tokens);
-  OMNI_CHECK(encoder_hidden_states.dim() == 3 && encoder_hidden_states.size(0) == batch &&
-                 encoder_hidden_states.size(2) == c_.joint_attention_dim,
-             "QwenImageTransformer2DModel: encoder_hidden_states must be [", batch, ", S, ",
-             c_.joint_attention_dim, "], got ", encoder_hidden_states.sizes());
-  const int64_t text_len = encoder_hidden_states.size(1);
-  OMNI_CHECK(!text_mask.defined() || text_mask.sizes() == at::IntArrayRef({batch, text_len}),
-             "QwenImageTransformer2DModel: the text mask must be [", batch, ", ", text_len,
-             "], got ", text_mask.sizes());
+  OMNI_CHECK(!texts.empty(), "QwenImageTransformer2DModel: no text given");
+  for (const auto& [embeds, mask] : texts) {
+    OMNI_CHECK(embeds.dim() == 3 && embeds.size(0) == batch &&
+                   embeds.size(2) == c_.joint_attention_dim,
+               "QwenImageTransformer2DModel: encoder_hidden_states must be [", batch, ", S, ",
+               c_.joint_attention_dim, "], got ", embeds.sizes());
+    const int64_t text_len = embeds.size(1);
+    OMNI_CHECK(!mask.defined() || mask.sizes() == at::IntArrayRef({batch, text_len}),
+               "QwenImageTransformer2DModel: the text mask must be [", batch, ", ", text_len,
+               "], got ", mask.sizes());
+  }
   OMNI_CHECK(timestep.dim() == 1 && timestep.size(0) == batch,
              "QwenImageTransformer2DModel: timestep must be [", batch, "], got ", timestep.sizes());
-  const auto r = rotary(images, text_len, hidden_states.device());
-  auto out = invoke(
-      "forward",
-      {hidden_states, encoder_hidden_states, text_mask, timestep, r.image_cos, r.image_sin,
-       r.text_cos, r.text_sin},
-      [this](offload::HookArgs& a) -> c10::IValue {
-        const QwenImageRotary rot{a[4].toTensor(), a[5].toTensor(), a[6].toTensor(),
-                                  a[7].toTensor()};
-        auto img = img_in_->forward(a[0].toTensor());
-        const auto dtype = img.scalar_type();
-        auto txt = txt_in_->forward(txt_norm_->forward(a[1].toTensor()));
-        at::Tensor mask = a[2].toTensor();
-        if (mask.defined()) mask = mask.to(at::kBool);
-        const auto t = a[3].toTensor().to(dtype);
-        auto temb = time_linear_2_->forward(
-            at::silu(time_linear_1_->forward(sinusoidal_timesteps(t, 256, 1000.0).to(dtype))));
-        for (const auto& block : *blocks_) {
-          std::tie(img, txt) =
-              block->as<QwenImageTransformerBlock>()->forward(img, txt, mask, temb, rot);
-        }
-        // AdaLayerNormContinuous: (scale, shift) from the time embedding.
-        const auto emb = norm_out_linear_->forward(at::silu(temb).to(dtype)).chunk(2, 1);
-        return proj_out_->forward(modulate(layer_norm(img), emb[1], emb[0]));
-      });
-  return out.toTensor();
+}
+
+std::vector<at::Tensor> QwenImageTransformer2DModel::run(const at::Tensor& hidden_states,
+                                                         const std::vector<QwenImageText>& texts,
+                                                         const at::Tensor& timestep,
+                                                         const std::vector<QwenImageShape>& images) {
+  auto img = img_in_->forward(hidden_states);
+  const auto dtype = img.scalar_type();
+  const auto t = timestep.to(dtype);
+  auto temb = time_linear_2_->forward(
+      at::silu(time_linear_1_->forward(sinusoidal_timesteps(t, 256, 1000.0).to(dtype))));
+  // The passes (the guidance's conditional and unconditional ones) share the latents and the
+  // timestep, and go through the blocks block-major: each block is visited once for all.
+  std::vector<QwenImagePass> passes;
+  for (const auto& [embeds, mask] : texts) {
+    passes.push_back({img, txt_in_->forward(txt_norm_->forward(embeds)),
+                      mask.defined() ? mask.to(at::kBool) : at::Tensor(),
+                      rotary(images, embeds.size(1), hidden_states.device())});
+  }
+  for (const auto& block : *blocks_) {
+    block->as<QwenImageTransformerBlock>()->forward_passes(passes, temb);
+  }
+  // AdaLayerNormContinuous: (scale, shift) from the time embedding.
+  const auto emb = norm_out_linear_->forward(at::silu(temb).to(dtype)).chunk(2, 1);
+  std::vector<at::Tensor> out;
+  for (const auto& p : passes) {
+    out.push_back(proj_out_->forward(modulate(layer_norm(p.image), emb[1], emb[0])));
+  }
+  return out;
 }
 
 std::shared_ptr<QwenImageTransformer2DModel> load_qwen_image_transformer(const std::string& dir,

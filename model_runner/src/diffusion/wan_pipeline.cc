@@ -212,10 +212,14 @@ at::Tensor WanPipeline::denoise(const WanRequest& r, const WanConditioning& cond
       timestep = t.expand({latents.size(0)});
     }
 
-    auto noise_pred = model.forward(model_input, timestep, prompt_embeds);
+    // Both guidance passes in one call: each block is visited once a step for both.
+    const auto preds =
+        cfg ? model.forward_passes(model_input, timestep, {prompt_embeds, negative_embeds})
+            : std::vector<at::Tensor>{model.forward(model_input, timestep, prompt_embeds)};
+    auto noise_pred = preds[0];
     if (trace && trace->transformer) trace->transformer(i, true, model_input, timestep, noise_pred);
     if (cfg) {
-      const auto noise_uncond = model.forward(model_input, timestep, negative_embeds);
+      const auto& noise_uncond = preds[1];
       if (trace && trace->transformer)
         trace->transformer(i, false, model_input, timestep, noise_uncond);
       noise_pred = noise_uncond + scale * (noise_pred - noise_uncond);

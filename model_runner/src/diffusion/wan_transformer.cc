@@ -153,7 +153,9 @@ at::Tensor WanAttention::forward(const at::Tensor& x, const at::Tensor& context,
 }
 
 WanTransformerBlock::WanTransformerBlock(const WanTransformerConfig& c, at::ScalarType dtype)
-    : HookableModule("WanTransformerBlock"), eps_(c.eps), cross_attn_norm_(c.cross_attn_norm) {
+    : HookableModule("WanTransformerBlock", {"forward", "forward_passes"}),
+      eps_(c.eps),
+      cross_attn_norm_(c.cross_attn_norm) {
   const int64_t d = c.inner_dim();
   attn1_ = child<WanAttention>(*this, "attn1", c, dtype);
   attn2_ = child<WanAttention>(*this, "attn2", c, dtype);
@@ -172,39 +174,65 @@ at::Tensor WanTransformerBlock::forward(const at::Tensor& x, const at::Tensor& c
                                         const at::Tensor& rope_sin) {
   return invoke("forward", {x, context, temb, rope_cos, rope_sin},
                 [this](offload::HookArgs& a) -> c10::IValue {
-                  at::Tensor h = a[0].toTensor();
-                  const at::Tensor ctx = a[1].toTensor();
-                  const at::Tensor t = a[2].toTensor();  // [B, T, 6, D]
-                  const at::Tensor cos = a[3].toTensor();
-                  const at::Tensor sin = a[4].toTensor();
-                  const auto dtype = h.scalar_type();
-                  // [B, T, 6, D] float32 -> six [B, T, D]
-                  auto mod = (scale_shift_table_.unsqueeze(0) + t.to(at::kFloat)).unbind(2);
-                  const auto &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
-                  const auto &c_shift = mod[3], &c_scale = mod[4], &c_gate = mod[5];
-
-                  auto n = (fp32_layer_norm(h.to(at::kFloat), {}, {}, eps_) * (1 + scale_msa) +
-                            shift_msa)
-                               .to(dtype);
-                  auto attn = attn1_->forward(n, at::Tensor(), cos, sin);
-                  h = (h.to(at::kFloat) + attn * gate_msa).to(dtype);
-
-                  n = cross_attn_norm_
-                          ? fp32_layer_norm(h.to(at::kFloat), norm2_weight_, norm2_bias_, eps_)
-                                .to(dtype)
-                          : h;
-                  h = h + attn2_->forward(n, ctx, at::Tensor(), at::Tensor());
-
-                  n = (fp32_layer_norm(h.to(at::kFloat), {}, {}, eps_) * (1 + c_scale) + c_shift)
-                          .to(dtype);
-                  auto ff = ffn_->forward(n);
-                  return (h.to(at::kFloat) + ff.to(at::kFloat) * c_gate).to(dtype);
+                  return run({a[0].toTensor()}, {a[1].toTensor()}, a[2].toTensor(),
+                             a[3].toTensor(), a[4].toTensor())
+                      .front();
                 })
       .toTensor();
 }
 
+std::vector<at::Tensor> WanTransformerBlock::forward_passes(const std::vector<at::Tensor>& xs,
+                                                            const std::vector<at::Tensor>& contexts,
+                                                            const at::Tensor& temb,
+                                                            const at::Tensor& rope_cos,
+                                                            const at::Tensor& rope_sin) {
+  OMNI_CHECK(!xs.empty() && xs.size() == contexts.size(),
+             "WanTransformerBlock::forward_passes: ", xs.size(), " activations and ",
+             contexts.size(), " contexts");
+  return invoke("forward_passes", {xs, contexts, temb, rope_cos, rope_sin},
+                [this](offload::HookArgs& a) -> c10::IValue {
+                  return run(a[0].toTensorVector(), a[1].toTensorVector(), a[2].toTensor(),
+                             a[3].toTensor(), a[4].toTensor());
+                })
+      .toTensorVector();
+}
+
+std::vector<at::Tensor> WanTransformerBlock::run(std::vector<at::Tensor> hs,
+                                                 const std::vector<at::Tensor>& contexts,
+                                                 const at::Tensor& temb, const at::Tensor& cos,
+                                                 const at::Tensor& sin) {
+  const auto dtype = hs.front().scalar_type();
+  // [B, T, 6, D] float32 -> six [B, T, D]
+  auto mod = (scale_shift_table_.unsqueeze(0) + temb.to(at::kFloat)).unbind(2);
+  const auto &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
+  const auto &c_shift = mod[3], &c_scale = mod[4], &c_gate = mod[5];
+  // Each phase for every pass before the next phase: under phase offload a phase is brought to
+  // the device once for all of them.
+  for (auto& h : hs) {
+    const auto n =
+        (fp32_layer_norm(h.to(at::kFloat), {}, {}, eps_) * (1 + scale_msa) + shift_msa).to(dtype);
+    const auto attn = attn1_->forward(n, at::Tensor(), cos, sin);
+    h = (h.to(at::kFloat) + attn * gate_msa).to(dtype);
+  }
+  for (size_t k = 0; k < hs.size(); ++k) {
+    auto& h = hs[k];
+    const auto n =
+        cross_attn_norm_
+            ? fp32_layer_norm(h.to(at::kFloat), norm2_weight_, norm2_bias_, eps_).to(dtype)
+            : h;
+    h = h + attn2_->forward(n, contexts[k], at::Tensor(), at::Tensor());
+  }
+  for (auto& h : hs) {
+    const auto n =
+        (fp32_layer_norm(h.to(at::kFloat), {}, {}, eps_) * (1 + c_scale) + c_shift).to(dtype);
+    const auto ff = ffn_->forward(n);
+    h = (h.to(at::kFloat) + ff.to(at::kFloat) * c_gate).to(dtype);
+  }
+  return hs;
+}
+
 WanTransformer3DModel::WanTransformer3DModel(const WanTransformerConfig& c, at::ScalarType dtype)
-    : HookableModule("WanTransformer3DModel"), c_(c), dtype_(dtype) {
+    : HookableModule("WanTransformer3DModel", {"forward", "forward_passes"}), c_(c), dtype_(dtype) {
   const int64_t d = c.inner_dim();
   h_dim_ = w_dim_ = 2 * (c.head_dim / 6);
   t_dim_ = c.head_dim - h_dim_ - w_dim_;
@@ -265,14 +293,26 @@ at::Tensor WanTransformer3DModel::forward(const at::Tensor& hidden_states,
                                           const at::Tensor& encoder_hidden_states) {
   return invoke("forward", {hidden_states, timestep, encoder_hidden_states},
                 [this](offload::HookArgs& a) -> c10::IValue {
-                  return forward_impl(a[0].toTensor(), a[1].toTensor(), a[2].toTensor());
+                  return forward_impl(a[0].toTensor(), a[1].toTensor(), {a[2].toTensor()})
+                      .front();
                 })
       .toTensor();
 }
 
-at::Tensor WanTransformer3DModel::forward_impl(const at::Tensor& hidden_states,
-                                               const at::Tensor& timestep,
-                                               const at::Tensor& encoder_hidden_states) {
+std::vector<at::Tensor> WanTransformer3DModel::forward_passes(
+    const at::Tensor& hidden_states, const at::Tensor& timestep,
+    const std::vector<at::Tensor>& encoder_hidden_states) {
+  OMNI_CHECK(!encoder_hidden_states.empty(), "WanTransformer3DModel::forward_passes: no pass");
+  return invoke("forward_passes", {hidden_states, timestep, encoder_hidden_states},
+                [this](offload::HookArgs& a) -> c10::IValue {
+                  return forward_impl(a[0].toTensor(), a[1].toTensor(), a[2].toTensorVector());
+                })
+      .toTensorVector();
+}
+
+std::vector<at::Tensor> WanTransformer3DModel::forward_impl(
+    const at::Tensor& hidden_states, const at::Tensor& timestep,
+    const std::vector<at::Tensor>& texts) {
   OMNI_CHECK(hidden_states.dim() == 5 && hidden_states.size(1) == c_.in_channels,
              "WanTransformer3DModel: hidden_states must be [B, ", c_.in_channels,
              ", F, H, W], got ", hidden_states.sizes());
@@ -283,10 +323,11 @@ at::Tensor WanTransformer3DModel::forward_impl(const at::Tensor& hidden_states,
              "WanTransformer3DModel: latent ", frames, " x ", height, " x ", width,
              " is not a multiple of patch_size (", c_.patch_t, ", ", c_.patch_h, ", ", c_.patch_w,
              ")");
-  OMNI_CHECK(encoder_hidden_states.dim() == 3 && encoder_hidden_states.size(0) == batch &&
-                 encoder_hidden_states.size(2) == c_.text_dim,
-             "WanTransformer3DModel: encoder_hidden_states must be [", batch, ", S, ", c_.text_dim,
-             "], got ", encoder_hidden_states.sizes());
+  for (const auto& text : texts) {
+    OMNI_CHECK(text.dim() == 3 && text.size(0) == batch && text.size(2) == c_.text_dim,
+               "WanTransformer3DModel: encoder_hidden_states must be [", batch, ", S, ",
+               c_.text_dim, "], got ", text.sizes());
+  }
   const int64_t pf = frames / c_.patch_t, ph = height / c_.patch_h, pw = width / c_.patch_w;
   const int64_t tokens = pf * ph * pw;
   const int64_t d = c_.inner_dim();
@@ -315,25 +356,31 @@ at::Tensor WanTransformer3DModel::forward_impl(const at::Tensor& hidden_states,
   auto t_freq = sinusoidal_timesteps(flat_t, c_.freq_dim).view({batch, t_len, c_.freq_dim});
   t_freq = t_freq.to(time_linear_1_->weight.scalar_type());
   auto temb = time_linear_2_->forward(at::silu(time_linear_1_->forward(t_freq)))
-                  .to(encoder_hidden_states.scalar_type());                   // [B, T, D]
+                  .to(texts.front().scalar_type());                           // [B, T, D]
   auto temb_proj = time_proj_->forward(at::silu(temb)).unflatten(2, {6, d});  // [B, T, 6, D]
 
-  auto context =
-      text_linear_2_->forward(at::gelu(text_linear_1_->forward(encoder_hidden_states), "tanh"));
-
+  // The passes (the guidance's conditional and unconditional ones) share the latents and the
+  // timestep, and go through the blocks block-major: each block is visited once for all.
+  std::vector<at::Tensor> xs(texts.size(), x), contexts;
+  for (const auto& text : texts) {
+    contexts.push_back(
+        text_linear_2_->forward(at::gelu(text_linear_1_->forward(text), "tanh")));
+  }
   for (const auto& block : *blocks_) {
-    x = block->as<WanTransformerBlock>()->forward(x, context, temb_proj, rope_cos, rope_sin);
+    xs = block->as<WanTransformerBlock>()->forward_passes(xs, contexts, temb_proj, rope_cos,
+                                                          rope_sin);
   }
 
   // [B, T, 2, D] float32 -> shift, scale [B, T, D]
   auto mod = (scale_shift_table_.unsqueeze(0) + temb.unsqueeze(2)).unbind(2);
-  x = (fp32_layer_norm(x.to(at::kFloat), {}, {}, c_.eps) * (1 + mod[1]) + mod[0])
-          .to(x.scalar_type());
-  x = proj_out_->forward(x);
-
-  x = x.reshape({batch, pf, ph, pw, c_.patch_t, c_.patch_h, c_.patch_w, -1});
-  x = x.permute({0, 7, 1, 4, 2, 5, 3, 6});
-  return x.reshape({batch, -1, frames, height, width});
+  for (auto& out : xs) {
+    out = (fp32_layer_norm(out.to(at::kFloat), {}, {}, c_.eps) * (1 + mod[1]) + mod[0])
+              .to(out.scalar_type());
+    out = proj_out_->forward(out);
+    out = out.reshape({batch, pf, ph, pw, c_.patch_t, c_.patch_h, c_.patch_w, -1});
+    out = out.permute({0, 7, 1, 4, 2, 5, 3, 6}).reshape({batch, -1, frames, height, width});
+  }
+  return xs;
 }
 
 std::shared_ptr<WanTransformer3DModel> load_wan_transformer(const std::string& dir,

@@ -87,6 +87,13 @@ class QwenImageJointAttention : public offload::HookableModule {
   std::shared_ptr<RMSNorm> norm_q_, norm_k_, norm_added_q_, norm_added_k_;
 };
 
+// One pass's activations through the blocks (the guidance passes differ in their text).
+struct QwenImagePass {
+  at::Tensor image, text;  // [B, L, D], [B, S, D]
+  at::Tensor text_mask;    // [B, S] bool (true: a token) or undefined
+  QwenImageRotary rotary;
+};
+
 class QwenImageTransformerBlock : public offload::HookableModule {
  public:
   QwenImageTransformerBlock(const QwenImageTransformerConfig& c, at::ScalarType dtype);
@@ -94,11 +101,22 @@ class QwenImageTransformerBlock : public offload::HookableModule {
   std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& image, const at::Tensor& text,
                                             const at::Tensor& text_mask, const at::Tensor& temb,
                                             const QwenImageRotary& rotary);
+  // The same for several passes in place, one hookable call: each phase (attn, img_mlp,
+  // txt_mlp; the modulations once) runs for every pass before the next, so an offloaded block
+  // or phase is on the device once for all of them. Each result is bitwise forward's.
+  void forward_passes(std::vector<QwenImagePass>& passes, const at::Tensor& temb);
 
  private:
+  void run(std::vector<QwenImagePass>& passes, const at::Tensor& temb);
+
   std::shared_ptr<QwenImageModulation> img_mod_, txt_mod_;
   std::shared_ptr<QwenImageJointAttention> attn_;
   std::shared_ptr<GeluFeedForward> img_mlp_, txt_mlp_;
+};
+
+// A pass's text: embeddings [B, S, joint_attention_dim] and mask [B, S] (or undefined).
+struct QwenImageText {
+  at::Tensor embeds, mask;
 };
 
 class QwenImageTransformer2DModel : public offload::HookableModule {
@@ -113,6 +131,14 @@ class QwenImageTransformer2DModel : public offload::HookableModule {
   at::Tensor forward(const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,
                      const at::Tensor& text_mask, const at::Tensor& timestep,
                      const std::vector<QwenImageShape>& images);
+  // forward for each of `texts` (the guidance passes: conditional, then unconditional) over the
+  // same latents and timestep, the blocks visited block-major (every pass through block i before
+  // block i + 1): under layerwise, phase or disk offload each block is streamed once a step
+  // instead of once a pass. Each output is bitwise forward's.
+  std::vector<at::Tensor> forward_passes(const at::Tensor& hidden_states,
+                                         const std::vector<QwenImageText>& texts,
+                                         const at::Tensor& timestep,
+                                         const std::vector<QwenImageShape>& images);
 
   // QwenEmbedRope(scale_rope = True) for `images` and `text_len` text tokens, on `device`.
   QwenImageRotary rotary(const std::vector<QwenImageShape>& images, int64_t text_len,
@@ -125,6 +151,12 @@ class QwenImageTransformer2DModel : public offload::HookableModule {
   static std::vector<std::string> block_phases();
 
  private:
+  void check_inputs(const at::Tensor& hidden_states, const std::vector<QwenImageText>& texts,
+                    const at::Tensor& timestep, const std::vector<QwenImageShape>& images) const;
+  std::vector<at::Tensor> run(const at::Tensor& hidden_states,
+                              const std::vector<QwenImageText>& texts, const at::Tensor& timestep,
+                              const std::vector<QwenImageShape>& images);
+
   QwenImageTransformerConfig c_;
   at::ScalarType dtype_;
   std::shared_ptr<Linear> time_linear_1_, time_linear_2_;

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 #include <utility>
 
 #include "cpu_offload/hooks.h"
@@ -86,8 +87,18 @@ class WanTransformerBlock : public offload::HookableModule {
   // per-token timesteps); rope_cos / rope_sin [1, L, 1, head_dim] float32.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& context, const at::Tensor& temb,
                      const at::Tensor& rope_cos, const at::Tensor& rope_sin);
+  // The same for several passes (the guidance's) with their own x and context, one hookable
+  // call: each phase (attn1, attn2, ffn) runs for every pass before the next, so an offloaded
+  // block or phase is on the device once for all of them. Each result is bitwise forward's.
+  std::vector<at::Tensor> forward_passes(const std::vector<at::Tensor>& xs,
+                                         const std::vector<at::Tensor>& contexts,
+                                         const at::Tensor& temb, const at::Tensor& rope_cos,
+                                         const at::Tensor& rope_sin);
 
  private:
+  std::vector<at::Tensor> run(std::vector<at::Tensor> hs, const std::vector<at::Tensor>& contexts,
+                              const at::Tensor& temb, const at::Tensor& cos, const at::Tensor& sin);
+
   double eps_;
   bool cross_attn_norm_;
   std::shared_ptr<WanAttention> attn1_, attn2_;
@@ -106,6 +117,13 @@ class WanTransformer3DModel : public offload::HookableModule {
   // -> [B, C_out, F, H, W].
   at::Tensor forward(const at::Tensor& hidden_states, const at::Tensor& timestep,
                      const at::Tensor& encoder_hidden_states);
+  // forward for each of `encoder_hidden_states` (the guidance passes: conditional, then
+  // unconditional) over the same latents and timestep, the blocks visited block-major (every
+  // pass through block i before block i + 1): under layerwise, phase or disk offload each block
+  // is streamed once a step instead of once a pass. Each output is bitwise forward's.
+  std::vector<at::Tensor> forward_passes(const at::Tensor& hidden_states,
+                                         const at::Tensor& timestep,
+                                         const std::vector<at::Tensor>& encoder_hidden_states);
 
   const WanTransformerConfig& config() const { return c_; }
   at::ScalarType dtype() const { return dtype_; }
@@ -118,8 +136,9 @@ class WanTransformer3DModel : public offload::HookableModule {
                                            const c10::Device& device) const;
 
  private:
-  at::Tensor forward_impl(const at::Tensor& hidden_states, const at::Tensor& timestep,
-                          const at::Tensor& encoder_hidden_states);
+  std::vector<at::Tensor> forward_impl(const at::Tensor& hidden_states,
+                                       const at::Tensor& timestep,
+                                       const std::vector<at::Tensor>& texts);
 
   WanTransformerConfig c_;
   at::ScalarType dtype_;
