@@ -98,7 +98,8 @@ std::map<std::string, std::shared_ptr<CountingHook>> count_units(QwenImageTransf
     hooks[block] = std::make_shared<CountingHook>();
     offload::find_hookable(m, block).hooks().attach("forward_passes", "count", hooks[block]);
     for (const auto& phase : QwenImageTransformer2DModel::block_phases()) {
-      const std::string unit = block + "." + phase;
+      std::string unit = block;
+      unit += "." + phase;
       hooks[unit] = std::make_shared<CountingHook>();
       offload::find_hookable(m, unit).hooks().attach("forward", "count", hooks[unit]);
     }
@@ -133,8 +134,8 @@ TEST_F(QwenImageTransformerParity, GuidancePassesShareEachBlockVisit) {
   EXPECT_TRUE(at::equal(both[1], alone_uncond));
   EXPECT_FALSE(at::equal(both[0], both[1]));
   for (const auto& [unit, hook] : hooks) {
-    const bool per_pass = unit.find(".attn") != std::string::npos ||
-                          unit.find("_mlp") != std::string::npos;
+    const bool per_pass =
+        unit.find(".attn") != std::string::npos || unit.find("_mlp") != std::string::npos;
     EXPECT_EQ(hook->calls, per_pass ? 2 : 1) << unit;
   }
 }

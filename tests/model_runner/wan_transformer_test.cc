@@ -113,8 +113,9 @@ TEST_F(WanTransformerParity, GuidancePassesShareEachBlockVisit) {
   for (int64_t i = 0; i < model_->config().num_layers; ++i) {
     const std::string block = "blocks." + std::to_string(i);
     hooks.emplace_back(block, std::make_shared<CountingHook>());
-    offload::find_hookable(*model_, block).hooks().attach("forward_passes", "count",
-                                                          hooks.back().second);
+    offload::find_hookable(*model_, block)
+        .hooks()
+        .attach("forward_passes", "count", hooks.back().second);
     for (const char* phase : {"attn1", "attn2", "ffn"}) {
       hooks.emplace_back(block + "." + phase, std::make_shared<CountingHook>());
       offload::find_hookable(*model_, hooks.back().first)

@@ -177,8 +177,7 @@ at::Tensor QwenImagePipeline::denoise(const QwenImageRequest& r,
   std::vector<QwenImageText> texts = {{prompt.embeds, prompt.mask}};
   if (cfg) texts.push_back({negative.embeds, negative.mask});
   const auto predict = [&](const at::Tensor& timestep) {
-    const auto input =
-        image_latents.defined() ? at::cat({latents, image_latents}, 1) : latents;
+    const auto input = image_latents.defined() ? at::cat({latents, image_latents}, 1) : latents;
     auto preds = texts.size() == 1 ? std::vector<at::Tensor>{transformer_->forward(
                                          input, texts[0].embeds, texts[0].mask, timestep, shapes)}
                                    : transformer_->forward_passes(input, texts, timestep, shapes);

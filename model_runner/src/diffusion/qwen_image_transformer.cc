@@ -221,8 +221,7 @@ void QwenImageTransformerBlock::run(std::vector<QwenImagePass>& passes, const at
   for (auto& p : passes) {
     auto [img_attn, txt_attn] =
         attn_->forward(modulate(layer_norm(p.image), img_mod[0], img_mod[1]),
-                       modulate(layer_norm(p.text), txt_mod[0], txt_mod[1]), p.text_mask,
-                       p.rotary);
+                       modulate(layer_norm(p.text), txt_mod[0], txt_mod[1]), p.text_mask, p.rotary);
     p.image = p.image + img_mod[2].unsqueeze(1) * img_attn;
     p.text = p.text + txt_mod[2].unsqueeze(1) * txt_attn;
   }
@@ -338,10 +337,10 @@ void QwenImageTransformer2DModel::check_inputs(const at::Tensor& hidden_states,
              hidden_states.size(1), " tokens, the image shapes ", tokens);
   OMNI_CHECK(!texts.empty(), "QwenImageTransformer2DModel: no text given");
   for (const auto& [embeds, mask] : texts) {
-    OMNI_CHECK(embeds.dim() == 3 && embeds.size(0) == batch &&
-                   embeds.size(2) == c_.joint_attention_dim,
-               "QwenImageTransformer2DModel: encoder_hidden_states must be [", batch, ", S, ",
-               c_.joint_attention_dim, "], got ", embeds.sizes());
+    OMNI_CHECK(
+        embeds.dim() == 3 && embeds.size(0) == batch && embeds.size(2) == c_.joint_attention_dim,
+        "QwenImageTransformer2DModel: encoder_hidden_states must be [", batch, ", S, ",
+        c_.joint_attention_dim, "], got ", embeds.sizes());
     const int64_t text_len = embeds.size(1);
     OMNI_CHECK(!mask.defined() || mask.sizes() == at::IntArrayRef({batch, text_len}),
                "QwenImageTransformer2DModel: the text mask must be [", batch, ", ", text_len,
@@ -351,10 +350,9 @@ void QwenImageTransformer2DModel::check_inputs(const at::Tensor& hidden_states,
              "QwenImageTransformer2DModel: timestep must be [", batch, "], got ", timestep.sizes());
 }
 
-std::vector<at::Tensor> QwenImageTransformer2DModel::run(const at::Tensor& hidden_states,
-                                                         const std::vector<QwenImageText>& texts,
-                                                         const at::Tensor& timestep,
-                                                         const std::vector<QwenImageShape>& images) {
+std::vector<at::Tensor> QwenImageTransformer2DModel::run(
+    const at::Tensor& hidden_states, const std::vector<QwenImageText>& texts,
+    const at::Tensor& timestep, const std::vector<QwenImageShape>& images) {
   auto img = img_in_->forward(hidden_states);
   const auto dtype = img.scalar_type();
   const auto t = timestep.to(dtype);

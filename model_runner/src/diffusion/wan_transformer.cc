@@ -174,8 +174,8 @@ at::Tensor WanTransformerBlock::forward(const at::Tensor& x, const at::Tensor& c
                                         const at::Tensor& rope_sin) {
   return invoke("forward", {x, context, temb, rope_cos, rope_sin},
                 [this](offload::HookArgs& a) -> c10::IValue {
-                  return run({a[0].toTensor()}, {a[1].toTensor()}, a[2].toTensor(),
-                             a[3].toTensor(), a[4].toTensor())
+                  return run({a[0].toTensor()}, {a[1].toTensor()}, a[2].toTensor(), a[3].toTensor(),
+                             a[4].toTensor())
                       .front();
                 })
       .toTensor();
@@ -293,8 +293,7 @@ at::Tensor WanTransformer3DModel::forward(const at::Tensor& hidden_states,
                                           const at::Tensor& encoder_hidden_states) {
   return invoke("forward", {hidden_states, timestep, encoder_hidden_states},
                 [this](offload::HookArgs& a) -> c10::IValue {
-                  return forward_impl(a[0].toTensor(), a[1].toTensor(), {a[2].toTensor()})
-                      .front();
+                  return forward_impl(a[0].toTensor(), a[1].toTensor(), {a[2].toTensor()}).front();
                 })
       .toTensor();
 }
@@ -310,9 +309,9 @@ std::vector<at::Tensor> WanTransformer3DModel::forward_passes(
       .toTensorVector();
 }
 
-std::vector<at::Tensor> WanTransformer3DModel::forward_impl(
-    const at::Tensor& hidden_states, const at::Tensor& timestep,
-    const std::vector<at::Tensor>& texts) {
+std::vector<at::Tensor> WanTransformer3DModel::forward_impl(const at::Tensor& hidden_states,
+                                                            const at::Tensor& timestep,
+                                                            const std::vector<at::Tensor>& texts) {
   OMNI_CHECK(hidden_states.dim() == 5 && hidden_states.size(1) == c_.in_channels,
              "WanTransformer3DModel: hidden_states must be [B, ", c_.in_channels,
              ", F, H, W], got ", hidden_states.sizes());
@@ -363,8 +362,7 @@ std::vector<at::Tensor> WanTransformer3DModel::forward_impl(
   // timestep, and go through the blocks block-major: each block is visited once for all.
   std::vector<at::Tensor> xs(texts.size(), x), contexts;
   for (const auto& text : texts) {
-    contexts.push_back(
-        text_linear_2_->forward(at::gelu(text_linear_1_->forward(text), "tanh")));
+    contexts.push_back(text_linear_2_->forward(at::gelu(text_linear_1_->forward(text), "tanh")));
   }
   for (const auto& block : *blocks_) {
     xs = block->as<WanTransformerBlock>()->forward_passes(xs, contexts, temb_proj, rope_cos,

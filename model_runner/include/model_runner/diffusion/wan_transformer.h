@@ -20,8 +20,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "cpu_offload/hooks.h"
 #include "model_runner/diffusion/dit_layers.h"
@@ -136,8 +136,7 @@ class WanTransformer3DModel : public offload::HookableModule {
                                            const c10::Device& device) const;
 
  private:
-  std::vector<at::Tensor> forward_impl(const at::Tensor& hidden_states,
-                                       const at::Tensor& timestep,
+  std::vector<at::Tensor> forward_impl(const at::Tensor& hidden_states, const at::Tensor& timestep,
                                        const std::vector<at::Tensor>& texts);
 
   WanTransformerConfig c_;
