@@ -10,11 +10,8 @@ Exit 77 (skipped) without selenium, chromium or chromedriver.
 """
 import contextlib
 import os
-import re
 import shutil
-import subprocess
 import sys
-import threading
 
 try:
     from selenium import webdriver
@@ -23,6 +20,9 @@ try:
 except ImportError:
     print("SKIP: selenium is not installed (pip install -r tests/requirements-api.txt)")
     sys.exit(77)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serving  # noqa: E402  (the shared server start-up)
 
 VLLM_OMNI, SCREENSHOT = sys.argv[1], sys.argv[3]
 IMAGE_FIXTURE, EDIT_FIXTURE = sys.argv[4], sys.argv[5]
@@ -37,22 +37,11 @@ KEY = "page-key"
 @contextlib.contextmanager
 def serve(fixture):
     """`vllm-omni serve` on FIXTURE with the key, for the block's lifetime; yields its port."""
-    proc = subprocess.Popen([VLLM_OMNI, "serve", "--model", fixture, "--port", "0",
-                             "--served-model-name", "tiny", "--api-key", KEY],
-                            stderr=subprocess.PIPE, text=True)
+    server = serving.Server(VLLM_OMNI, fixture, KEY, [])
     try:
-        port = None
-        for line in proc.stderr:
-            m = re.search(r"listening on http://[^:]+:(\d+)", line)
-            if m:
-                port = int(m.group(1))
-                break
-        assert port, "the server did not start"
-        threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-        yield port
+        yield server.port
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        server.stop()
 
 
 def open_image_tab(driver, port):
