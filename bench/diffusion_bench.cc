@@ -6,11 +6,12 @@
 // run's. The presets (--model):
 //   wan-a14b (default): Wan2.2-T2V-A14B: the A14B transformer dims with a few layers per
 //     expert, a UMT5-XXL-shaped encoder with a layer or two, the real Wan2.1 VAE; run through
-//     load_wan_pipeline with guidance 4.0 / 3.0; the fields name "frames".
+//     load_wan_pipeline with guidance 4.0 / 3.0 (--cfg off: none); the fields name "frames".
 //   qwen-image: Qwen-Image: the 3,072-wide transformer (24 heads of 128) with a few of its 60
 //     blocks, a Qwen2.5-VL-7B-shaped text encoder with a layer or two, the real
 //     AutoencoderKLQwenImage; run through load_qwen_image_pipeline with true CFG 4.0 (a
-//     negative prompt: two transformer passes a step); the fields name "images".
+//     negative prompt: two transformer passes a step; --cfg off: none); the fields name
+//     "images".
 // Each preset takes its tokenizer, scheduler and model_index.json from a tiny fixture folder.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -88,6 +89,7 @@ struct Options {
   uint64_t seed = 0;
   double sim_bandwidth_gbps = 0;
   std::optional<int> threads;
+  bool cfg = true;  // classifier-free guidance: two transformer passes a step
 };
 
 void add_options(CLI::App& app, Options& o) {
@@ -124,6 +126,12 @@ void add_options(CLI::App& app, Options& o) {
                "pixels, a multiple of 16 (default 64 for wan-a14b, 256 for qwen-image)", "H", 16);
   optional_int("--width", o.width,
                "pixels, a multiple of 16 (default 64 for wan-a14b, 256 for qwen-image)", "W", 16);
+  app.add_option_function<std::string>(
+         "--cfg", [&o](const std::string& v) { o.cfg = v == "on"; },
+         "classifier-free guidance (default on: a negative prompt, two transformer passes a "
+         "step, sharing each block's visit; off: one pass)")
+      ->type_name("on|off")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--steps", o.steps, "denoising steps (>= 2: the mean leaves out the first)")
       ->type_name("S")
       ->check(at_least(2));
@@ -306,8 +314,9 @@ Loaded load_wan(const Options& o, const fs::path& dir) {
   request.width = *o.width;
   request.num_frames = *o.frames;
   request.num_inference_steps = o.steps;
-  request.guidance_scale = 4.0;  // A14B's official high-noise / low-noise guidance
-  request.guidance_scale_2 = 3.0;
+  // A14B's official high-noise / low-noise guidance; 1.0 runs no guidance.
+  request.guidance_scale = o.cfg ? 4.0 : 1.0;
+  request.guidance_scale_2 = o.cfg ? 3.0 : 1.0;
   request.seed = o.seed;
   request.max_sequence_length = *o.max_sequence_length;
   Loaded loaded{pipe, pipe->offload_spec(), nullptr};
@@ -384,8 +393,10 @@ Loaded load_qwen_image(const Options& o, const fs::path& dir) {
       omni::models::load_qwen_image_pipeline(dir.string(), omni::bench::parse_dtype(o.dtype));
   omni::models::QwenImageRequest request;
   request.prompt = kPrompt;
-  request.negative_prompt = kNegativePrompt;
-  request.true_cfg_scale = 4.0;  // Qwen-Image's recommended setting: both passes each step
+  // Qwen-Image's recommended setting: both passes each step. Without a negative prompt diffusers
+  // runs one.
+  if (o.cfg) request.negative_prompt = kNegativePrompt;
+  request.true_cfg_scale = 4.0;
   request.height = *o.height;
   request.width = *o.width;
   request.num_inference_steps = o.steps;
@@ -569,9 +580,10 @@ Measured run_strategy(const Options& o, const Preset& preset, const fs::path& di
      << ", \"host_peak_bytes\": " << s.host_peak_bytes << ", \"param_bytes\": " << s.param_bytes
      << ", \"resident_bytes\": " << s.resident_bytes << ", \"max_unit_bytes\": " << s.max_unit_bytes
      << ", \"peak_device_bytes\": " << s.peak_device_bytes << ", \"steps\": " << o.steps
-     << ", \"expert_switches\": " << switches << ", \"step_ms\": " << step_ms
-     << ", \"total_ms\": " << total_ms << ", \"h2d_bytes_per_step\": " << std::setprecision(0)
-     << h2d_per_step << ", \"bytes_h2d\": " << s.bytes_h2d;
+     << ", \"cfg\": " << (o.cfg ? "true" : "false") << ", \"expert_switches\": " << switches
+     << ", \"step_ms\": " << step_ms << ", \"total_ms\": " << total_ms
+     << ", \"h2d_bytes_per_step\": " << std::setprecision(0) << h2d_per_step
+     << ", \"bytes_h2d\": " << s.bytes_h2d;
   if (disk) {
     os << ", \"host_budget_bytes\": " << budget << ", \"disk_entries\": " << disk->entries
        << ", \"disk_read_bytes\": " << disk->read_bytes;

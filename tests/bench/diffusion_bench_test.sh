@@ -2,8 +2,10 @@
 # diffusion-bench's smoke run: one preset at its real widths, cut to one transformer block (per
 # expert), one text-encoder layer, the template tokenizer's vocabulary, 32x32 pixels and 2
 # steps, under every strategy. Checks that each strategy prints its line, with finite output
-# equal to the resident run's, and that phase offload streamed weights each step. The figures
-# themselves are the bench's to report (bench/RESULTS.md), not a test's.
+# equal to the resident run's, and that phase offload streamed weights each step; then phase
+# offload again without guidance (--cfg off, the same folder): the same bytes a step, since
+# both guidance passes share each block's visit. The figures themselves are the bench's to
+# report (bench/RESULTS.md), not a test's.
 #   diffusion_bench_test.sh DIFFUSION_BENCH [qwen-image|wan-a14b]   (default qwen-image)
 # qwen-image writes 1.5 GB and peaks at 2.9 GB of RSS, about a minute on 2 cores; wan-a14b
 # writes 3.1 GB and peaks at 4.8 GB, about 100 s. Exit 77 (skipped) without python3 or
@@ -38,15 +40,22 @@ if ((free_kb < 4 * gib || avail_kb < need_kb)); then
     "available memory (has $((avail_kb / gib)))"
 fi
 strategies=resident,model,layerwise,phase,ratio,disk
-"$bench" --model "$model" --layers 1 --text-layers 1 --vocab "$vocab" --height 32 --width 32 \
-  --steps 2 --strategies "$strategies" --work-dir "$tmp/folder" | tee "$tmp/out.jsonl"
-python3 - "$tmp/out.jsonl" "$model" "$output" "$strategies" <<'PY'
+run() {
+  "$bench" --model "$model" --layers 1 --text-layers 1 --vocab "$vocab" --height 32 --width 32 \
+    --steps 2 --work-dir "$tmp/folder" --keep "$@"
+}
+run --strategies "$strategies" | tee "$tmp/out.jsonl"
+run --strategies phase --cfg off | tee "$tmp/no_cfg.jsonl"
+python3 - "$tmp/out.jsonl" "$tmp/no_cfg.jsonl" "$model" "$output" "$strategies" <<'PY'
 import json, sys
 
-path, model, output, strategies = sys.argv[1:]
-with open(path) as f:
-    lines = [json.loads(line) for line in f if line.startswith("{")]
+path, no_cfg_path, model, output, strategies = sys.argv[1:]
+def read(p):
+    with open(p) as f:
+        return [json.loads(line) for line in f if line.startswith("{")]
+lines = read(path)
 runs = {l["strategy"]: l for l in lines if "strategy" in l}
+no_cfg = {l["strategy"]: l for l in read(no_cfg_path) if "strategy" in l}
 failures = []
 if not any("synthetic_folder" in l for l in lines):
     failures.append("no synthetic_folder line")
@@ -64,6 +73,12 @@ for name in strategies.split(","):
 # One block per transformer: the block windows hold it, but phase offload streams its phases.
 if "phase" in runs and runs["phase"].get("h2d_bytes_per_step", 0) <= 0:
     failures.append("phase offload moved nothing per step")
+if runs.get("phase", {}).get("cfg") is not True or no_cfg.get("phase", {}).get("cfg") is not False:
+    failures.append(f"cfg on / off not reported: {runs.get('phase')} {no_cfg.get('phase')}")
+elif runs["phase"]["h2d_bytes_per_step"] != no_cfg["phase"]["h2d_bytes_per_step"]:
+    failures.append("phase offload with guidance moved other bytes a step than without: "
+                    f"{runs['phase']['h2d_bytes_per_step']} != "
+                    f"{no_cfg['phase']['h2d_bytes_per_step']}")
 for f in failures:
     print("FAIL:", f)
 sys.exit(1 if failures else 0)
