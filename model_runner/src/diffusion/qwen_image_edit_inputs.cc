@@ -54,9 +54,6 @@ QwenImageEditImages prepare_qwen_image_edit_images(QwenImageVariant variant,
       out.condition.push_back(resize_lanczos(image, h, w));
     }
   }
-  const RgbImage& sizing = variant == QwenImageVariant::kEdit ? out.vae.front() : out.vae.back();
-  out.default_height = sizing.height;
-  out.default_width = sizing.width;
   return out;
 }
 

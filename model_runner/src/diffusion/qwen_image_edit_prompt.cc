@@ -46,23 +46,29 @@ std::string qwen_image_edit_prompt_text(QwenImageVariant variant, const std::str
   return text + prompt + kSuffix;
 }
 
-QwenImagePromptEmbeds encode_qwen_image_edit_prompt(
-    const QwenImageTokenizer& tokenizer, qwen2_5::TextDecoder& text_encoder,
-    const QwenImageVisionEncoder& vision, QwenImageVariant variant, const std::string& prompt,
-    const std::vector<RgbImage>& condition, c10::Device device, at::Tensor* input_ids) {
+QwenImageEditVision encode_qwen_image_edit_images(const QwenImageVisionEncoder& vision,
+                                                  const std::vector<RgbImage>& condition,
+                                                  c10::Device device) {
   OMNI_CHECK(vision.tower != nullptr, "an edit prompt needs the text encoder's vision tower");
+  QwenImageEditVision out;
   std::vector<at::Tensor> pixels;
-  std::vector<std::array<int64_t, 3>> grids;
-  std::vector<int64_t> image_tokens;
   const int64_t merge = vision.options.merge_size;
   for (const auto& image : condition) {
     auto patches = image_to_patches(image, vision.options);
     const auto& g = patches.grid_thw;
-    image_tokens.push_back(g[0] * g[1] * g[2] / (merge * merge));
+    out.tokens.push_back(g[0] * g[1] * g[2] / (merge * merge));
+    out.grids.push_back(g);
     pixels.push_back(std::move(patches.pixel_values));
-    grids.push_back(g);
   }
-  const auto text = qwen_image_edit_prompt_text(variant, prompt, image_tokens);
+  out.embeds = vision.tower->forward(at::cat(pixels).to(device), out.grids);
+  return out;
+}
+
+QwenImagePromptEmbeds encode_qwen_image_edit_prompt(
+    const QwenImageTokenizer& tokenizer, qwen2_5::TextDecoder& text_encoder,
+    const QwenImageVisionEncoder& vision, QwenImageVariant variant, const std::string& prompt,
+    const QwenImageEditVision& images, c10::Device device, at::Tensor* input_ids) {
+  const auto text = qwen_image_edit_prompt_text(variant, prompt, images.tokens);
   const auto ids32 = tokenizer.tokenizer.encode(text);
   const auto length = static_cast<int64_t>(ids32.size());
   const auto ids =
@@ -70,11 +76,12 @@ QwenImagePromptEmbeds encode_qwen_image_edit_prompt(
   if (input_ids) *input_ids = ids;
   const auto mask = at::ones({1, length}, at::kLong);
 
-  const auto image_embeds = vision.tower->forward(at::cat(pixels).to(device), grids);
   const auto embeds =
-      qwen2_5::splice_image_embeds(text_encoder.embed(ids.to(device)), ids.to(device), image_embeds,
-                                   vision.tokens.image_token_id);
-  const auto positions = qwen2_5::rope_index(ids, mask, grids, vision.tokens, merge).position_ids;
+      qwen2_5::splice_image_embeds(text_encoder.embed(ids.to(device)), ids.to(device),
+                                   images.embeds, vision.tokens.image_token_id);
+  const auto positions =
+      qwen2_5::rope_index(ids, mask, images.grids, vision.tokens, vision.options.merge_size)
+          .position_ids;
   const auto hidden = text_encoder.forward_embeds(embeds, mask.to(device), positions.to(device));
   return qwen_image_prompt_rows(hidden, mask, kQwenImageEditTemplateDropTokens, length);
 }

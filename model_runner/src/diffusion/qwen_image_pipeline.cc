@@ -92,29 +92,29 @@ QwenImageResult QwenImagePipeline::generate(const QwenImageRequest& r,
   return QwenImageResult{decode_latents(latents, height, width), false};
 }
 
-QwenImagePromptEmbeds QwenImagePipeline::encode_prompt(const std::string& prompt,
-                                                       const QwenImageRequest& r,
-                                                       const std::vector<RgbImage>& condition,
-                                                       c10::Device device) {
-  if (variant_ == QwenImageVariant::kTextToImage) {
-    return encode_qwen_image_prompts(tokenizer_, *text_encoder_, {prompt}, r.max_sequence_length,
-                                     device);
-  }
-  return encode_qwen_image_edit_prompt(tokenizer_, *text_encoder_, vision_, variant_, prompt,
-                                       condition, device);
-}
-
 QwenImageConditioning QwenImagePipeline::encode(const QwenImageRequest& r, c10::Device device) {
   c10::InferenceMode guard;
   QwenImageConditioning c;
   QwenImageEditImages images;
+  QwenImageEditVision vision;
   if (variant_ != QwenImageVariant::kTextToImage) {
     images = prepare_qwen_image_edit_images(variant_, r.images);
+    // The vision tower runs once for the prompt and the negative prompt (diffusers runs it for
+    // each: the same embeddings).
+    vision = encode_qwen_image_edit_images(vision_, images.condition, device);
   }
-  c.prompt = encode_prompt(r.prompt, r, images.condition, device);
+  const auto encode_prompt = [&](const std::string& prompt) {
+    if (variant_ == QwenImageVariant::kTextToImage) {
+      return encode_qwen_image_prompts(tokenizer_, *text_encoder_, {prompt}, r.max_sequence_length,
+                                       device);
+    }
+    return encode_qwen_image_edit_prompt(tokenizer_, *text_encoder_, vision_, variant_, prompt,
+                                         vision, device);
+  };
+  c.prompt = encode_prompt(r.prompt);
   if (r.trace && r.trace->prompt) r.trace->prompt(false, c.prompt);
   if (r.true_cfg()) {
-    c.negative = encode_prompt(*r.negative_prompt, r, images.condition, device);
+    c.negative = encode_prompt(*r.negative_prompt);
     if (r.trace && r.trace->prompt) r.trace->prompt(true, c.negative);
   }
   // prepare_latents' image part: the VAE's mode, (z - mean) / std, packed, image after image.
@@ -178,9 +178,7 @@ at::Tensor QwenImagePipeline::denoise(const QwenImageRequest& r,
   if (cfg) texts.push_back({negative.embeds, negative.mask});
   const auto predict = [&](const at::Tensor& timestep) {
     const auto input = image_latents.defined() ? at::cat({latents, image_latents}, 1) : latents;
-    auto preds = texts.size() == 1 ? std::vector<at::Tensor>{transformer_->forward(
-                                         input, texts[0].embeds, texts[0].mask, timestep, shapes)}
-                                   : transformer_->forward_passes(input, texts, timestep, shapes);
+    auto preds = transformer_->forward_passes(input, texts, timestep, shapes);
     if (image_latents.defined()) {
       for (auto& p : preds) p = p.narrow(1, 0, generated);
     }

@@ -360,11 +360,18 @@ std::vector<at::Tensor> QwenImageTransformer2DModel::run(
       at::silu(time_linear_1_->forward(sinusoidal_timesteps(t, 256, 1000.0).to(dtype))));
   // The passes (the guidance's conditional and unconditional ones) share the latents and the
   // timestep, and go through the blocks block-major: each block is visited once for all.
+  // One rotary table for the longest text: a shorter text's positions are its first rows.
+  int64_t longest = 0;
+  for (const auto& text : texts) longest = std::max(longest, text.embeds.size(1));
+  const auto rot = rotary(images, longest, hidden_states.device());
   std::vector<QwenImagePass> passes;
   for (const auto& [embeds, mask] : texts) {
-    passes.push_back({img, txt_in_->forward(txt_norm_->forward(embeds)),
+    const int64_t n = embeds.size(1);
+    passes.push_back({img,
+                      txt_in_->forward(txt_norm_->forward(embeds)),
                       mask.defined() ? mask.to(at::kBool) : at::Tensor(),
-                      rotary(images, embeds.size(1), hidden_states.device())});
+                      {rot.image_cos, rot.image_sin, rot.text_cos.narrow(0, 0, n),
+                       rot.text_sin.narrow(0, 0, n)}});
   }
   for (const auto& block : *blocks_) {
     block->as<QwenImageTransformerBlock>()->forward_passes(passes, temb);

@@ -214,8 +214,9 @@ at::Tensor WanPipeline::denoise(const WanRequest& r, const WanConditioning& cond
 
     // Both guidance passes in one call: each block is visited once a step for both.
     const auto preds =
-        cfg ? model.forward_passes(model_input, timestep, {prompt_embeds, negative_embeds})
-            : std::vector<at::Tensor>{model.forward(model_input, timestep, prompt_embeds)};
+        model.forward_passes(model_input, timestep,
+                             cfg ? std::vector<at::Tensor>{prompt_embeds, negative_embeds}
+                                 : std::vector<at::Tensor>{prompt_embeds});
     auto noise_pred = preds[0];
     if (trace && trace->transformer) trace->transformer(i, true, model_input, timestep, noise_pred);
     if (cfg) {

@@ -27,9 +27,6 @@ std::pair<int64_t, int64_t> qwen_image_calculate_dimensions(double target_area, 
 struct QwenImageEditImages {
   std::vector<RgbImage> condition;  // what the processor gets (the vision tower's input)
   std::vector<RgbImage> vae;        // what the VAE encodes
-  // The output size a request that names none gets: Edit's first image, Edit-Plus's last, at
-  // an area of 1024^2.
-  int64_t default_height = 0, default_width = 0;
 };
 
 // The images of an edit request, as `variant` prepares them (Edit takes exactly one, Edit-Plus

@@ -10,6 +10,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <array>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -37,13 +39,26 @@ struct QwenImageVisionEncoder {
 std::string qwen_image_edit_prompt_text(QwenImageVariant variant, const std::string& prompt,
                                         const std::vector<int64_t>& image_tokens);
 
-// encode_prompt(prompt, image=condition images) for one prompt: [1, S, hidden] with its mask
-// (all ones), S the prompt's token count less 64 (the Edit pipelines do not cut it to
-// max_sequence_length). `condition` are prepare_qwen_image_edit_images' condition images.
-// `input_ids`, when given, receives the processor's ids [1, L].
+// The condition images through the processor and the vision tower: the merged embeddings
+// that take the <|image_pad|> tokens' places, for the prompt and the negative prompt alike.
+struct QwenImageEditVision {
+  at::Tensor embeds;                          // [sum of tokens, hidden], on the device
+  std::vector<std::array<int64_t, 3>> grids;  // (t, h, w) patches per image
+  std::vector<int64_t> tokens;                // <|image_pad|> tokens per image
+};
+
+// `condition` are prepare_qwen_image_edit_images' condition images.
+QwenImageEditVision encode_qwen_image_edit_images(const QwenImageVisionEncoder& vision,
+                                                  const std::vector<RgbImage>& condition,
+                                                  c10::Device device);
+
+// encode_prompt(prompt, image=condition images) for one prompt, the images' embeddings given:
+// [1, S, hidden] with its mask (all ones), S the prompt's token count less 64 (the Edit
+// pipelines do not cut it to max_sequence_length). `input_ids`, when given, receives the
+// processor's ids [1, L].
 QwenImagePromptEmbeds encode_qwen_image_edit_prompt(
     const QwenImageTokenizer& tokenizer, qwen2_5::TextDecoder& text_encoder,
     const QwenImageVisionEncoder& vision, QwenImageVariant variant, const std::string& prompt,
-    const std::vector<RgbImage>& condition, c10::Device device, at::Tensor* input_ids = nullptr);
+    const QwenImageEditVision& images, c10::Device device, at::Tensor* input_ids = nullptr);
 
 }  // namespace omni::models

@@ -139,10 +139,6 @@ class QwenImagePipeline : public torch::nn::Module {
   std::unique_ptr<FlowMatchEulerScheduler> make_scheduler() const;
 
  private:
-  // The prompt's embeddings (with the condition images for an edit).
-  QwenImagePromptEmbeds encode_prompt(const std::string& prompt, const QwenImageRequest& request,
-                                      const std::vector<RgbImage>& condition, c10::Device device);
-
   std::string dir_;
   QwenImageVariant variant_;
   QwenImageTokenizer tokenizer_;
