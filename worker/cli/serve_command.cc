@@ -160,8 +160,8 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
       ->type_name("COST")
       ->check(CLI::PositiveNumber);
   app.add_option("--max-queued-images", o.max_queued_images,
-                 "image requests (/v1/images/generations) waiting while one runs; more get 429 "
-                 "with Retry-After (0: no queue)")
+                 "image requests (/v1/images/generations and /edits) waiting while one runs; "
+                 "more get 429 with Retry-After (0: no queue)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--max-image-request-pixels", o.max_image_request_pixels,

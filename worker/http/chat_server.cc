@@ -19,6 +19,7 @@
 #include "worker/http/base64.h"
 #include "worker/http/bounded_http_server.h"
 #include "worker/http/chat_request.h"
+#include "worker/http/error_response.h"
 #include "worker/http/image_api.h"
 #include "worker/http/inflight_budget.h"
 #include "worker/http/openai_protocol.h"
@@ -49,11 +50,6 @@ int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-void send_error(httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  res.set_content(e.json(), "application/json");
 }
 
 // A request value quoted in an error: its first 64 bytes (a 1 MB "model" is not echoed whole).
@@ -151,13 +147,13 @@ class ChatServer::Impl {
         e.message = "the request body is larger than --max-request-bytes (" +
                     std::to_string(options_.max_request_bytes) + " bytes)";
         e.code = "request_too_large";
-        send_error(res, e);
+        write_error(res, e);
       } else if (res.status == 404) {
         ApiError e;
         e.status = 404;
         e.type = "not_found_error";
         e.message = "no route " + truncated(req.method) + " " + truncated(req.path);
-        send_error(res, e);
+        write_error(res, e);
       }
       metrics_.count_request(res.status);
     });
@@ -173,7 +169,7 @@ class ChatServer::Impl {
           } catch (...) {
             e.message = "unknown error";
           }
-          send_error(res, e);
+          write_error(res, e);
           metrics_.count_request(500);
         });
     server_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
@@ -293,11 +289,7 @@ class ChatServer::Impl {
 
   // An error answer, counted; 429 and 503 say when to come back.
   void answer_error(httplib::Response& res, const ApiError& e) {
-    send_error(res, e);
-    if (e.status == 429 || e.status == 503) {
-      res.set_header("Retry-After", std::to_string(admission_.retry_after_seconds()));
-    }
-    metrics_.count_request(e.status);
+    http::answer_error(res, e, admission_.retry_after_seconds(), metrics_);
   }
 
   // What a connection over the caps is answered, from its head (overflow_lane.h).

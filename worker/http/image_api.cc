@@ -14,6 +14,7 @@
 #include "worker/http/admission_queue.h"
 #include "worker/http/base64.h"
 #include "worker/http/bounded_http_server.h"
+#include "worker/http/error_response.h"
 #include "worker/http/image_request.h"
 #include "worker/http/inflight_budget.h"
 #include "worker/http/request_json.h"
@@ -96,12 +97,7 @@ class ImageApi::Impl {
 
  private:
   void send(httplib::Response& res, const ApiError& e) {
-    res.status = e.status;
-    res.set_content(e.json(), "application/json");
-    if (e.status == 429 || e.status == 503) {
-      res.set_header("Retry-After", std::to_string(queue_.retry_after_seconds()));
-    }
-    metrics_.count_request(e.status);
+    answer_error(res, e, queue_.retry_after_seconds(), metrics_);
   }
 
   ApiError no_images() const {

@@ -29,6 +29,7 @@
 #include "model_runner/output/frames_writer.h"
 #include "worker/http/api_error.h"
 #include "worker/http/bounded_http_server.h"
+#include "worker/http/error_response.h"
 #include "worker/http/http_head.h"
 #include "worker/http/inflight_budget.h"
 #include "worker/http/request_json.h"
@@ -240,12 +241,7 @@ class VideoApi::Impl {
 
  private:
   void send(httplib::Response& res, const ApiError& e) {
-    res.status = e.status;
-    res.set_content(e.json(), "application/json");
-    if (e.status == 429 || e.status == 503) {
-      res.set_header("Retry-After", std::to_string(retry_after_seconds()));
-    }
-    metrics_.count_request(e.status);
+    answer_error(res, e, retry_after_seconds(), metrics_);
   }
   void ok(httplib::Response& res, const std::string& json) {
     res.set_content(json, "application/json");
