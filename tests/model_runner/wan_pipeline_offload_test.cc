@@ -5,6 +5,7 @@
 // from the children's names, within the device bound each strategy implies; model-level
 // offload must never hold both experts on the device.
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -245,6 +246,62 @@ TEST(WanPipelineOffloadSpec, Ti2vLayerwiseFramesAreBitwiseEqualToResident) {
   EXPECT_EQ(r.experts, (std::vector<std::string>{"transformer", "transformer"}));
   EXPECT_GT(r.units, 0u);
   EXPECT_LE(r.stats.peak_device_bytes, r.stats.resident_bytes + 2 * r.stats.max_unit_bytes);
+}
+
+// Four requests (their own prompts, seeds and guidance; one without CFG) denoised together a
+// step at a time under layerwise offload: each gives its frames alone bit for bit, and the
+// blocks stream once a step for the whole batch, so the denoising's H2D bytes equal one
+// request's.
+TEST(WanPipelineOffloadSpec, BatchedStepsShareEachBlockVisit) {
+  const auto device = DeviceKind::kCpuSim;
+  auto pipe = load_wan_pipeline(kDir, at::kFloat);
+  auto engine = offload::make_transfer_engine(device, {});
+  auto backend = offload::apply_offload(*pipe, pipe->offload_spec(),
+                                        OffloadConfig::for_strategy(Strategy::kLayerwise), engine);
+  const auto dev = engine->compute_device();
+  std::vector<WanRequest> requests(4, request());
+  const std::vector<double> guidance = {5.0, 3.0, 1.0, 7.5};
+  for (size_t k = 0; k < requests.size(); ++k) {
+    requests[k].prompt += " #" + std::to_string(k);
+    requests[k].seed = 100 + k;
+    requests[k].guidance_scale = guidance[k];
+    requests[k].guidance_scale_2 = guidance[k] > 1 ? std::optional<double>(2.0) : std::nullopt;
+  }
+  auto scope = backend->forward_scope();
+  c10::InferenceMode guard;
+  // Denoises `batch` together, returning each one's frames and the denoising's H2D bytes.
+  const auto denoise = [&](const std::vector<WanRequest>& batch, uint64_t* h2d) {
+    std::vector<WanDenoising> states;
+    for (const auto& r : batch) states.push_back(pipe->start_denoise(r, pipe->encode(r, dev), dev));
+    std::vector<WanDenoising*> running;
+    for (auto& s : states) running.push_back(&s);
+    const uint64_t before = backend->stats().bytes_h2d;
+    while (!states.front().done()) {
+      const auto steps = pipe->denoise_step(running);
+      EXPECT_EQ(steps.size(), batch.size());
+    }
+    *h2d = backend->stats().bytes_h2d - before;
+    std::vector<at::Tensor> frames;
+    for (const auto& s : states) frames.push_back(pipe->decode_latents(pipe->finish_denoise(s)));
+    return frames;
+  };
+  uint64_t alone_h2d = 0, batch_h2d = 0;
+  std::vector<at::Tensor> alone;
+  for (const auto& r : requests) {
+    alone.push_back(denoise({r}, &alone_h2d).front());
+    // The step-at-a-time loop is generate()'s.
+    EXPECT_TRUE(at::equal(alone.back(), pipe->generate(r, {}, dev).frames));
+  }
+  const auto batched = denoise(requests, &batch_h2d);
+  for (size_t k = 0; k < requests.size(); ++k) {
+    EXPECT_TRUE(at::equal(batched[k], alone[k]))
+        << k << ": max abs diff " << (batched[k] - alone[k]).abs().max().item<double>();
+    if (k > 0) {
+      EXPECT_FALSE(at::equal(alone[k], alone[0])) << k;
+    }
+  }
+  EXPECT_GT(alone_h2d, 0u);
+  EXPECT_EQ(batch_h2d, alone_h2d);
 }
 
 TEST(WanPipelineOffloadSpec, ZeroGpuLayersIsRejected) {

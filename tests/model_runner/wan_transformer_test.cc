@@ -98,17 +98,21 @@ TEST_F(WanTransformerParity, BlocksAreHookableUnits) {
   EXPECT_LE(max_abs_diff(out, ref.tensor("output")), 1e-4);
 }
 
-// The guidance passes through forward_passes: each block entered once for both, each phase
-// (attn1, attn2, ffn) twice back to back, each output bitwise the single-pass forward's.
-TEST_F(WanTransformerParity, GuidancePassesShareEachBlockVisit) {
+// A request's guidance passes and another request's pass through forward_passes: each block
+// entered once for all three, each phase (attn1, attn2, ffn) three times back to back, each
+// output bitwise the single-pass forward's.
+TEST_F(WanTransformerParity, PassesShareEachBlockVisit) {
   const auto ref = SafetensorsFile::open(kDir + "/reference.safetensors");
   c10::InferenceMode guard;
   const auto x = ref.tensor("hidden_states");
   const auto t = ref.tensor("timestep");
   const auto cond = ref.tensor("encoder_hidden_states");
   const auto uncond = cond.flip(1) * 0.5;
+  const auto other_x = x.flip(2);
+  const auto other_t = at::tensor({80.0f});
   const auto alone_cond = model_->forward(x, t, cond);
   const auto alone_uncond = model_->forward(x, t, uncond);
+  const auto alone_other = model_->forward(other_x, other_t, uncond);
   std::vector<std::pair<std::string, std::shared_ptr<CountingHook>>> hooks;
   for (int64_t i = 0; i < model_->config().num_layers; ++i) {
     const std::string block = "blocks." + std::to_string(i);
@@ -123,13 +127,15 @@ TEST_F(WanTransformerParity, GuidancePassesShareEachBlockVisit) {
           .attach("forward", "count", hooks.back().second);
     }
   }
-  const auto both = model_->forward_passes(x, t, {cond, uncond});
-  ASSERT_EQ(both.size(), 2u);
-  EXPECT_TRUE(at::equal(both[0], alone_cond));
-  EXPECT_TRUE(at::equal(both[1], alone_uncond));
-  EXPECT_FALSE(at::equal(both[0], both[1]));
+  const auto all =
+      model_->forward_passes({{x, t, cond}, {x, t, uncond}, {other_x, other_t, uncond}});
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_TRUE(at::equal(all[0], alone_cond));
+  EXPECT_TRUE(at::equal(all[1], alone_uncond));
+  EXPECT_TRUE(at::equal(all[2], alone_other));
+  EXPECT_FALSE(at::equal(all[0], all[1]));
   for (const auto& [unit, hook] : hooks) {
-    EXPECT_EQ(hook->calls, unit.find('.', 7) == std::string::npos ? 1 : 2) << unit;
+    EXPECT_EQ(hook->calls, unit.find('.', 7) == std::string::npos ? 1 : 3) << unit;
   }
 }
 

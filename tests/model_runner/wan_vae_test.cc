@@ -16,6 +16,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "cpu_offload/hooks.h"
 #include "model_runner/diffusion/wan_vae.h"
@@ -54,6 +55,22 @@ TEST_P(WanVaeParity, DecodeMatchesDiffusers) {
   EXPECT_LE(diff, 1e-4);
   // Not saturated: the clamp leaves most of the video alone.
   EXPECT_GT((expected.abs() < 0.999).to(at::kFloat).mean().item<double>(), 0.3);
+}
+
+// decode_chunks hands over one latent frame's frames at a time (1, then 4 each): together
+// decode's video bit for bit.
+TEST_P(WanVaeParity, ChunksAreTheDecodeFrameByFrame) {
+  const auto vae = load_wan_vae(GetParam(), at::kFloat);
+  const auto ref = SafetensorsFile::open(GetParam() + "/reference.safetensors");
+  c10::InferenceMode guard;
+  const auto latents = ref.tensor("latents");
+  std::vector<at::Tensor> chunks;
+  vae->decode_chunks(latents, [&](const at::Tensor& chunk) { chunks.push_back(chunk.clone()); });
+  ASSERT_EQ(static_cast<int64_t>(chunks.size()), latents.size(2));
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    EXPECT_EQ(chunks[i].size(2), i == 0 ? 1 : 4) << i;
+  }
+  EXPECT_TRUE(at::equal(at::cat(chunks, 2), vae->decode(latents)));
 }
 
 TEST_P(WanVaeParity, EncodeMatchesDiffusers) {

@@ -111,10 +111,26 @@ at::Tensor WanPipeline::encode_image(const at::Tensor& image, c10::Device device
 at::Tensor WanPipeline::decode_latents(const at::Tensor& latents) {
   c10::InferenceMode guard;
   const auto dtype = vae_->parameters().front().scalar_type();
-  const auto video = vae_->decode(vae_->denormalize_latents(latents.to(dtype)));
-  // postprocess_video(output_type="np"): [F, 3, H, W] -> denormalize -> [F, H, W, 3] float32.
-  const auto frames = video[0].permute({1, 0, 2, 3});
-  return (frames * 0.5 + 0.5).clamp(0, 1).cpu().permute({0, 2, 3, 1}).to(at::kFloat).contiguous();
+  const auto z = vae_->denormalize_latents(latents.to(dtype));
+  // The frames go straight into the result, a chunk at a time: the decode holds one chunk's
+  // activations and frames beside the video, not copies of the whole video.
+  const auto& vae = vae_->config();
+  const int64_t frames = 1 + vae.scale_factor_temporal * (z.size(2) - 1);
+  at::Tensor out;
+  int64_t next = 0;
+  vae_->decode_chunks(z, [&](const at::Tensor& chunk) {
+    // postprocess_video(output_type="np"): [f, 3, H, W] -> denormalize -> [f, H, W, 3] float32.
+    const auto f = chunk[0].permute({1, 0, 2, 3});
+    const auto rgb = (f * 0.5 + 0.5).clamp(0, 1).cpu().permute({0, 2, 3, 1}).to(at::kFloat);
+    if (!out.defined()) out = at::empty({frames, rgb.size(1), rgb.size(2), 3}, rgb.options());
+    OMNI_CHECK(next + rgb.size(0) <= frames, "WanPipeline::decode_latents: the VAE gave more than ",
+               frames, " frames");
+    out.narrow(0, next, rgb.size(0)).copy_(rgb);
+    next += rgb.size(0);
+  });
+  OMNI_CHECK(next == frames, "WanPipeline::decode_latents: the VAE gave ", next, " frames, not ",
+             frames);
+  return out;
 }
 
 WanResult WanPipeline::generate(const WanRequest& r, const WanStepCallback& on_step,
@@ -139,27 +155,46 @@ WanConditioning WanPipeline::encode(const WanRequest& r, c10::Device device) {
   return c;
 }
 
+int WanDenoising::expert() const {
+  if (!boundary_timestep) return 0;
+  // diffusers compares the timestep tensor with a Python float: both in float32.
+  const float t = timesteps[index].to(at::kFloat).item<float>();
+  return t >= *boundary_timestep ? 0 : 1;
+}
+
 at::Tensor WanPipeline::denoise(const WanRequest& r, const WanConditioning& conditioning,
                                 const WanStepCallback& on_step, c10::Device device) {
   c10::InferenceMode guard;
-  const WanTrace* trace = r.trace;
+  auto state = start_denoise(r, conditioning, device);
+  while (!state.done()) {
+    const auto step = denoise_step({&state}).front();
+    if (on_step && !on_step(step)) return at::Tensor();
+  }
+  return finish_denoise(state);
+}
+
+WanDenoising WanPipeline::start_denoise(const WanRequest& r, const WanConditioning& conditioning,
+                                        c10::Device device) {
+  c10::InferenceMode guard;
+  WanDenoising s;
+  s.trace = r.trace;
   const auto boundary_ratio = r.boundary_ratio ? r.boundary_ratio : config_.boundary_ratio;
-  const double guidance_scale = r.guidance_scale;
-  const double guidance_scale_2 = r.guidance_scale_2.value_or(guidance_scale);
-  const bool cfg = guidance_scale > 1.0;
+  s.guidance_scale = r.guidance_scale;
+  s.guidance_scale_2 = r.guidance_scale_2.value_or(r.guidance_scale);
+  s.cfg = r.guidance_scale > 1.0;
   OMNI_CHECK(conditioning.prompt_embeds.defined(), "WanConditioning.prompt_embeds is missing");
-  OMNI_CHECK(!cfg || conditioning.negative_embeds.defined(),
-             "WanConditioning.negative_embeds is missing: guidance_scale ", guidance_scale,
+  OMNI_CHECK(!s.cfg || conditioning.negative_embeds.defined(),
+             "WanConditioning.negative_embeds is missing: guidance_scale ", r.guidance_scale,
              " runs classifier-free guidance");
 
   const auto transformer_dtype = transformer_->dtype();
-  const auto prompt_embeds = conditioning.prompt_embeds.to(device).to(transformer_dtype);
-  at::Tensor negative_embeds;
-  if (cfg) negative_embeds = conditioning.negative_embeds.to(device).to(transformer_dtype);
+  s.prompt_embeds = conditioning.prompt_embeds.to(device).to(transformer_dtype);
+  if (s.cfg) s.negative_embeds = conditioning.negative_embeds.to(device).to(transformer_dtype);
 
-  auto scheduler = make_scheduler(r.flow_shift);
-  scheduler->set_timesteps(r.num_inference_steps);
-  const auto timesteps = scheduler->timesteps();
+  s.scheduler = make_scheduler(r.flow_shift);
+  s.scheduler->set_timesteps(r.num_inference_steps);
+  s.timesteps = s.scheduler->timesteps();
+  s.total = s.timesteps.size(0);
 
   // prepare_latents: randn_tensor with a CPU generator draws on the CPU in float32, then moves.
   const auto& vae = vae_->config();
@@ -167,78 +202,96 @@ at::Tensor WanPipeline::denoise(const WanRequest& r, const WanConditioning& cond
   const int64_t latent_h = r.height / vae.scale_factor_spatial;
   const int64_t latent_w = r.width / vae.scale_factor_spatial;
   auto generator = at::make_generator<at::CPUGeneratorImpl>(r.seed);
-  auto latents =
-      at::randn({1, transformer_->config().in_channels, latent_frames, latent_h, latent_w},
-                generator, at::TensorOptions().dtype(at::kFloat))
-          .to(device);
-  if (trace && trace->initial_latents) trace->initial_latents(latents);
+  s.latents = at::randn({1, transformer_->config().in_channels, latent_frames, latent_h, latent_w},
+                        generator, at::TensorOptions().dtype(at::kFloat))
+                  .to(device);
+  if (s.trace && s.trace->initial_latents) s.trace->initial_latents(s.latents);
 
   // expand_timesteps: the mask gives each token its timestep (0 for the conditioning frame's).
   // TI2V image-to-video keeps the image latent in frame 0 (mask 0 there).
-  auto mask = at::ones({1, 1, latent_frames, latent_h, latent_w},
-                       at::TensorOptions().dtype(at::kFloat).device(device));
-  at::Tensor condition;
+  s.mask = at::ones({1, 1, latent_frames, latent_h, latent_w},
+                    at::TensorOptions().dtype(at::kFloat).device(device));
   if (conditioning.image_latent.defined()) {
     OMNI_CHECK(config_.expand_timesteps, "WanConditioning.image_latent needs a TI2V folder; ", dir_,
                " is text-to-video only");
-    condition = conditioning.image_latent.to(device);
-    mask.select(2, 0).zero_();
+    s.condition = conditioning.image_latent.to(device);
+    s.mask.select(2, 0).zero_();
   }
+  if (boundary_ratio) {
+    s.boundary_timestep = static_cast<float>(*boundary_ratio * s.scheduler->num_train_timesteps());
+  }
+  return s;
+}
 
-  std::optional<double> boundary_timestep;
-  if (boundary_ratio) boundary_timestep = *boundary_ratio * scheduler->num_train_timesteps();
+std::vector<WanStep> WanPipeline::denoise_step(const std::vector<WanDenoising*>& batch) {
+  c10::InferenceMode guard;
+  OMNI_CHECK(!batch.empty(), "WanPipeline::denoise_step: an empty batch");
+  const int expert = batch.front()->expert();
+  auto& model = expert == 0 ? *transformer_ : *transformer_2_;
+  const auto transformer_dtype = transformer_->dtype();
 
-  const int64_t total = timesteps.size(0);
-  for (int64_t i = 0; i < total; ++i) {
-    const auto t = timesteps[i].to(device);
-    // diffusers compares the timestep tensor with a Python float: both in float32.
-    const float t_value = timesteps[i].to(at::kFloat).item<float>();
-    const bool high_noise = !boundary_timestep || t_value >= static_cast<float>(*boundary_timestep);
-    auto& model = high_noise ? *transformer_ : *transformer_2_;
-    const double scale = high_noise ? guidance_scale : guidance_scale_2;
-
+  // Each request's passes (conditional, then unconditional), all through one call.
+  std::vector<WanPass> passes;
+  for (auto* s : batch) {
+    OMNI_CHECK(!s->done() && s->expert() == expert,
+               "WanPipeline::denoise_step: a batch member is done or on the other transformer");
+    const auto& latents = s->latents;
+    const auto t = s->timesteps[s->index].to(latents.device());
     at::Tensor model_input;
     at::Tensor timestep;
     if (config_.expand_timesteps) {
-      model_input = condition.defined() ? (1 - mask) * condition + mask * latents : latents;
+      model_input =
+          s->condition.defined() ? (1 - s->mask) * s->condition + s->mask * latents : latents;
       model_input = model_input.to(transformer_dtype);
       // (mask[0][0][:, ::2, ::2] * t).flatten(), one row per sample (the loader checked that
       // the patch is (1, 2, 2)).
       const auto per_token =
-          (mask[0][0].slice(1, 0, c10::nullopt, 2).slice(2, 0, c10::nullopt, 2) * t).flatten();
+          (s->mask[0][0].slice(1, 0, c10::nullopt, 2).slice(2, 0, c10::nullopt, 2) * t).flatten();
       timestep = per_token.unsqueeze(0).expand({latents.size(0), -1});
     } else {
       model_input = latents.to(transformer_dtype);
       timestep = t.expand({latents.size(0)});
     }
+    passes.push_back({model_input, timestep, s->prompt_embeds});
+    if (s->cfg) passes.push_back({model_input, timestep, s->negative_embeds});
+  }
+  const auto preds = model.forward_passes(passes);
 
-    // Both guidance passes in one call: each block is visited once a step for both.
-    const auto preds =
-        model.forward_passes(model_input, timestep,
-                             cfg ? std::vector<at::Tensor>{prompt_embeds, negative_embeds}
-                                 : std::vector<at::Tensor>{prompt_embeds});
-    auto noise_pred = preds[0];
-    if (trace && trace->transformer) trace->transformer(i, true, model_input, timestep, noise_pred);
-    if (cfg) {
-      const auto& noise_uncond = preds[1];
-      if (trace && trace->transformer)
-        trace->transformer(i, false, model_input, timestep, noise_uncond);
+  std::vector<WanStep> steps;
+  size_t next = 0;
+  for (auto* s : batch) {
+    const int64_t i = s->index;
+    const auto& pass = passes[next];
+    auto noise_pred = preds[next++];
+    const WanTrace* trace = s->trace;
+    if (trace && trace->transformer) {
+      trace->transformer(i, true, pass.hidden_states, pass.timestep, noise_pred);
+    }
+    if (s->cfg) {
+      const auto& noise_uncond = preds[next++];
+      if (trace && trace->transformer) {
+        trace->transformer(i, false, pass.hidden_states, pass.timestep, noise_uncond);
+      }
+      const double scale = expert == 0 ? s->guidance_scale : s->guidance_scale_2;
       noise_pred = noise_uncond + scale * (noise_pred - noise_uncond);
     }
-    latents = scheduler->step(noise_pred, i, latents);
-    if (trace && trace->step_latents) trace->step_latents(i, latents);
+    s->latents = s->scheduler->step(noise_pred, i, s->latents);
+    if (trace && trace->step_latents) trace->step_latents(i, s->latents);
 
-    if (on_step) {
-      WanStep step;
-      step.index = i;
-      step.total = total;
-      step.timestep = timesteps[i].to(at::kDouble).item<double>();
-      step.transformer = high_noise ? "transformer" : "transformer_2";
-      if (!on_step(step)) return at::Tensor();
-    }
+    WanStep step;
+    step.index = i;
+    step.total = s->total;
+    step.timestep = s->timesteps[i].to(at::kDouble).item<double>();
+    step.transformer = expert == 0 ? "transformer" : "transformer_2";
+    steps.push_back(step);
+    ++s->index;
   }
-  if (condition.defined()) latents = (1 - mask) * condition + mask * latents;
-  return latents;
+  return steps;
+}
+
+at::Tensor WanPipeline::finish_denoise(const WanDenoising& s) const {
+  if (!s.condition.defined()) return s.latents;
+  return (1 - s.mask) * s.condition + s.mask * s.latents;
 }
 
 }  // namespace omni::models

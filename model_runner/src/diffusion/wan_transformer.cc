@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <tuple>
 #include <vector>
 
 #include "cpu_offload/check.h"
@@ -174,44 +175,52 @@ at::Tensor WanTransformerBlock::forward(const at::Tensor& x, const at::Tensor& c
                                         const at::Tensor& rope_sin) {
   return invoke("forward", {x, context, temb, rope_cos, rope_sin},
                 [this](offload::HookArgs& a) -> c10::IValue {
-                  return run({a[0].toTensor()}, {a[1].toTensor()}, a[2].toTensor(), a[3].toTensor(),
-                             a[4].toTensor())
+                  return run({a[0].toTensor()}, {a[1].toTensor()}, {a[2].toTensor()},
+                             {a[3].toTensor()}, {a[4].toTensor()})
                       .front();
                 })
       .toTensor();
 }
 
-std::vector<at::Tensor> WanTransformerBlock::forward_passes(const std::vector<at::Tensor>& xs,
-                                                            const std::vector<at::Tensor>& contexts,
-                                                            const at::Tensor& temb,
-                                                            const at::Tensor& rope_cos,
-                                                            const at::Tensor& rope_sin) {
-  OMNI_CHECK(!xs.empty() && xs.size() == contexts.size(),
-             "WanTransformerBlock::forward_passes: ", xs.size(), " activations and ",
-             contexts.size(), " contexts");
-  return invoke("forward_passes", {xs, contexts, temb, rope_cos, rope_sin},
+std::vector<at::Tensor> WanTransformerBlock::forward_passes(
+    const std::vector<at::Tensor>& xs, const std::vector<at::Tensor>& contexts,
+    const std::vector<at::Tensor>& tembs, const std::vector<at::Tensor>& rope_cos,
+    const std::vector<at::Tensor>& rope_sin) {
+  const size_t n = xs.size();
+  OMNI_CHECK(n > 0 && contexts.size() == n && tembs.size() == n && rope_cos.size() == n &&
+                 rope_sin.size() == n,
+             "WanTransformerBlock::forward_passes: ", n, " activations, ", contexts.size(),
+             " contexts, ", tembs.size(), " time embeddings and ", rope_cos.size(), "/",
+             rope_sin.size(), " rotary tables");
+  return invoke("forward_passes", {xs, contexts, tembs, rope_cos, rope_sin},
                 [this](offload::HookArgs& a) -> c10::IValue {
-                  return run(a[0].toTensorVector(), a[1].toTensorVector(), a[2].toTensor(),
-                             a[3].toTensor(), a[4].toTensor());
+                  return run(a[0].toTensorVector(), a[1].toTensorVector(), a[2].toTensorVector(),
+                             a[3].toTensorVector(), a[4].toTensorVector());
                 })
       .toTensorVector();
 }
 
 std::vector<at::Tensor> WanTransformerBlock::run(std::vector<at::Tensor> hs,
                                                  const std::vector<at::Tensor>& contexts,
-                                                 const at::Tensor& temb, const at::Tensor& cos,
-                                                 const at::Tensor& sin) {
+                                                 const std::vector<at::Tensor>& tembs,
+                                                 const std::vector<at::Tensor>& cos,
+                                                 const std::vector<at::Tensor>& sin) {
   const auto dtype = hs.front().scalar_type();
-  // [B, T, 6, D] float32 -> six [B, T, D]
-  auto mod = (scale_shift_table_.unsqueeze(0) + temb.to(at::kFloat)).unbind(2);
-  const auto &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
-  const auto &c_shift = mod[3], &c_scale = mod[4], &c_gate = mod[5];
+  // [B, T, 6, D] float32 -> six [B, T, D] per pass; passes sharing a temb share the result.
+  std::vector<std::vector<at::Tensor>> mods;
+  for (size_t k = 0; k < hs.size(); ++k) {
+    mods.push_back(k > 0 && tembs[k].is_same(tembs[k - 1])
+                       ? mods.back()
+                       : (scale_shift_table_.unsqueeze(0) + tembs[k].to(at::kFloat)).unbind(2));
+  }
   // Each phase for every pass before the next phase: under phase offload a phase is brought to
   // the device once for all of them.
-  for (auto& h : hs) {
+  for (size_t k = 0; k < hs.size(); ++k) {
+    auto& h = hs[k];
+    const auto &shift_msa = mods[k][0], &scale_msa = mods[k][1], &gate_msa = mods[k][2];
     const auto n =
         (fp32_layer_norm(h.to(at::kFloat), {}, {}, eps_) * (1 + scale_msa) + shift_msa).to(dtype);
-    const auto attn = attn1_->forward(n, at::Tensor(), cos, sin);
+    const auto attn = attn1_->forward(n, at::Tensor(), cos[k], sin[k]);
     h = (h.to(at::kFloat) + attn * gate_msa).to(dtype);
   }
   for (size_t k = 0; k < hs.size(); ++k) {
@@ -222,7 +231,9 @@ std::vector<at::Tensor> WanTransformerBlock::run(std::vector<at::Tensor> hs,
             : h;
     h = h + attn2_->forward(n, contexts[k], at::Tensor(), at::Tensor());
   }
-  for (auto& h : hs) {
+  for (size_t k = 0; k < hs.size(); ++k) {
+    auto& h = hs[k];
+    const auto &c_shift = mods[k][3], &c_scale = mods[k][4], &c_gate = mods[k][5];
     const auto n =
         (fp32_layer_norm(h.to(at::kFloat), {}, {}, eps_) * (1 + c_scale) + c_shift).to(dtype);
     const auto ff = ffn_->forward(n);
@@ -291,53 +302,45 @@ std::pair<at::Tensor, at::Tensor> WanTransformer3DModel::rotary(int64_t frames, 
 at::Tensor WanTransformer3DModel::forward(const at::Tensor& hidden_states,
                                           const at::Tensor& timestep,
                                           const at::Tensor& encoder_hidden_states) {
-  return invoke("forward", {hidden_states, timestep, encoder_hidden_states},
-                [this](offload::HookArgs& a) -> c10::IValue {
-                  return forward_impl(a[0].toTensor(), a[1].toTensor(), {a[2].toTensor()}).front();
-                })
+  return invoke(
+             "forward", {hidden_states, timestep, encoder_hidden_states},
+             [this](offload::HookArgs& a) -> c10::IValue {
+               return forward_impl({a[0].toTensor()}, {a[1].toTensor()}, {a[2].toTensor()}).front();
+             })
       .toTensor();
 }
 
-std::vector<at::Tensor> WanTransformer3DModel::forward_passes(
-    const at::Tensor& hidden_states, const at::Tensor& timestep,
-    const std::vector<at::Tensor>& encoder_hidden_states) {
-  OMNI_CHECK(!encoder_hidden_states.empty(), "WanTransformer3DModel::forward_passes: no pass");
-  return invoke("forward_passes", {hidden_states, timestep, encoder_hidden_states},
+std::vector<at::Tensor> WanTransformer3DModel::forward_passes(const std::vector<WanPass>& passes) {
+  OMNI_CHECK(!passes.empty(), "WanTransformer3DModel::forward_passes: no pass");
+  std::vector<at::Tensor> hidden, timesteps, texts;
+  for (const auto& p : passes) {
+    hidden.push_back(p.hidden_states);
+    timesteps.push_back(p.timestep);
+    texts.push_back(p.encoder_hidden_states);
+  }
+  return invoke("forward_passes", {hidden, timesteps, texts},
                 [this](offload::HookArgs& a) -> c10::IValue {
-                  return forward_impl(a[0].toTensor(), a[1].toTensor(), a[2].toTensorVector());
+                  return forward_impl(a[0].toTensorVector(), a[1].toTensorVector(),
+                                      a[2].toTensorVector());
                 })
       .toTensorVector();
 }
 
-std::vector<at::Tensor> WanTransformer3DModel::forward_impl(const at::Tensor& hidden_states,
-                                                            const at::Tensor& timestep,
-                                                            const std::vector<at::Tensor>& texts) {
-  OMNI_CHECK(hidden_states.dim() == 5 && hidden_states.size(1) == c_.in_channels,
-             "WanTransformer3DModel: hidden_states must be [B, ", c_.in_channels,
-             ", F, H, W], got ", hidden_states.sizes());
-  const int64_t batch = hidden_states.size(0);
-  const int64_t frames = hidden_states.size(2), height = hidden_states.size(3),
-                width = hidden_states.size(4);
-  OMNI_CHECK(frames % c_.patch_t == 0 && height % c_.patch_h == 0 && width % c_.patch_w == 0,
-             "WanTransformer3DModel: latent ", frames, " x ", height, " x ", width,
-             " is not a multiple of patch_size (", c_.patch_t, ", ", c_.patch_h, ", ", c_.patch_w,
-             ")");
-  for (const auto& text : texts) {
-    OMNI_CHECK(text.dim() == 3 && text.size(0) == batch && text.size(2) == c_.text_dim,
-               "WanTransformer3DModel: encoder_hidden_states must be [", batch, ", S, ",
-               c_.text_dim, "], got ", text.sizes());
+namespace {
+
+// The index of the first pass before `k` whose `inputs` entry is the same tensor as k's, or k.
+size_t first_same(const std::vector<at::Tensor>& inputs, size_t k) {
+  for (size_t j = 0; j < k; ++j) {
+    if (inputs[j].is_same(inputs[k])) return j;
   }
-  const int64_t pf = frames / c_.patch_t, ph = height / c_.patch_h, pw = width / c_.patch_w;
-  const int64_t tokens = pf * ph * pw;
-  const int64_t d = c_.inner_dim();
+  return k;
+}
 
-  auto [rope_cos, rope_sin] = rotary(frames, height, width, hidden_states.device());
+}  // namespace
 
-  auto x =
-      at::conv3d(hidden_states, patch_weight_, patch_bias_, {c_.patch_t, c_.patch_h, c_.patch_w});
-  x = x.flatten(2).transpose(1, 2).contiguous();  // [B, L, D]
-
-  // Time embedding: one timestep per sample ([B] -> T = 1) or per token ([B, L] -> T = L).
+std::pair<at::Tensor, at::Tensor> WanTransformer3DModel::time_embedding(
+    const at::Tensor& timestep, int64_t batch, int64_t tokens, at::ScalarType dtype) const {
+  // One timestep per sample ([B] -> T = 1) or per token ([B, L] -> T = L).
   int64_t t_len = 1;
   at::Tensor flat_t;
   if (timestep.dim() == 2) {
@@ -354,29 +357,80 @@ std::vector<at::Tensor> WanTransformer3DModel::forward_impl(const at::Tensor& hi
   }
   auto t_freq = sinusoidal_timesteps(flat_t, c_.freq_dim).view({batch, t_len, c_.freq_dim});
   t_freq = t_freq.to(time_linear_1_->weight.scalar_type());
-  auto temb = time_linear_2_->forward(at::silu(time_linear_1_->forward(t_freq)))
-                  .to(texts.front().scalar_type());                           // [B, T, D]
-  auto temb_proj = time_proj_->forward(at::silu(temb)).unflatten(2, {6, d});  // [B, T, 6, D]
+  auto temb = time_linear_2_->forward(at::silu(time_linear_1_->forward(t_freq))).to(dtype);
+  auto temb_proj = time_proj_->forward(at::silu(temb)).unflatten(2, {6, c_.inner_dim()});
+  return {temb, temb_proj};  // [B, T, D], [B, T, 6, D]
+}
 
-  // The passes (the guidance's conditional and unconditional ones) share the latents and the
-  // timestep, and go through the blocks block-major: each block is visited once for all.
-  std::vector<at::Tensor> xs(texts.size(), x), contexts;
-  for (const auto& text : texts) {
-    contexts.push_back(text_linear_2_->forward(at::gelu(text_linear_1_->forward(text), "tanh")));
+std::vector<at::Tensor> WanTransformer3DModel::forward_impl(
+    const std::vector<at::Tensor>& hidden_states, const std::vector<at::Tensor>& timesteps,
+    const std::vector<at::Tensor>& texts) {
+  const size_t n = hidden_states.size();
+  OMNI_CHECK(timesteps.size() == n && texts.size() == n, "WanTransformer3DModel: ", n,
+             " hidden_states, ", timesteps.size(), " timesteps and ", texts.size(),
+             " encoder_hidden_states");
+  // What each pass brings into the blocks; passes with the same latents (and timestep) share
+  // their embeddings.
+  struct Prepared {
+    int64_t batch = 0, frames = 0, height = 0, width = 0, pf = 0, ph = 0, pw = 0;
+    at::Tensor x, temb, temb_proj, rope_cos, rope_sin, context;
+  };
+  std::vector<Prepared> ps(n);
+  for (size_t k = 0; k < n; ++k) {
+    auto& p = ps[k];
+    const auto& hs = hidden_states[k];
+    const size_t j = first_same(hidden_states, k);
+    if (j < k) {
+      p = ps[j];
+    } else {
+      OMNI_CHECK(hs.dim() == 5 && hs.size(1) == c_.in_channels,
+                 "WanTransformer3DModel: hidden_states must be [B, ", c_.in_channels,
+                 ", F, H, W], got ", hs.sizes());
+      p.batch = hs.size(0);
+      p.frames = hs.size(2), p.height = hs.size(3), p.width = hs.size(4);
+      OMNI_CHECK(
+          p.frames % c_.patch_t == 0 && p.height % c_.patch_h == 0 && p.width % c_.patch_w == 0,
+          "WanTransformer3DModel: latent ", p.frames, " x ", p.height, " x ", p.width,
+          " is not a multiple of patch_size (", c_.patch_t, ", ", c_.patch_h, ", ", c_.patch_w,
+          ")");
+      p.pf = p.frames / c_.patch_t, p.ph = p.height / c_.patch_h, p.pw = p.width / c_.patch_w;
+      std::tie(p.rope_cos, p.rope_sin) = rotary(p.frames, p.height, p.width, hs.device());
+      p.x = at::conv3d(hs, patch_weight_, patch_bias_, {c_.patch_t, c_.patch_h, c_.patch_w});
+      p.x = p.x.flatten(2).transpose(1, 2).contiguous();  // [B, L, D]
+    }
+    const auto& text = texts[k];
+    OMNI_CHECK(text.dim() == 3 && text.size(0) == p.batch && text.size(2) == c_.text_dim,
+               "WanTransformer3DModel: encoder_hidden_states must be [", p.batch, ", S, ",
+               c_.text_dim, "], got ", text.sizes());
+    if (j == k || !timesteps[k].is_same(timesteps[j])) {
+      std::tie(p.temb, p.temb_proj) =
+          time_embedding(timesteps[k], p.batch, p.pf * p.ph * p.pw, text.scalar_type());
+    }
+    p.context = text_linear_2_->forward(at::gelu(text_linear_1_->forward(text), "tanh"));
+  }
+
+  std::vector<at::Tensor> xs, contexts, tembs, cos, sin;
+  for (const auto& p : ps) {
+    xs.push_back(p.x);
+    contexts.push_back(p.context);
+    tembs.push_back(p.temb_proj);
+    cos.push_back(p.rope_cos);
+    sin.push_back(p.rope_sin);
   }
   for (const auto& block : *blocks_) {
-    xs = block->as<WanTransformerBlock>()->forward_passes(xs, contexts, temb_proj, rope_cos,
-                                                          rope_sin);
+    xs = block->as<WanTransformerBlock>()->forward_passes(xs, contexts, tembs, cos, sin);
   }
 
-  // [B, T, 2, D] float32 -> shift, scale [B, T, D]
-  auto mod = (scale_shift_table_.unsqueeze(0) + temb.unsqueeze(2)).unbind(2);
-  for (auto& out : xs) {
+  for (size_t k = 0; k < n; ++k) {
+    const auto& p = ps[k];
+    auto& out = xs[k];
+    // [B, T, 2, D] float32 -> shift, scale [B, T, D]
+    auto mod = (scale_shift_table_.unsqueeze(0) + p.temb.unsqueeze(2)).unbind(2);
     out = (fp32_layer_norm(out.to(at::kFloat), {}, {}, c_.eps) * (1 + mod[1]) + mod[0])
               .to(out.scalar_type());
     out = proj_out_->forward(out);
-    out = out.reshape({batch, pf, ph, pw, c_.patch_t, c_.patch_h, c_.patch_w, -1});
-    out = out.permute({0, 7, 1, 4, 2, 5, 3, 6}).reshape({batch, -1, frames, height, width});
+    out = out.reshape({p.batch, p.pf, p.ph, p.pw, c_.patch_t, c_.patch_h, c_.patch_w, -1});
+    out = out.permute({0, 7, 1, 4, 2, 5, 3, 6}).reshape({p.batch, -1, p.frames, p.height, p.width});
   }
   return xs;
 }

@@ -629,24 +629,33 @@ AutoencoderKLWan::AutoencoderKLWan(const WanVAEConfig& c, at::ScalarType dtype)
 }
 
 at::Tensor AutoencoderKLWan::decode(const at::Tensor& latents) {
-  return invoke("decode", {latents},
-                [this](offload::HookArgs& a) -> c10::IValue {
-                  const at::Tensor z = a[0].toTensor();
-                  OMNI_CHECK(z.dim() == 5 && z.size(1) == c_.z_dim,
-                             "AutoencoderKLWan::decode: latents must be [B, ", c_.z_dim,
-                             ", F, h, w], got ", z.sizes());
-                  const auto x = post_quant_conv_->forward(z);
-                  decoder_->clear_cache();
-                  std::vector<at::Tensor> frames;
-                  for (int64_t i = 0; i < x.size(2); ++i) {
-                    auto out = decoder_->forward(x.narrow(2, i, 1), i == 0);
-                    // unpatchify and clamp act frame by frame: apply them per chunk.
-                    frames.push_back(at::clamp(unpatchify(out, c_.patch_size), -1.0, 1.0));
-                  }
-                  decoder_->clear_cache();
-                  return at::cat(frames, 2);
-                })
-      .toTensor();
+  std::vector<at::Tensor> frames;
+  decode_chunks(latents, [&](const at::Tensor& chunk) { frames.push_back(chunk); });
+  return at::cat(frames, 2);
+}
+
+void AutoencoderKLWan::decode_chunks(const at::Tensor& latents,
+                                     const std::function<void(const at::Tensor&)>& on_chunk) {
+  invoke("decode", {latents}, [&](offload::HookArgs& a) -> c10::IValue {
+    const at::Tensor z = a[0].toTensor();
+    OMNI_CHECK(z.dim() == 5 && z.size(1) == c_.z_dim,
+               "AutoencoderKLWan::decode: latents must be [B, ", c_.z_dim, ", F, h, w], got ",
+               z.sizes());
+    const auto x = post_quant_conv_->forward(z);
+    decoder_->clear_cache();
+    try {
+      for (int64_t i = 0; i < x.size(2); ++i) {
+        const auto out = decoder_->forward(x.narrow(2, i, 1), i == 0);
+        // unpatchify and clamp act frame by frame: apply them per chunk.
+        on_chunk(at::clamp(unpatchify(out, c_.patch_size), -1.0, 1.0));
+      }
+    } catch (...) {
+      decoder_->clear_cache();  // the cache holds a chunk's features: not kept past the call
+      throw;
+    }
+    decoder_->clear_cache();
+    return c10::IValue();
+  });
 }
 
 WanLatentDistribution AutoencoderKLWan::encode(const at::Tensor& video) {

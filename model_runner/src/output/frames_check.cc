@@ -18,14 +18,15 @@ at::Tensor checked_frames(const at::Tensor& frames, const char* who, const std::
   return frames.detach().to(at::kCPU, at::kFloat).contiguous();
 }
 
-at::Tensor quantize_rgb8(const at::Tensor& frames, const char* who, const std::string& path) {
+at::Tensor quantize_rgb8(const at::Tensor& frames, const char* who, const std::string& path,
+                         int64_t first_frame) {
   if (!at::isfinite(frames).all().item<bool>()) {
     const at::Tensor bad = at::nonzero(at::logical_not(at::isfinite(frames)));
     const at::Tensor at_index = bad[0];
     const auto i = at_index.accessor<int64_t, 1>();
-    OMNI_THROW(who, " '", path, "': frame ", i[0], " row ", i[1], " column ", i[2], " channel ",
-               i[3], " is ", frames[i[0]][i[1]][i[2]][i[3]].item<float>(), " (", bad.size(0),
-               " non-finite values)");
+    OMNI_THROW(who, " '", path, "': frame ", first_frame + i[0], " row ", i[1], " column ", i[2],
+               " channel ", i[3], " is ", frames[i[0]][i[1]][i[2]][i[3]].item<float>(), " (",
+               bad.size(0), " non-finite values)");
   }
   // In float32, as numpy computes (x * 255).round() on a float32 array; in place on the one
   // copy clamp makes (a Wan2.1 clip is ~400 MB of float32).

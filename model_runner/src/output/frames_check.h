@@ -13,7 +13,9 @@ namespace omni::models::output {
 at::Tensor checked_frames(const at::Tensor& frames, const char* who, const std::string& path);
 
 // round(clamp(x, 0, 1) * 255) as uint8 [F, H, W, 3] (torch.round: half to even, as numpy's);
-// throws naming the first NaN or infinity by frame, row, column and channel.
-at::Tensor quantize_rgb8(const at::Tensor& frames, const char* who, const std::string& path);
+// throws naming the first NaN or infinity by frame, row, column and channel. `first_frame`:
+// the video's index of frames[0], when a writer quantizes a frame at a time.
+at::Tensor quantize_rgb8(const at::Tensor& frames, const char* who, const std::string& path,
+                         int64_t first_frame = 0);
 
 }  // namespace omni::models::output

@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cpu_offload/model_spec.h"
 #include "model_runner/diffusion/flow_schedulers.h"
@@ -91,6 +92,26 @@ struct WanConditioning {
   at::Tensor image_latent;     // TI2V: the image's normalized latent, float32; else undefined
 };
 
+// One request's denoising in progress, between steps: WanPipeline::start_denoise makes it,
+// denoise_step advances several by a step each in one transformer call, finish_denoise gives
+// the final latents. The members are the pipeline's.
+struct WanDenoising {
+  int64_t index = 0;  // the next step
+  int64_t total = 0;
+  bool done() const { return index >= total; }
+  // The transformer the next step runs: 0 `transformer` (high noise), 1 `transformer_2`.
+  int expert() const;
+
+  const WanTrace* trace = nullptr;
+  std::shared_ptr<FlowScheduler> scheduler;
+  at::Tensor timesteps;                       // [total], the scheduler's
+  at::Tensor latents, mask, condition;        // on the device, float32
+  at::Tensor prompt_embeds, negative_embeds;  // in the transformer's dtype
+  double guidance_scale = 1, guidance_scale_2 = 1;
+  std::optional<float> boundary_timestep;
+  bool cfg = false;
+};
+
 // model_index.json's fields that steer the pipeline.
 struct WanPipelineConfig {
   std::optional<double> boundary_ratio;
@@ -119,6 +140,15 @@ class WanPipeline : public torch::nn::Module {
   // (the image latent put back into frame 0 for TI2V); undefined when on_step cancelled.
   at::Tensor denoise(const WanRequest& request, const WanConditioning& conditioning,
                      const WanStepCallback& on_step, c10::Device device);
+  // denoise() a step at a time, for a stage that runs several requests' steps together (each
+  // request's latents equal its denoise()'s bit for bit). start_denoise draws the noise and
+  // sets the schedule; denoise_step runs the next step of every member of `batch` (not done,
+  // all on the same expert()) with their passes through each block in one visit, and returns
+  // their WanSteps; finish_denoise returns the final latents as denoise does.
+  WanDenoising start_denoise(const WanRequest& request, const WanConditioning& conditioning,
+                             c10::Device device);
+  std::vector<WanStep> denoise_step(const std::vector<WanDenoising*>& batch);
+  at::Tensor finish_denoise(const WanDenoising& state) const;
   // The VAE: denormalizes, decodes and post-processes to [F, H, W, 3] float32 in [0, 1] on the
   // CPU.
   at::Tensor decode_latents(const at::Tensor& latents);

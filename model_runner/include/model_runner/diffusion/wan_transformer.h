@@ -87,17 +87,22 @@ class WanTransformerBlock : public offload::HookableModule {
   // per-token timesteps); rope_cos / rope_sin [1, L, 1, head_dim] float32.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& context, const at::Tensor& temb,
                      const at::Tensor& rope_cos, const at::Tensor& rope_sin);
-  // The same for several passes (the guidance's) with their own x and context, one hookable
-  // call: each phase (attn1, attn2, ffn) runs for every pass before the next, so an offloaded
-  // block or phase is on the device once for all of them. Each result is bitwise forward's.
+  // The same for several passes (a request's guidance passes, a batch's requests), each with
+  // its own x, context, temb and rotary tables (pass k's are element k of each list), in one
+  // hookable call: each phase (attn1, attn2, ffn) runs for every pass before the next, so an
+  // offloaded block or phase is on the device once for all of them. Each result is bitwise
+  // forward's.
   std::vector<at::Tensor> forward_passes(const std::vector<at::Tensor>& xs,
                                          const std::vector<at::Tensor>& contexts,
-                                         const at::Tensor& temb, const at::Tensor& rope_cos,
-                                         const at::Tensor& rope_sin);
+                                         const std::vector<at::Tensor>& tembs,
+                                         const std::vector<at::Tensor>& rope_cos,
+                                         const std::vector<at::Tensor>& rope_sin);
 
  private:
   std::vector<at::Tensor> run(std::vector<at::Tensor> hs, const std::vector<at::Tensor>& contexts,
-                              const at::Tensor& temb, const at::Tensor& cos, const at::Tensor& sin);
+                              const std::vector<at::Tensor>& tembs,
+                              const std::vector<at::Tensor>& cos,
+                              const std::vector<at::Tensor>& sin);
 
   double eps_;
   bool cross_attn_norm_;
@@ -105,6 +110,15 @@ class WanTransformerBlock : public offload::HookableModule {
   at::Tensor norm2_weight_, norm2_bias_;  // cross_attn_norm: FP32LayerNorm with affine
   std::shared_ptr<GeluFeedForward> ffn_;
   at::Tensor scale_shift_table_;  // [1, 6, D] float32
+};
+
+// One pass through WanTransformer3DModel: forward's three inputs. A request's guidance passes
+// share hidden_states and timestep (the same tensors: computed once); a batch's requests each
+// bring their own.
+struct WanPass {
+  at::Tensor hidden_states;
+  at::Tensor timestep;
+  at::Tensor encoder_hidden_states;
 };
 
 class WanTransformer3DModel : public offload::HookableModule {
@@ -117,13 +131,11 @@ class WanTransformer3DModel : public offload::HookableModule {
   // -> [B, C_out, F, H, W].
   at::Tensor forward(const at::Tensor& hidden_states, const at::Tensor& timestep,
                      const at::Tensor& encoder_hidden_states);
-  // forward for each of `encoder_hidden_states` (the guidance passes: conditional, then
-  // unconditional) over the same latents and timestep, the blocks visited block-major (every
-  // pass through block i before block i + 1): under layerwise, phase or disk offload each block
-  // is streamed once a step instead of once a pass. Each output is bitwise forward's.
-  std::vector<at::Tensor> forward_passes(const at::Tensor& hidden_states,
-                                         const at::Tensor& timestep,
-                                         const std::vector<at::Tensor>& encoder_hidden_states);
+  // forward for each pass (a request's guidance passes, the requests of a batch), the blocks
+  // visited block-major (every pass through block i before block i + 1): under layerwise, phase
+  // or disk offload each block is streamed once a step for all of them, not once a pass. Each
+  // output is bitwise forward's.
+  std::vector<at::Tensor> forward_passes(const std::vector<WanPass>& passes);
 
   const WanTransformerConfig& config() const { return c_; }
   at::ScalarType dtype() const { return dtype_; }
@@ -136,8 +148,13 @@ class WanTransformer3DModel : public offload::HookableModule {
                                            const c10::Device& device) const;
 
  private:
-  std::vector<at::Tensor> forward_impl(const at::Tensor& hidden_states, const at::Tensor& timestep,
+  std::vector<at::Tensor> forward_impl(const std::vector<at::Tensor>& hidden_states,
+                                       const std::vector<at::Tensor>& timesteps,
                                        const std::vector<at::Tensor>& texts);
+  // The time embedding of `timestep` ([B] or [B, tokens]) and its projection: [B, T, D] and
+  // [B, T, 6, D] in `dtype`.
+  std::pair<at::Tensor, at::Tensor> time_embedding(const at::Tensor& timestep, int64_t batch,
+                                                   int64_t tokens, at::ScalarType dtype) const;
 
   WanTransformerConfig c_;
   at::ScalarType dtype_;

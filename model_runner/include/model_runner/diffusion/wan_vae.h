@@ -35,6 +35,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -154,6 +155,11 @@ class AutoencoderKLWan : public offload::HookableModule {
   // denormalize_latents) -> video [B, 3, 1 + 4 (F - 1), h * s, w * s] in [-1, 1] (s the spatial
   // factor, 8 or 16), in the parameters' dtype.
   at::Tensor decode(const at::Tensor& latents);
+  // decode a chunk at a time: `on_chunk` gets each latent frame's frames [B, 3, f, H, W] as
+  // they are decoded (the first latent frame gives 1, each next 4), so a caller that consumes
+  // them holds one chunk's frames, not the video's. decode's bits, chunk by chunk.
+  void decode_chunks(const at::Tensor& latents,
+                     const std::function<void(const at::Tensor&)>& on_chunk);
   // diffusers' encode(...).latent_dist without tiling: video [B, 3, T, H, W] in [-1, 1]
   // (T = 1 + 4k) -> the latent distribution (mean / mode [B, z_dim, 1 + k, H / s, W / s]).
   WanLatentDistribution encode(const at::Tensor& video);

@@ -205,16 +205,17 @@ void write_mp4(const std::string& path, const at::Tensor& frames, int64_t fps) {
              " (width x height); crop or pad the frames");
   OMNI_CHECK(height <= 16384 && width <= 16384, "write_mp4 '", path, "': frames of ", width, "x",
              height, " are larger than H.264 allows (16384 a side)");
-  const at::Tensor pixels = output::quantize_rgb8(data, "write_mp4", path);
   quiet_ffmpeg_info_logs();
 
   output::AtomicFile file(path, "MP4");
   {
     Mp4Encoder encoder(path, file.temp_path(), static_cast<int>(width), static_cast<int>(height),
                        static_cast<int>(fps));
-    const auto* base = pixels.data_ptr<uint8_t>();
-    const int64_t frame_bytes = height * width * 3;
-    for (int64_t i = 0; i < pixels.size(0); ++i) encoder.add(base + i * frame_bytes, i);
+    // A frame at a time: the writer holds one frame's pixels beside the video, not a copy.
+    for (int64_t i = 0; i < data.size(0); ++i) {
+      const at::Tensor pixels = output::quantize_rgb8(data.narrow(0, i, 1), "write_mp4", path, i);
+      encoder.add(pixels.data_ptr<uint8_t>(), i);
+    }
     encoder.finish();
   }
   file.commit();  // the muxer wrote through its own descriptor; fsync on ours flushes the file
