@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 # -O1 -g1: line tables are all a report needs.
 OMNI_BUILD_TARGETS="cpu_offload_tests pipeline_tests http_tests worker_pipeline_local_test \
 worker_server_metrics_test worker_chat_server_test worker_bounded_http_server_test worker_engine_loop_test worker_streamed_sequence_test \
-worker_pipeline_batching_test" \
+worker_pipeline_batching_test worker_diffusion_batching_test" \
   CMAKE_BUILD_TYPE=RelWithDebInfo scripts/build.sh build-tsan -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
   -DOMNI_SANITIZE=thread -DOMNI_BUILD_BENCH=OFF -DOMNI_WITH_CUDA=OFF -DOMNI_CUDA_COMPILE_CHECK=OFF
 jobs=$(nproc)  # before OMP_NUM_THREADS, which nproc obeys

@@ -197,6 +197,16 @@ std::function<void(pipeline::Request&)> yaml_sampling(const config::PipelineConf
   return [config](pipeline::Request& request) { apply_sampling_defaults(request, config, {}); };
 }
 
+// Video jobs that run at once: as many as the diffusion stages denoise together (the fewest).
+size_t video_job_slots(const config::PipelineConfig& config) {
+  int64_t slots = 0;
+  for (const auto& s : config.stages) {
+    if (s.stage_type != "diffusion") continue;
+    slots = slots == 0 ? s.max_num_seqs() : std::min(slots, s.max_num_seqs());
+  }
+  return static_cast<size_t>(std::max<int64_t>(1, slots));
+}
+
 }  // namespace
 
 int run_serve(const ServeOptions& o, std::ostream& err) {
@@ -256,6 +266,7 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
       server.model_name =
           o.served_model_name.empty() ? folder_name(entry_model) : o.served_model_name;
       server.sampling_defaults = yaml_sampling(lo.config);
+      server.videos.concurrent_jobs = video_job_slots(lo.config);
       launcher = std::make_unique<pipeline::StageLauncher>(std::move(lo));
       auto* l = launcher.get();
       server.healthy = [l](std::string* why) { return l->healthy(why); };
@@ -265,6 +276,7 @@ int run_serve(const ServeOptions& o, std::ostream& err) {
       auto cfg = pipeline::checkpoint_stage_config(o.model, device, "auto");
       config::apply_stage_flags(cfg, o.engine, o.stage_overrides);
       server.sampling_defaults = yaml_sampling(cfg);
+      server.videos.concurrent_jobs = video_job_slots(cfg);
       // The frame rate turns a video request's `seconds` into frames; a request's unset fields
       // take the pipeline's defaults (its cost cap is from them).
       const auto& family = pipeline::family_of_checkpoint(o.model);

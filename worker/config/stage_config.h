@@ -111,6 +111,11 @@ struct StageConfig {
   std::string custom_process_input_func;  // the hand-off by name (pipeline/stage_kind.h)
   bool is_comprehension = false;          // vLLM-Omni key; accepted
   SourceLocation location;                // where the stage's mapping starts
+
+  // Requests the stage runs together: engine_args.max_num_seqs, else runtime.max_batch_size.
+  int64_t max_num_seqs() const {
+    return engine.max_num_seqs > 0 ? engine.max_num_seqs : runtime.max_batch_size;
+  }
 };
 
 struct PipelineConfig {

@@ -6,13 +6,24 @@
 
 namespace omni::pipeline {
 
-const std::vector<std::string>& diffusion_ignored_keys() {
-  static const std::vector<std::string> keys = {
-      "cpu_offload_experts", "expert_cache_budget",   "expert_prefetch",
-      "expert_miss_policy",  "expert_eviction",       "host_memory_budget",
-      "disk_read",           "max_num_seqs",          "max_num_batched_tokens",
-      "block_size",          "kv_cache_memory_bytes", "enable_chunked_prefill"};
-  return keys;
+const std::vector<std::string>& diffusion_ignored_keys(bool batched) {
+  static const std::vector<std::string> batching = {"cpu_offload_experts",
+                                                    "expert_cache_budget",
+                                                    "expert_prefetch",
+                                                    "expert_miss_policy",
+                                                    "expert_eviction",
+                                                    "host_memory_budget",
+                                                    "disk_read",
+                                                    "max_num_batched_tokens",
+                                                    "block_size",
+                                                    "kv_cache_memory_bytes",
+                                                    "enable_chunked_prefill"};
+  static const std::vector<std::string> one_at_a_time = [] {
+    auto keys = batching;
+    keys.push_back("max_num_seqs");
+    return keys;
+  }();
+  return batched ? batching : one_at_a_time;
 }
 
 std::shared_ptr<const StageParams> diffusion_stage_params(const Request& request, bool) {

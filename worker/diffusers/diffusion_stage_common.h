@@ -15,9 +15,10 @@
 
 namespace omni::pipeline {
 
-// engine_args keys a diffusion stage does not read: it runs one request at a time with no KV
-// cache, and its pipelines have no experts nor disk tier.
-const std::vector<std::string>& diffusion_ignored_keys();
+// engine_args keys a diffusion stage does not read: it has no KV cache nor prompt tokens to
+// schedule, and its pipelines have no experts nor disk tier. `batched`: the stage batches
+// requests on an engine loop (it reads max_num_seqs); otherwise it runs one at a time.
+const std::vector<std::string>& diffusion_ignored_keys(bool batched = false);
 
 // StageKind::params of every diffusion kind: the request's prompt and its DiffusionRequest.
 std::shared_ptr<const StageParams> diffusion_stage_params(const Request& request, bool speak);

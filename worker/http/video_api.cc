@@ -166,7 +166,9 @@ class VideoApi::Impl {
     }
     folder_ = pattern;
     std::ofstream(fs::path(folder_) / kOwnerFile) << ::getpid() << " " << process_start(::getpid());
-    worker_ = std::thread([this] { loop(); });
+    for (size_t i = 0; i < std::max<size_t>(1, options_.concurrent_jobs); ++i) {
+      workers_.emplace_back([this] { loop(); });
+    }
   }
   ~Impl() { stop(); }
 
@@ -178,7 +180,8 @@ class VideoApi::Impl {
       stopping_ = true;
       changed_.notify_all();
     }
-    if (worker_.joinable()) worker_.join();
+    for (auto& worker : workers_) worker.join();
+    workers_.clear();
     if (!folder_.empty()) {
       std::error_code ec;
       fs::remove_all(folder_, ec);
@@ -758,7 +761,7 @@ class VideoApi::Impl {
   std::atomic<double> mean_job_ms_{0};
   std::atomic<bool> stopping_{false};
   bool stopped_ = false;
-  std::thread worker_;
+  std::vector<std::thread> workers_;  // the job threads
 };
 
 VideoApi::VideoApi(pipeline::Pipeline& pipeline, VideoOptions options, std::string model_name,

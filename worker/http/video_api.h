@@ -6,12 +6,12 @@
 //                                  from the file; a Range of a few spans is served (206)
 //   DELETE /v1/videos/{id}         removes the job and its file; a running job is cancelled
 //   POST   /v1/videos/sync         runs a job and answers its MP4 bytes
-// Jobs run one at a time in FIFO order on one thread (the stage computes one request at a
-// time anyway). Queued and running jobs are bounded in number (more get 429 with Retry-After);
-// finished ones by the MP4 bytes they hold on disk (a job whose file would not fit fails) and a
-// TTL. A job's cost (width x height x frames x steps) is capped, and the frames it holds while
-// it is encoded are taken from the server's byte budget before it runs. The files live in a
-// private folder (0700) made at start and removed at stop; folders of servers that died are
+// Jobs start in FIFO order on `concurrent_jobs` threads (as many as the diffusion stage
+// denoises together). Queued and running jobs are bounded in number (more get 429 with
+// Retry-After); finished ones by the MP4 bytes they hold on disk (a job whose file would not fit
+// fails) and a TTL. A job's cost (width x height x frames x steps) is capped, and the frames it
+// holds while it is encoded are taken from the server's byte budget before it runs. The files live
+// in a private folder (0700) made at start and removed at stop; folders of servers that died are
 // removed at start. The key is checked before any handler runs (chat_server.h). A pipeline
 // without a diffusion stage answers these routes 400 saying the model makes no video.
 #pragma once
@@ -37,6 +37,7 @@ class ServerMetrics;
 
 struct VideoOptions {
   size_t max_jobs = 16;                    // queued and running jobs
+  size_t concurrent_jobs = 1;              // jobs running at once (the stage's batch)
   uint64_t max_bytes = uint64_t{1} << 30;  // MP4 bytes on disk, all jobs together
   std::chrono::seconds ttl{3600};          // a finished job is removed this long after
   int64_t fps = 16;                        // the model's frame rate: `seconds` to frames
@@ -51,7 +52,7 @@ struct VideoOptions {
 
 class VideoApi {
  public:
-  // Makes the folder (removing those of dead servers) and starts the job thread when the
+  // Makes the folder (removing those of dead servers) and starts the job threads when the
   // pipeline makes video; throws std::runtime_error naming the folder when it cannot be made.
   VideoApi(pipeline::Pipeline& pipeline, VideoOptions options, std::string model_name,
            ServerMetrics& metrics, InflightBudget& budget);
@@ -60,7 +61,7 @@ class VideoApi {
   VideoApi& operator=(const VideoApi&) = delete;
 
   void add_routes(httplib::Server& server);
-  // Cancels the running job, joins the job thread, removes the folder. Idempotent.
+  // Cancels the running jobs, joins the job threads, removes the folder. Idempotent.
   void stop();
   // Prometheus gauges: jobs stored by status, bytes on disk.
   std::string prometheus() const;

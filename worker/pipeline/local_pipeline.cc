@@ -95,8 +95,7 @@ LocalStageOptions local_stage_options(const config::StageConfig& s, const std::s
   off.host_memory_budget_bytes = s.engine.host_memory_budget;
   off.disk_read = s.engine.disk_read;
   o.offload_stage = s.engine.offload_stage || s.engine.enable_cpu_offload;
-  o.limits.max_num_seqs =
-      s.engine.max_num_seqs > 0 ? s.engine.max_num_seqs : s.runtime.max_batch_size;
+  o.limits.max_num_seqs = s.max_num_seqs();
   o.limits.max_num_batched_tokens = s.engine.max_num_batched_tokens;
   o.limits.chunked_prefill = s.engine.enable_chunked_prefill;
   o.kv_block_size = s.engine.block_size;

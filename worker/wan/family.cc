@@ -51,7 +51,7 @@ StageKind diffusion() {
   };
   k.finish = &finish_video;
   k.make_local = &local::make_diffusion_stage;
-  k.ignored_keys = diffusion_ignored_keys();
+  k.ignored_keys = diffusion_ignored_keys(/*batched=*/true);
   return k;
 }
 

@@ -2,7 +2,8 @@
 predates OpenAI's video API) on the tiny diffusers Wan folder: a job completes and its MP4 reads
 back in ffprobe, progress moves with the steps, the list is newest first, DELETE removes a job
 (and cancels a running one), /sync answers MP4 bytes, bad requests get OpenAI's error JSON, the
-job limits (count, bytes on disk, expiry) hold, the private folder goes at stop, and a Qwen3-Omni
+job limits (count, bytes on disk, expiry) hold, the private folder goes at stop, jobs batched with
+--max-num-seqs give their MP4s alone byte for byte, and a Qwen3-Omni
 server refuses saying it makes no video. /health answers after everything.
 
     videos_api_test.py VLLM_OMNI QWEN3_OMNI_FIXTURE WAN_FIXTURE
@@ -335,6 +336,37 @@ def limits_server():
         stop_server(proc)
 
 
+def batch_server():
+    # --max-num-seqs 4: four jobs (their own prompts, seeds, guidance) denoise together on the
+    # stage's loop, each giving the MP4 it gives alone, byte for byte.
+    proc, port = start_server(WAN_FIXTURE, "--max-num-seqs", "4")
+    try:
+        jobs = [dict(TINY, prompt=f"a red fox, take {k}", seed=10 + k, guidance_scale=g,
+                     num_inference_steps=6) for k, g in enumerate([5.0, 3.0, 1.0, 7.5])]
+
+        def content(vid):
+            v = wait_done(port, vid)
+            assert v["status"] == "completed", v
+            status, _, mp4 = call(port, "GET", f"/v1/videos/{vid}/content")
+            assert status == 200, status
+            return mp4
+
+        alone = [content(ok_json(port, "POST", "/v1/videos", job)["id"]) for job in jobs]
+        ids = [ok_json(port, "POST", "/v1/videos", job)["id"] for job in jobs]
+        together = [content(vid) for vid in ids]
+        for k in range(len(jobs)):
+            assert together[k] == alone[k], k
+        assert len(set(alone)) == len(jobs)
+        # Batched: the stage stepped more requests than steps.
+        text = call(port, "GET", "/metrics")[2].decode()
+        steps = float(re.search(r"omni_engine_steps_total\{[^}]*\} (\S+)", text).group(1))
+        rows = float(re.search(r"omni_engine_batch_rows_total\{[^}]*\} (\S+)", text).group(1))
+        assert rows > steps, (rows, steps)
+        healthy(port)
+    finally:
+        stop_server(proc)
+
+
 def omni_server():
     # A model that makes no video says so, on every video route.
     proc, port = start_server(OMNI_FIXTURE)
@@ -353,6 +385,7 @@ def omni_server():
 def main():
     video_server()
     limits_server()
+    batch_server()
     omni_server()
     print("OK")
 
