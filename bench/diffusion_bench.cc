@@ -2,11 +2,14 @@
 // engine (issue 25, point 7). It writes a synthetic diffusers folder (seeded random weights:
 // the real widths with a few layers), loads it with the pipeline's loader as a user's folder
 // would load, and prints one JSON line per strategy: loading time and RSS, peak device bytes,
-// mean step time, host-to-device bytes per step, and whether the output equals the resident
-// run's. The presets (--model):
+// mean step time, host-to-device bytes per step and per output (video or image; the load's
+// uploads left out), outputs per hour, and whether the output equals the resident run's.
+// `--work-dir DIR --keep` on an existing folder of the preset's layout (a test fixture) runs
+// that folder instead of writing one. The presets (--model):
 //   wan-a14b (default): Wan2.2-T2V-A14B: the A14B transformer dims with a few layers per
 //     expert, a UMT5-XXL-shaped encoder with a layer or two, the real Wan2.1 VAE; run through
-//     load_wan_pipeline with guidance 4.0 / 3.0 (--cfg off: none); the fields name "frames".
+//     load_wan_pipeline with guidance 4.0 / 3.0 (--cfg off: none), --batch requests denoised
+//     together as the diffusion stage batches them; the fields name "frames".
 //   qwen-image: Qwen-Image: the 3,072-wide transformer (24 heads of 128) with a few of its 60
 //     blocks, a Qwen2.5-VL-7B-shaped text encoder with a layer or two, the real
 //     AutoencoderKLQwenImage; run through load_qwen_image_pipeline with true CFG 4.0 (a
@@ -15,6 +18,7 @@
 // Each preset takes its tokenizer, scheduler and model_index.json from a tiny fixture folder.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/InferenceMode.h>
 
 #include <algorithm>
 #include <chrono>
@@ -90,6 +94,7 @@ struct Options {
   double sim_bandwidth_gbps = 0;
   std::optional<int> threads;
   bool cfg = true;  // classifier-free guidance: two transformer passes a step
+  int batch = 1;    // wan-a14b: requests denoised together
 };
 
 void add_options(CLI::App& app, Options& o) {
@@ -132,6 +137,11 @@ void add_options(CLI::App& app, Options& o) {
          "step, sharing each block's visit; off: one pass)")
       ->type_name("on|off")
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--batch", o.batch,
+                 "wan-a14b: requests denoised together (their own prompts and seeds), as the "
+                 "diffusion stage batches them: each step's block visits serve all of them")
+      ->type_name("N")
+      ->check(at_least(1));
   app.add_option("--steps", o.steps, "denoising steps (>= 2: the mean leaves out the first)")
       ->type_name("S")
       ->check(at_least(2));
@@ -319,13 +329,27 @@ Loaded load_wan(const Options& o, const fs::path& dir) {
   request.guidance_scale_2 = o.cfg ? 3.0 : 1.0;
   request.seed = o.seed;
   request.max_sequence_length = *o.max_sequence_length;
+  // --batch N: N requests with their own prompt and seed, a step of all of them at a time.
+  std::vector<omni::models::WanRequest> batch;
+  for (int k = 0; k < o.batch; ++k) {
+    batch.push_back(request);
+    if (k > 0) batch.back().prompt += ", take " + std::to_string(k + 1);
+    batch.back().seed = o.seed + static_cast<uint64_t>(k);
+  }
   Loaded loaded{pipe, pipe->offload_spec(), nullptr};
-  loaded.generate = [pipe, request](const StepFn& on_step, c10::Device device) {
-    const auto on_wan_step = [&](const omni::models::WanStep& step) {
-      on_step(step.transformer);
-      return true;
-    };
-    return pipe->generate(request, on_wan_step, device).frames;
+  loaded.generate = [pipe, batch](const StepFn& on_step, c10::Device device) {
+    c10::InferenceMode guard;
+    std::vector<omni::models::WanDenoising> states;
+    for (const auto& r : batch) {
+      pipe->validate(r);
+      states.push_back(pipe->start_denoise(r, pipe->encode(r, device), device));
+    }
+    std::vector<omni::models::WanDenoising*> running;
+    for (auto& s : states) running.push_back(&s);
+    while (!states.front().done()) on_step(pipe->denoise_step(running).front().transformer);
+    std::vector<at::Tensor> frames;
+    for (const auto& s : states) frames.push_back(pipe->decode_latents(pipe->finish_denoise(s)));
+    return at::cat(frames);  // [N * F, H, W, 3]
   };
   return loaded;
 }
@@ -435,6 +459,8 @@ const Preset& resolve_preset(Options& o) {
   for (const Preset& p : kPresets) {
     if (o.model != p.name) continue;
     OMNI_CHECK(p.video || !o.frames, "--frames: ", p.name, " makes images, not video");
+    OMNI_CHECK(p.video || o.batch == 1, "--batch: ", p.name,
+               " runs one request (wan-a14b batches)");
     o.frames = o.frames.value_or(1);
     o.vocab = o.vocab.value_or(p.vocab);
     o.height = o.height.value_or(p.height);
@@ -541,6 +567,7 @@ Measured run_strategy(const Options& o, const Preset& preset, const fs::path& di
   std::vector<uint64_t> h2d_at_step;
   std::vector<std::string> transformers;
   Measured m;
+  const uint64_t h2d_before = backend->stats().bytes_h2d;  // the load's uploads are not a video's
   const auto start = Clock::now();
   {
     auto scope = backend->forward_scope();
@@ -581,9 +608,11 @@ Measured run_strategy(const Options& o, const Preset& preset, const fs::path& di
      << ", \"resident_bytes\": " << s.resident_bytes << ", \"max_unit_bytes\": " << s.max_unit_bytes
      << ", \"peak_device_bytes\": " << s.peak_device_bytes << ", \"steps\": " << o.steps
      << ", \"cfg\": " << (o.cfg ? "true" : "false") << ", \"expert_switches\": " << switches
-     << ", \"step_ms\": " << step_ms << ", \"total_ms\": " << total_ms
+     << ", \"batch\": " << o.batch << ", \"step_ms\": " << step_ms << ", \"total_ms\": " << total_ms
+     << ", \"outputs_per_hour\": " << 3.6e6 * o.batch / total_ms
      << ", \"h2d_bytes_per_step\": " << std::setprecision(0) << h2d_per_step
-     << ", \"bytes_h2d\": " << s.bytes_h2d;
+     << ", \"bytes_h2d\": " << s.bytes_h2d
+     << ", \"h2d_bytes_per_output\": " << static_cast<double>(s.bytes_h2d - h2d_before) / o.batch;
   if (disk) {
     os << ", \"host_budget_bytes\": " << budget << ", \"disk_entries\": " << disk->entries
        << ", \"disk_read_bytes\": " << disk->read_bytes;
