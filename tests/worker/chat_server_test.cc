@@ -1,8 +1,7 @@
-// The HTTP front end (worker/http/chat_server.h) under clients at once, in this process, so
-// that the ThreadSanitizer build (scripts/tsan.sh) sees the server's threads, its running-
-// request slots, streams, cancellation and metrics together: plain and streamed requests from
-// several threads get the same greedy answer, clients that leave mid-stream free their slot,
-// and /health and /metrics answer meanwhile.
+// The HTTP front end (worker/http/chat_server.h) under clients at once, in this process: the
+// server's threads, its running-request slots, streams, cancellation and metrics together:
+// plain and streamed requests from several threads get the same greedy answer, clients that
+// leave mid-stream free their slot, and /health and /metrics answer meanwhile.
 //
 // The pipeline is the tiny Qwen3-Omni checkpoint's stages in this process.
 #include <gtest/gtest.h>

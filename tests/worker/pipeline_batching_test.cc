@@ -405,7 +405,7 @@ TEST(PipelineBatching, FillingTheKvPoolPreemptsAndResumesWithTheAloneTokens) {
   EXPECT_EQ(e["kv_blocks_used"].get<int64_t>(), 0) << e.dump();
 }
 
-// Clients submit and cancel at once while the pool runs dry (also under TSan): some requests
+// Clients submit and cancel at once while the pool runs dry: some requests
 // are preempted, some cancelled while running, waiting or preempted; the others get the tokens
 // they get alone, and every block goes back.
 TEST(PipelineBatching, ConcurrentSubmitCancelAndPreemptionLeaveNoBlockBehind) {
