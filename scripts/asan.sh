@@ -7,14 +7,14 @@
 # hand-written loops (code2wav's SnakeBeta and few-channel conv, the decode attention), the Wan
 # schedulers, the OpenAI protocol parser, the gRPC wire, the worker-process supervisor and the
 # serving runtime's engine loop.
-# Left out, to keep CI's whole run under 60 minutes on 2 cores (a clean clone's run passed 90
+# Left out, to keep CI's whole run under 60 minutes on 2 cores (a clean clone's run went past 90
 # with the model suites here too): every suite that needs the models (omni_runner: the Qwen3-Omni,
 # Wan and Qwen-Image parity and offload suites, the in-process pipeline, batching and KV manager,
 # the stage YAML and command-line suites, and those that drive `vllm-omni` as a process). Their
-# memory-owning code is the engine and the parsers above; the rest is tensor arithmetic in
-# LibTorch, which is not instrumented. The HTTP front end has its own ASan fuzz test in the main
-# build (worker_serve_fuzz_test). The CUDA engine is left out (no device here; its host-side
-# rules run on the simulated device).
+# memory-owning code is the engine and the parsers above; the rest is tensor arithmetic in LibTorch,
+# which is not instrumented. The HTTP front end has its own ASan fuzz test in the main build
+# (worker_serve_fuzz_test). The CUDA engine is left out (no device here; its host-side rules run on
+# the simulated device).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # -O1 -g1: line tables are all a report needs, and full debug info of LibTorch's templates
